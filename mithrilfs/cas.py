@@ -1,0 +1,157 @@
+"""Content-addressed blob store: immutable files under ``objects/`` named by blake3.
+
+Blobs never change once written, which is what lets the filesystem hand the
+kernel ``keep_cache`` and lets any number of names share one copy.  The store
+knows nothing about names or refcounts: that is the namespace's job.  Writers
+work in ``staging/`` and a finished staging file becomes a blob by one
+``rename``, so a blob is either absent or complete, never torn.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import blake3
+
+DIGEST_SIZE = 32
+#: Files at least this large are hashed with blake3's threads over an mmap.
+_MMAP_HASH_MIN = 1 << 20
+_CHUNK = 1 << 20
+
+EMPTY_DIGEST = blake3.blake3(b"").digest()
+
+
+def hash_bytes(data: bytes) -> bytes:
+    return blake3.blake3(data).digest()
+
+
+def hash_file(path: str | os.PathLike[str]) -> bytes:
+    """blake3 of a file's content; large files use all cores via mmap."""
+    size = os.stat(path).st_size
+    if size == 0:
+        return EMPTY_DIGEST
+    if size >= _MMAP_HASH_MIN:
+        h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        h.update_mmap(os.fspath(path))
+        return h.digest()
+    with open(path, "rb") as f:
+        return hash_bytes(f.read())
+
+
+class CAS:
+    """The ``objects/``, ``staging/`` and ``quarantine/`` directories of a store."""
+
+    def __init__(self, store: str | os.PathLike[str]) -> None:
+        self.root = Path(store)
+        self.objects = self.root / "objects"
+        self.staging = self.root / "staging"
+        self.quarantine = self.root / "quarantine"
+        for d in (self.objects, self.staging, self.quarantine):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    # -- blobs -----------------------------------------------------------
+    def path(self, digest: bytes) -> Path:
+        h = digest.hex()
+        return self.objects / h[:2] / h
+
+    def exists(self, digest: bytes) -> bool:
+        return os.path.exists(self.path(digest))
+
+    def open(self, digest: bytes) -> int:
+        """A read-only fd on the blob; FileNotFoundError when it is gone."""
+        return os.open(self.path(digest), os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(self, digest: bytes) -> bytes:
+        with open(self.path(digest), "rb") as f:
+            return f.read()
+
+    def size(self, digest: bytes) -> int:
+        return os.stat(self.path(digest)).st_size
+
+    def verify(self, digest: bytes) -> bool:
+        """True when the blob exists and its content still hashes to its name."""
+        try:
+            return hash_file(self.path(digest)) == digest
+        except FileNotFoundError:
+            return False
+
+    def delete(self, digest: bytes) -> None:
+        try:
+            os.unlink(self.path(digest))
+        except FileNotFoundError:
+            pass
+
+    def adopt(self, staging_path: str | os.PathLike[str], digest: bytes) -> bool:
+        """Make the finished file at *staging_path* the blob *digest*.
+
+        Returns True when a new blob was written, False when an identical
+        blob already existed (dedup; the staging file is dropped).  The rename
+        is atomic, so a blob is never seen half-written.
+        """
+        dest = self.path(digest)
+        if os.path.exists(dest):
+            os.unlink(staging_path)
+            return False
+        dest.parent.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(staging_path, 0o444)
+        os.rename(staging_path, dest)
+        return True
+
+    def put_bytes(self, data: bytes) -> tuple[bytes, bool]:
+        """Store *data*; returns (digest, whether it was new)."""
+        digest = hash_bytes(data)
+        if self.exists(digest):
+            return digest, False
+        fd, path = self.new_staging()
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except BaseException:
+            os.unlink(path)
+            raise
+        return digest, self.adopt(path, digest)
+
+    def put_file(self, path: str | os.PathLike[str]) -> tuple[bytes, bool]:
+        """Store a copy of an outside file; returns (digest, whether it was new)."""
+        fd, tmp = self.new_staging()
+        try:
+            with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+                shutil.copyfileobj(src, out, _CHUNK)
+            digest = hash_file(tmp)
+            return digest, self.adopt(tmp, digest)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    # -- staging ---------------------------------------------------------
+    def new_staging(self) -> tuple[int, str]:
+        """A fresh, empty staging file opened read-write: (fd, path)."""
+        path = str(self.staging / uuid.uuid4().hex)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        return fd, path
+
+    def clear_staging(self) -> int:
+        """Remove every staging file (uncommitted writes of a previous run)."""
+        n = 0
+        for entry in os.scandir(self.staging):
+            try:
+                os.unlink(entry.path)
+                n += 1
+            except FileNotFoundError:
+                pass
+        return n
+
+    def iter_digests(self):
+        """Every blob on disk, by name (for fsck and tests)."""
+        for sub in os.scandir(self.objects):
+            if not sub.is_dir():
+                continue
+            for entry in os.scandir(sub.path):
+                try:
+                    yield bytes.fromhex(entry.name)
+                except ValueError:
+                    continue

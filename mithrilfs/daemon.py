@@ -1,0 +1,277 @@
+"""Mount lifecycle: open the store, mount, daemonize once the mount answers, stop cleanly.
+
+``mount`` forks before any trio or pyfuse3 state exists.  The child mounts,
+proves the mount answers by ``stat``-ing it from a worker thread (which goes
+through the kernel to our own handlers), and only then writes ``ok`` down a
+pipe; the parent exits 0 on ``ok`` and prints the child's one-line error
+otherwise.  SIGTERM/SIGINT end the FUSE loop; the mount is then detached and
+the store marked clean.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import logging.handlers
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pyfuse3
+import trio
+
+from .control import CONTROL_NAME
+from .fs import Operations
+from .store import StoreError, open_store
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT = 60.0
+LOG_FILE = "mithrilfs.log"
+
+
+class MountError(Exception):
+    """A mount that cannot proceed, described in one line."""
+
+
+@dataclass
+class MountOptions:
+    mountpoint: Path
+    store: Path
+    foreground: bool = False
+    allow_other: bool = False
+    debug: bool = False
+
+
+# ----------------------------------------------------------------------
+# checks on the mount point (run in the CLI process, before forking)
+# ----------------------------------------------------------------------
+def is_fuse_mount(path: Path) -> bool:
+    target = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 2 and _unescape(parts[1]) == target and parts[2].startswith("fuse"):
+                return True
+    return False
+
+
+def _unescape(field: str) -> str:
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def clean_stale_mount(mountpoint: Path) -> bool:
+    """Detach a mount whose daemon died (ENOTCONN); True when one was cleaned."""
+    try:
+        os.stat(mountpoint)
+        return False
+    except OSError as e:
+        if e.errno != errno.ENOTCONN:
+            return False
+    subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
+    return True
+
+
+def check_mountpoint(mountpoint: Path, store: Path) -> None:
+    if clean_stale_mount(mountpoint):
+        print(f"mithrilfs: cleaned up a stale mount at {mountpoint} (its daemon had died)", file=sys.stderr)
+    if not mountpoint.exists():
+        raise MountError(f"mount point {mountpoint} does not exist")
+    if not mountpoint.is_dir():
+        raise MountError(f"mount point {mountpoint} is not a directory")
+    if os.path.ismount(mountpoint) and is_fuse_mount(mountpoint):
+        raise MountError(f"{mountpoint} is already mounted")
+    mp, st = os.path.realpath(mountpoint), os.path.realpath(store)
+    if st == mp or st.startswith(mp.rstrip("/") + "/"):
+        raise MountError(f"store {store} is inside the mount point {mountpoint}")
+    if mp.startswith(st.rstrip("/") + "/"):
+        raise MountError(f"mount point {mountpoint} is inside the store {store}")
+
+
+# ----------------------------------------------------------------------
+# mount
+# ----------------------------------------------------------------------
+def mount(opts: MountOptions) -> int:
+    """Mount and return the exit status for the CLI (0 once the mount answers)."""
+    check_mountpoint(opts.mountpoint, opts.store)
+    if opts.foreground:
+        _setup_logging(None, opts.debug)
+
+        def announce(msg: str) -> None:
+            if msg == "ok":
+                print(f"mithrilfs: mounted {opts.mountpoint} (store {opts.store})", file=sys.stderr, flush=True)
+            else:
+                print(f"mithrilfs: {msg}", file=sys.stderr, flush=True)
+
+        return serve(opts, announce)
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the daemon
+        os.close(r)
+        os.setsid()
+        _detach_stdio()
+        code = 1
+        try:
+
+            def announce(msg: str) -> None:
+                try:
+                    os.write(w, (msg + "\n").encode())
+                except OSError:
+                    pass
+
+            code = serve(opts, announce, log_in_store=True)
+        finally:
+            os._exit(code)
+    os.close(w)
+    msg = _read_line(r, READY_TIMEOUT)
+    os.close(r)
+    if msg == "ok":
+        return 0
+    if msg is None:
+        os.kill(pid, signal.SIGTERM)
+        raise MountError(f"the mount did not answer within {READY_TIMEOUT:.0f} s")
+    os.waitpid(pid, 0)
+    raise MountError(msg or "the daemon exited before the mount was ready")
+
+
+def _read_line(fd: int, timeout: float) -> str | None:
+    """The first line from *fd*; '' on EOF, None on timeout."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.split(b"\n", 1)[0].decode(errors="replace")
+
+
+def _detach_stdio() -> None:
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _setup_logging(path: Path | None, debug: bool) -> None:
+    handler: logging.Handler
+    if path is None:
+        handler = logging.StreamHandler(sys.stderr)
+    else:
+        handler = logging.handlers.RotatingFileHandler(path, maxBytes=10 << 20, backupCount=2)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: bool = False) -> int:
+    """Open the store, mount, serve until unmounted or signalled; returns the exit status."""
+    try:
+        store = open_store(opts.store)
+    except StoreError as e:
+        announce(str(e))
+        return 1
+    if log_in_store:
+        _setup_logging(store.root / LOG_FILE, opts.debug)
+    try:
+        stale = store.cas.clear_staging()
+        repaired = store.ns.recover()
+        freed = store.collect_garbage()
+        if stale or any(repaired.values()) or freed:
+            log.info("startup repair: %d staging files, %s, %d unreferenced blobs", stale, repaired, freed)
+        ops = Operations(store)
+        options = set(pyfuse3.default_options)
+        options |= {"fsname=mithrilfs", "subtype=mithrilfs"}
+        if opts.allow_other:
+            options.add("allow_other")
+        if opts.debug:
+            options.add("debug")
+        try:
+            pyfuse3.init(ops, str(opts.mountpoint), options)
+        except RuntimeError as e:
+            announce(f"cannot mount {opts.mountpoint}: {e}")
+            return 1
+        log.info("mounted %s (store %s, pid %d)", opts.mountpoint, opts.store, os.getpid())
+        try:
+            trio.run(_run, opts.mountpoint, announce)
+        finally:
+            pyfuse3.close(unmount=True)
+            ops.shutdown()
+            log.info("unmounted %s", opts.mountpoint)
+        return 0
+    finally:
+        store.close()
+
+
+async def _run(mountpoint: Path, announce: Callable[[str], None]) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_signal)
+        nursery.start_soon(_announce_when_live, mountpoint, announce)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+
+
+async def _stop_on_signal() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("signal %d: unmounting", signum)
+            pyfuse3.terminate()
+            return
+
+
+async def _announce_when_live(mountpoint: Path, announce: Callable[[str], None]) -> None:
+    # stat goes through the kernel to our own getattr/lookup: proof that we answer.
+    await trio.to_thread.run_sync(os.stat, mountpoint / CONTROL_NAME.decode())
+    announce("ok")
+
+
+# ----------------------------------------------------------------------
+# umount
+# ----------------------------------------------------------------------
+def daemon_pid(mountpoint: Path) -> int | None:
+    try:
+        return int((mountpoint / CONTROL_NAME.decode() / "pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def umount(mountpoint: Path, timeout: float = 60.0) -> None:
+    if not mountpoint.is_dir() and not is_fuse_mount(mountpoint):
+        raise MountError(f"{mountpoint} is not a directory")
+    if not is_fuse_mount(mountpoint):
+        raise MountError(f"{mountpoint} is not mounted")
+    pid = daemon_pid(mountpoint)
+    res = subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True, text=True)
+    if res.returncode != 0:
+        detail = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
+        raise MountError(f"cannot unmount {mountpoint}: {detail}")
+    if pid is None:
+        return
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            raise MountError(f"unmounted {mountpoint}, but daemon {pid} did not exit within {timeout:.0f} s")
+        time.sleep(0.02)

@@ -1,0 +1,762 @@
+"""pyfuse3.Operations over the namespace and the CAS: translates FUSE requests, nothing else.
+
+Everything runs on one trio event loop, so namespace access needs no locks.
+Only work that can take long (hashing or copying large files) leaves the
+loop, and the code re-checks what it relies on after every ``await``.
+
+Content of a regular file is either a committed blob (``Inode.hash``; None
+means empty) or, while it is being written, a staging file shared by every
+handle of that inode.  Staging is created lazily on the first write or
+truncate (a copy of the blob unless the write starts from empty) and
+committed on ``flush`` (every ``close``), ``fsync`` and the last ``release``:
+hash, rename into ``objects/`` (or drop it when the blob exists), then one
+transaction points the inode at the hash.  Until that transaction the inode
+keeps its last committed content, so a crash never exposes a torn file.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, TypeVar
+
+import pyfuse3
+import trio
+
+from .cas import hash_file
+from .control import CONTROL_DIR_INODE, CONTROL_NAME, ControlFiles
+from .namespace import ROOT_INODE, Inode
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+#: Kernel caching of names and attributes.  Changes made through the kernel
+#: keep its caches right by themselves; the daemon invalidates what it
+#: changes on its own.
+ENTRY_TIMEOUT = 300.0
+ATTR_TIMEOUT = 300.0
+NEGATIVE_TIMEOUT = 300.0
+#: Files at least this large are hashed and copied off the event loop.
+OFFLOAD_MIN = 1 << 20
+_BLKSIZE = 128 * 1024
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def _request(fn: F) -> F:
+    """Turn stray OSErrors into their errno and anything else into EIO.
+
+    pyfuse3 lets a non-FUSEError escape and end the main loop, which would
+    take the whole mount down for one bad request.
+    """
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as e:
+            if e.errno is None:
+                log.exception("%s failed", fn.__name__)
+            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except Exception:
+            log.exception("%s failed", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _err(code: int) -> pyfuse3.FUSEError:
+    return pyfuse3.FUSEError(code)
+
+
+@dataclass(eq=False)
+class OpenFile:
+    """Per-inode state while at least one handle on it is open."""
+
+    inode: Inode
+    handles: int = 0
+    size: int = 0
+    mtime_ns: int = 0
+    staging_fd: int | None = None
+    staging_path: str | None = None
+    dirty: bool = False
+    #: Bumped by every change to staging; a commit whose hash was computed
+    #: before the latest change is abandoned.
+    write_gen: int = 0
+    lock: trio.Lock = field(default_factory=trio.Lock)
+
+
+@dataclass(eq=False, slots=True)
+class Handle:
+    ino: int
+    writable: bool
+    append: bool
+    #: Blob fd for reads of committed content, and which blob it is.
+    fd: int | None = None
+    digest: bytes | None = None
+    #: Content of a control file, fixed at open.
+    control: bytes | None = None
+
+
+class Operations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.store = store
+        self.ns = store.ns
+        self.cas = store.cas
+        self.control = ControlFiles()
+        self.control.add_json(b"stats.json", self.stats_snapshot)
+        self._lookups: dict[int, int] = {}
+        self._open: dict[int, OpenFile] = {}
+        self._handles: dict[int, Handle] = {}
+        self._next_fh = 1
+        self._offload = trio.CapacityLimiter(2)
+
+    # ------------------------------------------------------------------
+    # attributes
+    # ------------------------------------------------------------------
+    def _attr(self, ino: Inode) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = ino.id
+        e.generation = 0
+        e.entry_timeout = ENTRY_TIMEOUT
+        e.attr_timeout = ATTR_TIMEOUT
+        e.st_mode = ino.mode
+        e.st_nlink = ino.nlink
+        e.st_uid = ino.uid
+        e.st_gid = ino.gid
+        e.st_rdev = 0
+        size, mtime = ino.size, ino.mtime_ns
+        of = self._open.get(ino.id)
+        if of is not None:
+            size, mtime = of.size, of.mtime_ns
+        e.st_size = size
+        e.st_blksize = _BLKSIZE
+        e.st_blocks = (size + 511) // 512
+        e.st_atime_ns = ino.atime_ns
+        e.st_mtime_ns = mtime
+        e.st_ctime_ns = ino.ctime_ns
+        return e
+
+    def _control_attr(self, ino: int) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = ino
+        e.entry_timeout = 0
+        e.attr_timeout = 0
+        now = time.time_ns()
+        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = now
+        e.st_uid, e.st_gid = os.getuid(), os.getgid()
+        e.st_blksize = _BLKSIZE
+        if ino == CONTROL_DIR_INODE:
+            e.st_mode = stat.S_IFDIR | 0o555
+            e.st_nlink = 2
+        else:
+            e.st_mode = stat.S_IFREG | 0o444
+            e.st_nlink = 1
+            e.st_size = len(self.control.produce(ino))
+        return e
+
+    def _inode(self, ino: int) -> Inode:
+        of = self._open.get(ino)
+        if of is not None:
+            return of.inode
+        inode = self.ns.get(ino)
+        if inode is None:
+            raise _err(errno.ENOENT)
+        return inode
+
+    def _ref(self, ino: int) -> None:
+        self._lookups[ino] = self._lookups.get(ino, 0) + 1
+
+    def _touch_dir(self, parent: int) -> None:
+        now = time.time_ns()
+        self.ns.update_attrs(self._inode(parent), mtime_ns=now, ctime_ns=now)
+
+    def _check_not_control(self, parent: int, name: bytes) -> None:
+        if self.control.is_control(parent) or (parent == ROOT_INODE and name == CONTROL_NAME):
+            raise _err(errno.EPERM)
+
+    # ------------------------------------------------------------------
+    # lookups
+    # ------------------------------------------------------------------
+    @_request
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        if self.control.is_control(parent_inode):
+            ino = self.control.lookup(name) if parent_inode == CONTROL_DIR_INODE else None
+            if ino is None:
+                raise _err(errno.ENOENT)
+            return self._control_attr(ino)
+        if parent_inode == ROOT_INODE and name == CONTROL_NAME:
+            return self._control_attr(CONTROL_DIR_INODE)
+        if name == b".":
+            ino: int | None = parent_inode
+        elif name == b"..":
+            ino = self.ns.parent_of(parent_inode) or ROOT_INODE
+        else:
+            ino = self.ns.lookup(parent_inode, name)
+        if ino is None:
+            e = pyfuse3.EntryAttributes()
+            e.st_ino = 0
+            e.entry_timeout = NEGATIVE_TIMEOUT
+            return e
+        attr = self._attr(self._inode(ino))
+        self._ref(ino)
+        return attr
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        for ino, n in inode_list:
+            left = self._lookups.get(ino, 0) - n
+            if left > 0:
+                self._lookups[ino] = left
+                continue
+            self._lookups.pop(ino, None)
+            try:
+                self._maybe_delete(ino)
+            except Exception:
+                log.exception("forget of inode %d failed", ino)
+
+    def _maybe_delete(self, ino: int) -> None:
+        """Drop an inode once it has no names, no kernel references and no handles."""
+        if ino in self._open or self._lookups.get(ino, 0) > 0:
+            return
+        inode = self.ns.get(ino)
+        if inode is None or inode.nlink > 0:
+            return
+        with self.ns.txn():
+            self.ns.delete_inode(ino)
+        self._collect(inode.hash)
+
+    def _collect(self, digest: bytes | None) -> None:
+        """Delete a blob whose last reference just went."""
+        if digest is None:
+            return
+        rc = self.ns.refcount(digest)
+        if rc is not None and rc <= 0:
+            self.cas.delete(digest)
+            with self.ns.txn():
+                self.ns.forget_blob(digest)
+
+    @_request
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        if self.control.is_control(inode):
+            return self._control_attr(inode)
+        return self._attr(self._inode(inode))
+
+    @_request
+    async def setattr(
+        self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields, fh: int | None, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        if self.control.is_control(inode):
+            raise _err(errno.EPERM)
+        ino = self._inode(inode)
+        now = time.time_ns()
+        if fields.update_size:
+            if ino.is_dir:
+                raise _err(errno.EISDIR)
+            if not ino.is_reg:
+                raise _err(errno.EINVAL)
+            of = self._open.get(inode)
+            transient = of is None
+            if of is None:
+                of = self._open_file(ino)
+            try:
+                await self._truncate(of, attr.st_size)
+                if transient:
+                    await self._commit(of)
+            finally:
+                if transient:
+                    self._close_open_file(of)
+        changes: dict[str, int] = {}
+        if fields.update_mode:
+            changes["mode"] = stat.S_IFMT(ino.mode) | stat.S_IMODE(attr.st_mode)
+        if fields.update_uid:
+            changes["uid"] = attr.st_uid
+        if fields.update_gid:
+            changes["gid"] = attr.st_gid
+        if fields.update_atime:
+            changes["atime_ns"] = attr.st_atime_ns
+        if fields.update_mtime:
+            changes["mtime_ns"] = attr.st_mtime_ns
+            of = self._open.get(inode)
+            if of is not None:
+                of.mtime_ns = attr.st_mtime_ns
+        changes["ctime_ns"] = now
+        with self.ns.txn():
+            self.ns.update_attrs(ino, **changes)
+        return self._attr(ino)
+
+    @_request
+    async def readlink(self, inode: int, ctx: Any = None) -> bytes:
+        ino = self._inode(inode)
+        if not stat.S_ISLNK(ino.mode) or ino.target is None:
+            raise _err(errno.EINVAL)
+        return ino.target
+
+    # ------------------------------------------------------------------
+    # creating and removing names
+    # ------------------------------------------------------------------
+    def _new_entry(self, parent: int, name: bytes, mode: int, ctx: Any, *, target: bytes | None = None) -> Inode:
+        self._check_not_control(parent, name)
+        if self.ns.lookup(parent, name) is not None:
+            raise _err(errno.EEXIST)
+        parent_ino = self._inode(parent)
+        if not parent_ino.is_dir:
+            raise _err(errno.ENOTDIR)
+        is_dir = stat.S_ISDIR(mode)
+        with self.ns.txn():
+            ino = self.ns.create_inode(mode, ctx.uid, ctx.gid, target=target, nlink=2 if is_dir else 1)
+            self.ns.link(parent, name, ino.id)
+            if is_dir:
+                self.ns.add_link(parent_ino, +1)
+            self._touch_dir(parent)
+        self._ref(ino.id)
+        return ino
+
+    @_request
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            raise _err(errno.EPERM)
+        return self._attr(self._new_entry(parent_inode, name, mode, ctx))
+
+    @_request
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        return self._attr(self._new_entry(parent_inode, name, stat.S_IFDIR | stat.S_IMODE(mode), ctx))
+
+    @_request
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        return self._attr(self._new_entry(parent_inode, name, stat.S_IFLNK | 0o777, ctx, target=target))
+
+    @_request
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        self._check_not_control(new_parent_inode, new_name)
+        if self.control.is_control(inode):
+            raise _err(errno.EPERM)
+        ino = self._inode(inode)
+        if ino.is_dir:
+            raise _err(errno.EPERM)
+        if self.ns.lookup(new_parent_inode, new_name) is not None:
+            raise _err(errno.EEXIST)
+        with self.ns.txn():
+            self.ns.link(new_parent_inode, new_name, inode)
+            self.ns.add_link(ino, +1)
+            self._touch_dir(new_parent_inode)
+        self._ref(inode)
+        return self._attr(ino)
+
+    def _lookup_existing(self, parent: int, name: bytes) -> Inode:
+        self._check_not_control(parent, name)
+        ino = self.ns.lookup(parent, name)
+        if ino is None:
+            raise _err(errno.ENOENT)
+        return self._inode(ino)
+
+    def _drop_name(self, parent: int, name: bytes, ino: Inode) -> None:
+        """Remove one name of *ino* (inside a transaction)."""
+        self.ns.unlink(parent, name)
+        if ino.is_dir:
+            self.ns.update_attrs(ino, nlink=0, ctime_ns=time.time_ns())
+            self.ns.add_link(self._inode(parent), -1)
+        else:
+            self.ns.add_link(ino, -1)
+
+    @_request
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        ino = self._lookup_existing(parent_inode, name)
+        if ino.is_dir:
+            raise _err(errno.EISDIR)
+        with self.ns.txn():
+            self._drop_name(parent_inode, name, ino)
+            self._touch_dir(parent_inode)
+        self._maybe_delete(ino.id)
+
+    @_request
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        ino = self._lookup_existing(parent_inode, name)
+        if not ino.is_dir:
+            raise _err(errno.ENOTDIR)
+        if self.ns.has_children(ino.id):
+            raise _err(errno.ENOTEMPTY)
+        with self.ns.txn():
+            self._drop_name(parent_inode, name, ino)
+            self._touch_dir(parent_inode)
+        self._maybe_delete(ino.id)
+
+    def _is_ancestor(self, ancestor: int, ino: int) -> bool:
+        while ino != ROOT_INODE:
+            if ino == ancestor:
+                return True
+            parent = self.ns.parent_of(ino)
+            if parent is None:
+                return False
+            ino = parent
+        return ancestor == ROOT_INODE
+
+    @_request
+    async def rename(
+        self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Any
+    ) -> None:
+        self._check_not_control(parent_inode_new, name_new)
+        src = self._lookup_existing(parent_inode_old, name_old)
+        dst_id = self.ns.lookup(parent_inode_new, name_new)
+        dst = self._inode(dst_id) if dst_id is not None else None
+        if src.is_dir and self._is_ancestor(src.id, parent_inode_new):
+            raise _err(errno.EINVAL)
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            if dst is None:
+                raise _err(errno.ENOENT)
+            if dst.is_dir and self._is_ancestor(dst.id, parent_inode_old):
+                raise _err(errno.EINVAL)
+            self._exchange(parent_inode_old, name_old, src, parent_inode_new, name_new, dst)
+            return
+        if dst is not None:
+            if flags & pyfuse3.RENAME_NOREPLACE:
+                raise _err(errno.EEXIST)
+            if dst.id == src.id:
+                return
+            if dst.is_dir:
+                if not src.is_dir:
+                    raise _err(errno.EISDIR)
+                if self.ns.has_children(dst.id):
+                    raise _err(errno.ENOTEMPTY)
+            elif src.is_dir:
+                raise _err(errno.ENOTDIR)
+        with self.ns.txn():
+            if dst is not None:
+                self._drop_name(parent_inode_new, name_new, dst)
+            self.ns.move(parent_inode_old, name_old, parent_inode_new, name_new)
+            if src.is_dir and parent_inode_old != parent_inode_new:
+                self.ns.add_link(self._inode(parent_inode_old), -1)
+                self.ns.add_link(self._inode(parent_inode_new), +1)
+            self.ns.update_attrs(src, ctime_ns=time.time_ns())
+            self._touch_dir(parent_inode_old)
+            if parent_inode_new != parent_inode_old:
+                self._touch_dir(parent_inode_new)
+        if dst is not None:
+            self._maybe_delete(dst.id)
+
+    def _exchange(self, p_a: int, n_a: bytes, a: Inode, p_b: int, n_b: bytes, b: Inode) -> None:
+        with self.ns.txn():
+            self.ns.retarget(p_a, n_a, b.id)
+            self.ns.retarget(p_b, n_b, a.id)
+            if p_a != p_b and a.is_dir != b.is_dir:
+                moved_to_b = +1 if a.is_dir else -1
+                self.ns.add_link(self._inode(p_b), moved_to_b)
+                self.ns.add_link(self._inode(p_a), -moved_to_b)
+            self._touch_dir(p_a)
+            if p_b != p_a:
+                self._touch_dir(p_b)
+
+    # ------------------------------------------------------------------
+    # file content
+    # ------------------------------------------------------------------
+    def _open_file(self, ino: Inode) -> OpenFile:
+        of = self._open.get(ino.id)
+        if of is None:
+            of = OpenFile(inode=ino, size=ino.size, mtime_ns=ino.mtime_ns)
+            self._open[ino.id] = of
+        return of
+
+    def _close_open_file(self, of: OpenFile) -> None:
+        """Forget an inode's open state once no handle remains (uncommitted staging is dropped)."""
+        if of.handles > 0:
+            return
+        self._drop_staging(of)
+        self._open.pop(of.inode.id, None)
+        self._maybe_delete(of.inode.id)
+
+    def _drop_staging(self, of: OpenFile) -> None:
+        if of.staging_fd is not None:
+            os.close(of.staging_fd)
+            try:
+                os.unlink(of.staging_path)  # type: ignore[arg-type]
+            except FileNotFoundError:
+                pass
+        of.staging_fd = of.staging_path = None
+        of.dirty = False
+        of.size, of.mtime_ns = of.inode.size, of.inode.mtime_ns
+
+    async def _ensure_staging(self, of: OpenFile, *, empty: bool = False) -> int:
+        """The inode's staging fd, starting as a copy of its blob unless *empty*."""
+        if of.staging_fd is not None:
+            return of.staging_fd
+        async with of.lock:
+            if of.staging_fd is not None:
+                return of.staging_fd
+            fd, path = self.cas.new_staging()
+            try:
+                digest, size = of.inode.hash, of.inode.size
+                if digest is not None and size > 0 and not empty:
+                    src = self.cas.open(digest)
+                    try:
+                        if size >= OFFLOAD_MIN:
+                            await trio.to_thread.run_sync(_copy_fd, src, fd, size, limiter=self._offload)
+                        else:
+                            _copy_fd(src, fd, size)
+                    finally:
+                        os.close(src)
+            except BaseException:
+                os.close(fd)
+                os.unlink(path)
+                raise
+            of.staging_fd, of.staging_path = fd, path
+            of.size = 0 if empty else of.inode.size
+            return fd
+
+    async def _truncate(self, of: OpenFile, size: int) -> None:
+        fd = await self._ensure_staging(of, empty=size == 0)
+        os.ftruncate(fd, size)
+        of.size = size
+        of.mtime_ns = time.time_ns()
+        of.dirty = True
+        of.write_gen += 1
+
+    async def _commit(self, of: OpenFile) -> None:
+        """Make the staging content the inode's committed content (see module doc)."""
+        if not of.dirty or of.staging_fd is None:
+            return
+        if of.inode.nlink == 0:
+            return  # no name can ever show it; dropped with the last handle
+        async with of.lock:
+            if not of.dirty or of.staging_fd is None:
+                return
+            gen, size, path = of.write_gen, of.size, of.staging_path
+            assert path is not None
+            if size >= OFFLOAD_MIN:
+                digest = await trio.to_thread.run_sync(hash_file, path, limiter=self._offload)
+                if of.write_gen != gen or of.staging_path != path:
+                    return  # written meanwhile: a later flush commits the newer content
+            else:
+                digest = hash_file(path)
+            with self.ns.txn():
+                self.ns.blob_intent(digest, size)
+            self.cas.adopt(path, digest)
+            os.close(of.staging_fd)
+            of.staging_fd = of.staging_path = None
+            old = of.inode.hash
+            with self.ns.txn():
+                self.ns.set_content(of.inode, digest, size, of.mtime_ns)
+            of.dirty = False
+            if old != digest:
+                self._collect(old)
+
+    def _new_handle(self, of: OpenFile, flags: int) -> int:
+        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = Handle(of.inode.id, writable, bool(flags & os.O_APPEND))
+        of.handles += 1
+        return fh
+
+    @_request
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        if self.control.is_control(inode):
+            if inode == CONTROL_DIR_INODE or (flags & os.O_ACCMODE) != os.O_RDONLY:
+                raise _err(errno.EISDIR if inode == CONTROL_DIR_INODE else errno.EACCES)
+            fh = self._next_fh
+            self._next_fh += 1
+            self._handles[fh] = Handle(inode, False, False, control=self.control.produce(inode))
+            return pyfuse3.FileInfo(fh=fh, direct_io=True)
+        ino = self._inode(inode)
+        if not ino.is_reg:
+            raise _err(errno.EINVAL)
+        of = self._open_file(ino)
+        fh = self._new_handle(of, flags)
+        try:
+            if flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY:
+                await self._truncate(of, 0)
+        except BaseException:
+            await self.release(fh)
+            raise
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    @_request
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        ino = self._new_entry(parent_inode, name, stat.S_IFREG | stat.S_IMODE(mode), ctx)
+        of = self._open_file(ino)
+        fh = self._new_handle(of, flags)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._attr(ino)
+
+    @_request
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        h = self._handles[fh]
+        if h.control is not None:
+            return h.control[off : off + size]
+        of = self._open[h.ino]
+        if of.staging_fd is not None:
+            return os.pread(of.staging_fd, size, off)
+        digest = of.inode.hash
+        if digest is None:
+            return b""
+        if h.digest != digest:
+            if h.fd is not None:
+                os.close(h.fd)
+                h.fd = None
+            try:
+                h.fd = self.cas.open(digest)
+            except FileNotFoundError:
+                log.error("blob %s of inode %d is missing", digest.hex(), h.ino)
+                raise _err(errno.EIO) from None
+            h.digest = digest
+        return os.pread(h.fd, size, off)  # type: ignore[arg-type]
+
+    @_request
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        h = self._handles[fh]
+        if not h.writable:
+            raise _err(errno.EBADF)
+        of = self._open[h.ino]
+        fd = of.staging_fd
+        if fd is None:
+            fd = await self._ensure_staging(of)
+        if h.append:
+            off = of.size
+        n = os.pwrite(fd, buf, off)
+        if off + n > of.size:
+            of.size = off + n
+        of.mtime_ns = time.time_ns()
+        of.dirty = True
+        of.write_gen += 1
+        return n
+
+    @_request
+    async def flush(self, fh: int) -> None:
+        h = self._handles[fh]
+        if h.writable:
+            await self._commit(self._open[h.ino])
+
+    @_request
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        h = self._handles[fh]
+        if h.writable:
+            await self._commit(self._open[h.ino])
+
+    @_request
+    async def release(self, fh: int) -> None:
+        h = self._handles.pop(fh)
+        if h.fd is not None:
+            os.close(h.fd)
+        if h.control is not None:
+            return
+        of = self._open.get(h.ino)
+        if of is None:
+            return
+        of.handles -= 1
+        if of.handles == 0:
+            try:
+                await self._commit(of)
+            finally:
+                self._close_open_file(of)
+
+    # ------------------------------------------------------------------
+    # directories
+    # ------------------------------------------------------------------
+    @_request
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        if self.control.is_control(inode):
+            if inode != CONTROL_DIR_INODE:
+                raise _err(errno.ENOTDIR)
+            return inode
+        if not self._inode(inode).is_dir:
+            raise _err(errno.ENOTDIR)
+        return inode
+
+    @_request
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        if fh == CONTROL_DIR_INODE:
+            for i, (name, ino) in enumerate(self.control.names(), start=1):
+                if i > start_id and not pyfuse3.readdir_reply(token, name, self._control_attr(ino), i):
+                    return
+            return
+        after = start_id
+        while True:
+            batch = self.ns.readdir(fh, after)
+            if not batch:
+                return
+            for entry in batch:
+                ino = self._inode(entry.inode)
+                if not pyfuse3.readdir_reply(token, entry.name, self._attr(ino), entry.offset):
+                    return
+                self._ref(entry.inode)
+                after = entry.offset
+
+    async def releasedir(self, fh: int) -> None:
+        pass
+
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        pass
+
+    @_request
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        st = os.statvfs(self.store.root)
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = st.f_bsize
+        s.f_frsize = st.f_frsize
+        s.f_blocks = st.f_blocks
+        s.f_bfree = st.f_bfree
+        s.f_bavail = st.f_bavail
+        s.f_files = st.f_files
+        s.f_ffree = st.f_ffree
+        s.f_favail = st.f_favail
+        s.f_namemax = 255
+        return s
+
+    # xattrs are not stored.  ENOSYS makes the kernel answer ENOTSUP itself
+    # from then on, which also spares a getxattr("security.capability")
+    # round trip on every write.
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        raise _err(errno.ENOSYS)
+
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        raise _err(errno.ENOSYS)
+
+    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        raise _err(errno.ENOSYS)
+
+    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        raise _err(errno.ENOSYS)
+
+    # ------------------------------------------------------------------
+    # lifecycle and observation
+    # ------------------------------------------------------------------
+    def stats_snapshot(self) -> dict[str, int]:
+        return {
+            "files": self.ns.count_files(),
+            "blobs": self.ns.blob_count(),
+            "physical_bytes": self.ns.physical_bytes(),
+            "open_handles": len(self._handles),
+        }
+
+    def shutdown(self) -> None:
+        """Drop uncommitted staging (a writer that never closed did not finish) and mark clean."""
+        for of in list(self._open.values()):
+            self._drop_staging(of)
+        self._open.clear()
+        for h in self._handles.values():
+            if h.fd is not None:
+                os.close(h.fd)
+        self._handles.clear()
+        self._lookups.clear()
+        self.ns.recover()
+        self.store.collect_garbage()
+        self.ns.mark_clean()
+
+
+def _copy_fd(src: int, dst: int, size: int) -> None:
+    off = 0
+    while off < size:
+        n = os.copy_file_range(src, dst, size - off, off, off)
+        if n == 0:
+            break
+        off += n

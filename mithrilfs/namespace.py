@@ -1,0 +1,298 @@
+"""The SQLite index: inodes, directory entries, attributes, content hashes, blob refcounts.
+
+It is the one source of truth for what the mount shows; blobs on disk are
+only reachable through it.  Every mutating call runs inside ``txn()`` so a
+crash leaves either the old or the new state.  WAL mode with
+``synchronous=NORMAL`` makes a commit survive a crash of the daemon (the WAL
+is in the page cache) without an fsync per commit.
+
+Blob refcounts count *inodes* that point at a hash (hard links share one
+inode, hence one reference).  A blob row with refcount 0 is garbage: its file
+may or may not exist and is removed by ``collect_garbage``.  A row is written
+with refcount 0 *before* a staging file is renamed into ``objects/``, so a
+crash between the rename and the pointing transaction leaves a row that
+startup collects, never an untracked file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import stat
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+ROOT_INODE = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs (
+    hash BLOB PRIMARY KEY,
+    size INTEGER NOT NULL,
+    refcount INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS blobs_garbage ON blobs(refcount) WHERE refcount = 0;
+CREATE TABLE IF NOT EXISTS inodes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    mode INTEGER NOT NULL,
+    uid INTEGER NOT NULL,
+    gid INTEGER NOT NULL,
+    nlink INTEGER NOT NULL,
+    size INTEGER NOT NULL DEFAULT 0,
+    atime_ns INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    hash BLOB,
+    target BLOB
+);
+CREATE INDEX IF NOT EXISTS inodes_unlinked ON inodes(id) WHERE nlink = 0;
+CREATE INDEX IF NOT EXISTS inodes_hash ON inodes(hash) WHERE hash IS NOT NULL;
+CREATE TABLE IF NOT EXISTS dentries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    parent INTEGER NOT NULL,
+    name BLOB NOT NULL,
+    inode INTEGER NOT NULL,
+    UNIQUE (parent, name)
+);
+CREATE INDEX IF NOT EXISTS dentries_readdir ON dentries(parent, id);
+CREATE INDEX IF NOT EXISTS dentries_inode ON dentries(inode);
+"""
+
+_INODE_COLS = "id, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, hash, target"
+
+
+@dataclass(slots=True)
+class Inode:
+    id: int
+    mode: int
+    uid: int
+    gid: int
+    nlink: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    hash: bytes | None
+    target: bytes | None
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def is_reg(self) -> bool:
+        return stat.S_ISREG(self.mode)
+
+
+@dataclass(slots=True)
+class Dentry:
+    offset: int
+    name: bytes
+    inode: int
+
+
+class Namespace:
+    def __init__(self, path: str) -> None:
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA foreign_keys=OFF")
+        self._depth = 0
+        with self.txn():
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    self.db.execute(stmt)
+        if self.get(ROOT_INODE) is None:
+            now = time.time_ns()
+            with self.txn():
+                self.db.execute(
+                    "INSERT INTO inodes (id, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns)"
+                    " VALUES (?, ?, 0, 0, 2, 0, ?, ?, ?)",
+                    (ROOT_INODE, stat.S_IFDIR | 0o755, now, now, now),
+                )
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def txn(self) -> Iterator[None]:
+        """One atomic transaction; nested uses join the outer one."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            self.db.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        self.db.execute("COMMIT")
+
+    # -- meta ------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    # -- inodes ----------------------------------------------------------
+    def get(self, ino: int) -> Inode | None:
+        row = self.db.execute(f"SELECT {_INODE_COLS} FROM inodes WHERE id = ?", (ino,)).fetchone()
+        return Inode(*row) if row else None
+
+    def create_inode(
+        self, mode: int, uid: int, gid: int, *, target: bytes | None = None, nlink: int = 1
+    ) -> Inode:
+        now = time.time_ns()
+        size = len(target) if target is not None else 0
+        cur = self.db.execute(
+            "INSERT INTO inodes (mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, target)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (mode, uid, gid, nlink, size, now, now, now, target),
+        )
+        return Inode(cur.lastrowid, mode, uid, gid, nlink, size, now, now, now, None, target)
+
+    def update_attrs(self, ino: Inode, **fields: int) -> None:
+        """Write changed attribute columns of *ino* (and set them on the object)."""
+        for k, v in fields.items():
+            setattr(ino, k, v)
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        self.db.execute(f"UPDATE inodes SET {cols} WHERE id = ?", (*fields.values(), ino.id))
+
+    def add_link(self, ino: Inode, delta: int) -> None:
+        ino.nlink += delta
+        ino.ctime_ns = time.time_ns()
+        self.db.execute(
+            "UPDATE inodes SET nlink = ?, ctime_ns = ? WHERE id = ?", (ino.nlink, ino.ctime_ns, ino.id)
+        )
+
+    def delete_inode(self, ino: int) -> None:
+        """Drop an inode that has no names left; its blob reference goes too."""
+        row = self.db.execute("SELECT hash FROM inodes WHERE id = ?", (ino,)).fetchone()
+        if row is None:
+            return
+        self.db.execute("DELETE FROM inodes WHERE id = ?", (ino,))
+        if row[0] is not None:
+            self._decref(row[0])
+
+    # -- content ---------------------------------------------------------
+    def blob_intent(self, digest: bytes, size: int) -> None:
+        """Record a blob about to appear on disk (refcount 0 until pointed at)."""
+        self.db.execute(
+            "INSERT OR IGNORE INTO blobs (hash, size, refcount) VALUES (?, ?, 0)", (digest, size)
+        )
+
+    def blob_known(self, digest: bytes) -> bool:
+        return self.db.execute("SELECT 1 FROM blobs WHERE hash = ?", (digest,)).fetchone() is not None
+
+    def set_content(self, ino: Inode, digest: bytes, size: int, mtime_ns: int) -> None:
+        """Point *ino* at blob *digest* (which must already have a row)."""
+        old = ino.hash
+        if old == digest:
+            self.update_attrs(ino, size=size, mtime_ns=mtime_ns, ctime_ns=mtime_ns)
+            return
+        self.db.execute("UPDATE blobs SET refcount = refcount + 1 WHERE hash = ?", (digest,))
+        ino.hash, ino.size, ino.mtime_ns, ino.ctime_ns = digest, size, mtime_ns, mtime_ns
+        self.db.execute(
+            "UPDATE inodes SET hash = ?, size = ?, mtime_ns = ?, ctime_ns = ? WHERE id = ?",
+            (digest, size, mtime_ns, mtime_ns, ino.id),
+        )
+        if old is not None:
+            self._decref(old)
+
+    def _decref(self, digest: bytes) -> None:
+        self.db.execute("UPDATE blobs SET refcount = refcount - 1 WHERE hash = ?", (digest,))
+
+    def refcount(self, digest: bytes) -> int | None:
+        row = self.db.execute("SELECT refcount FROM blobs WHERE hash = ?", (digest,)).fetchone()
+        return row[0] if row else None
+
+    def garbage(self) -> list[bytes]:
+        """Blobs no inode points at any more (their files are to be deleted)."""
+        return [r[0] for r in self.db.execute("SELECT hash FROM blobs WHERE refcount <= 0")]
+
+    def forget_blob(self, digest: bytes) -> None:
+        self.db.execute("DELETE FROM blobs WHERE hash = ? AND refcount <= 0", (digest,))
+
+    def blob_count(self) -> int:
+        return self.db.execute("SELECT count(*) FROM blobs WHERE refcount > 0").fetchone()[0]
+
+    def physical_bytes(self) -> int:
+        return self.db.execute("SELECT coalesce(sum(size), 0) FROM blobs").fetchone()[0]
+
+    # -- directory entries -----------------------------------------------
+    def lookup(self, parent: int, name: bytes) -> int | None:
+        row = self.db.execute(
+            "SELECT inode FROM dentries WHERE parent = ? AND name = ?", (parent, name)
+        ).fetchone()
+        return row[0] if row else None
+
+    def link(self, parent: int, name: bytes, ino: int) -> None:
+        self.db.execute("INSERT INTO dentries (parent, name, inode) VALUES (?, ?, ?)", (parent, name, ino))
+
+    def unlink(self, parent: int, name: bytes) -> None:
+        self.db.execute("DELETE FROM dentries WHERE parent = ? AND name = ?", (parent, name))
+
+    def move(self, parent: int, name: bytes, new_parent: int, new_name: bytes) -> None:
+        """Re-point one entry; gets a new readdir offset like a fresh entry."""
+        ino = self.lookup(parent, name)
+        self.unlink(parent, name)
+        self.link(new_parent, new_name, ino)
+
+    def retarget(self, parent: int, name: bytes, ino: int) -> None:
+        self.db.execute("UPDATE dentries SET inode = ? WHERE parent = ? AND name = ?", (ino, parent, name))
+
+    def has_children(self, ino: int) -> bool:
+        return self.db.execute("SELECT 1 FROM dentries WHERE parent = ? LIMIT 1", (ino,)).fetchone() is not None
+
+    def parent_of(self, ino: int) -> int | None:
+        """The directory holding *ino* (directories have exactly one name)."""
+        row = self.db.execute("SELECT parent FROM dentries WHERE inode = ? LIMIT 1", (ino,)).fetchone()
+        return row[0] if row else None
+
+    def readdir(self, parent: int, after: int, limit: int = 256) -> list[Dentry]:
+        rows = self.db.execute(
+            "SELECT id, name, inode FROM dentries WHERE parent = ? AND id > ? ORDER BY id LIMIT ?",
+            (parent, after, limit),
+        ).fetchall()
+        return [Dentry(*r) for r in rows]
+
+    def count_files(self) -> int:
+        return self.db.execute("SELECT count(*) FROM inodes").fetchone()[0]
+
+    # -- recovery --------------------------------------------------------
+    def recover(self) -> dict[str, int]:
+        """Repair what an unclean stop can leave: run at every mount, before serving.
+
+        Inodes with no names were only kept alive by kernel references, which
+        do not survive a remount.  Refcounts are recomputed from the inodes
+        so a crash between steps can never leak or double-free a blob.
+        """
+        with self.txn():
+            dangling = self.db.execute(
+                "DELETE FROM dentries WHERE inode NOT IN (SELECT id FROM inodes)"
+            ).rowcount
+            unlinked = self.db.execute("DELETE FROM inodes WHERE nlink <= 0").rowcount
+            if self.get_meta("clean") != "1" or unlinked:
+                self.db.execute(
+                    "UPDATE blobs SET refcount = (SELECT count(*) FROM inodes WHERE inodes.hash = blobs.hash)"
+                )
+                self.db.execute(
+                    "INSERT OR IGNORE INTO blobs (hash, size, refcount)"
+                    " SELECT hash, size, count(*) FROM inodes WHERE hash IS NOT NULL GROUP BY hash"
+                )
+            self.set_meta("clean", "0")
+        return {"dangling_entries": dangling, "unlinked_inodes": unlinked}
+
+    def mark_clean(self) -> None:
+        with self.txn():
+            self.set_meta("clean", "1")

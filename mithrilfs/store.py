@@ -1,0 +1,100 @@
+"""Opening a store directory: format stamp, exclusive lock, CAS + namespace.
+
+Two daemons on one store would corrupt each other's refcounts, so opening
+takes an exclusive ``flock`` on ``STORE/lock`` for the life of the process.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from .cas import CAS
+from .namespace import Namespace
+
+FORMAT_VERSION = 1
+_FORMAT_FILE = "FORMAT"
+_INDEX_FILE = "index.sqlite3"
+
+
+class StoreError(Exception):
+    """A problem with the store a user can fix; printed as one line."""
+
+
+def default_store() -> Path:
+    return Path(platformdirs.user_cache_dir("mithrilfs"))
+
+
+@dataclass
+class Store:
+    root: Path
+    cas: CAS
+    ns: Namespace
+    lock_fd: int
+
+    def close(self) -> None:
+        self.ns.close()
+        os.close(self.lock_fd)
+
+    def collect_garbage(self) -> int:
+        """Delete blob files no inode references; returns how many."""
+        garbage = self.ns.garbage()
+        for digest in garbage:
+            self.cas.delete(digest)
+        with self.ns.txn():
+            for digest in garbage:
+                self.ns.forget_blob(digest)
+        return len(garbage)
+
+
+def _check_format(root: Path) -> None:
+    stamp = root / _FORMAT_FILE
+    if stamp.exists():
+        try:
+            fmt = json.loads(stamp.read_text()).get("format")
+        except (ValueError, AttributeError):
+            raise StoreError(f"{root}: FORMAT file is unreadable; not a mithrilfs store?") from None
+        if fmt != FORMAT_VERSION:
+            raise StoreError(
+                f"{root}: store format {fmt} is not supported (this mithrilfs reads format {FORMAT_VERSION})"
+            )
+        return
+    if any(root.iterdir()):
+        raise StoreError(f"{root}: directory is not empty and is not a mithrilfs store")
+    tmp = root / f".{_FORMAT_FILE}.tmp"
+    tmp.write_text(json.dumps({"format": FORMAT_VERSION, "created": time.time()}) + "\n")
+    os.rename(tmp, stamp)
+
+
+def open_store(path: str | os.PathLike[str] | None = None) -> Store:
+    root = Path(path) if path is not None else default_store()
+    root = root.expanduser().absolute()
+    if root.exists() and not root.is_dir():
+        raise StoreError(f"{root}: store is not a directory")
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"{root}: cannot create store: {e.strerror}") from None
+    _check_format(root)
+    lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(lock_fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise StoreError(f"{root}: store is in use by another mithrilfs process") from None
+        raise
+    try:
+        cas = CAS(root)
+        ns = Namespace(str(root / _INDEX_FILE))
+    except Exception:
+        os.close(lock_fd)
+        raise
+    return Store(root, cas, ns, lock_fd)

@@ -1,0 +1,53 @@
+"""One torch.compile of a small MLP in this process; prints a JSON line of what happened.
+
+Run it in a fresh process with TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR)
+pointing where the cache should live.  Used by the e2e tests, the demo and
+scripts/bench_compile.py, so all three measure the same work.
+
+Output: {"seconds": compile+first call, "fxgraph_cache_hit": N,
+"fxgraph_cache_miss": N, "output_sha": digest of the output tensor}.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import sys
+import time
+
+
+def main() -> int:
+    # Inductor's in-process caches must not hide the on-disk cache.
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    import torch
+
+    torch.manual_seed(0)
+    width = int(os.environ.get("MITHRILFS_WORKLOAD_WIDTH", "64"))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, width * 2),
+        torch.nn.GELU(),
+        torch.nn.Linear(width * 2, width),
+        torch.nn.LayerNorm(width),
+    )
+    x = torch.randn(8, width)
+    start = time.perf_counter()
+    compiled = torch.compile(model)
+    with torch.no_grad():
+        out = compiled(x)
+    seconds = time.perf_counter() - start
+    from torch._dynamo.utils import counters
+
+    result = {
+        "seconds": round(seconds, 3),
+        "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+        "output_sha": hashlib.sha256(struct.pack(f"{out.numel()}f", *out.flatten().tolist())).hexdigest(),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
