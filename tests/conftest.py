@@ -1,0 +1,138 @@
+"""Fixtures that mount a real mithrilfs with the real CLI, and always unmount.
+
+Every mount made here is remembered with the daemon PID it reported; teardown
+runs ``fusermount3 -u``, then ``-uz`` as a last resort, and kills only that
+PID.  Nothing else on the machine is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "mithrilfs"]
+
+
+def run_cli(*args: str, check: bool = False, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    res = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, **kw)
+    if check and res.returncode != 0:
+        raise AssertionError(f"mithrilfs {' '.join(args)} failed ({res.returncode}): {res.stderr}")
+    return res
+
+
+def is_mounted(path: Path) -> bool:
+    target = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == target and line.split()[2].startswith("fuse") for line in f)
+
+
+def daemon_pid(mountpoint: Path) -> int | None:
+    try:
+        return int((mountpoint / ".mithrilfs" / "pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@dataclass
+class Mount:
+    """One mounted filesystem made by a test."""
+
+    mountpoint: Path
+    store: Path
+    pid: int | None = None
+    extra: tuple[str, ...] = ()
+
+    def mount(self) -> "Mount":
+        run_cli("mount", str(self.mountpoint), "--store", str(self.store), *self.extra, check=True)
+        assert is_mounted(self.mountpoint)
+        self.pid = daemon_pid(self.mountpoint)
+        assert self.pid is not None
+        return self
+
+    def umount(self) -> None:
+        run_cli("umount", str(self.mountpoint), check=True)
+        assert not is_mounted(self.mountpoint)
+        self.pid = None
+
+    def remount(self) -> "Mount":
+        self.umount()
+        return self.mount()
+
+    def stats(self) -> dict:
+        import json
+
+        return json.loads((self.mountpoint / ".mithrilfs" / "stats.json").read_text())
+
+    def force_cleanup(self) -> None:
+        if is_mounted(self.mountpoint):
+            if subprocess.run(["fusermount3", "-u", str(self.mountpoint)], capture_output=True).returncode:
+                subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True)
+        if self.pid is not None and pid_alive(self.pid):
+            deadline = time.monotonic() + 10
+            while pid_alive(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if pid_alive(self.pid):
+                os.kill(self.pid, signal.SIGKILL)
+        self.pid = None
+
+
+@dataclass
+class MountFactory:
+    root: Path
+    mounts: list[Mount] = field(default_factory=list)
+
+    def __call__(self, name: str = "m", *extra: str, store: Path | None = None) -> Mount:
+        mp = self.root / f"{name}-mnt"
+        mp.mkdir(exist_ok=True)
+        m = Mount(mp, store or self.root / f"{name}-store", extra=extra)
+        self.mounts.append(m)
+        return m.mount()
+
+    def cleanup(self) -> None:
+        for m in self.mounts:
+            m.force_cleanup()
+
+
+@pytest.fixture
+def mount_factory(tmp_path: Path) -> Iterator[MountFactory]:
+    factory = MountFactory(tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.cleanup()
+
+
+@pytest.fixture
+def mnt(mount_factory: MountFactory) -> Mount:
+    return mount_factory()
+
+
+@pytest.fixture(scope="module")
+def shared_mnt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mount]:
+    """One mount for a whole module of tests that do not need a fresh store."""
+    factory = MountFactory(tmp_path_factory.mktemp("shared"))
+    try:
+        yield factory()
+    finally:
+        factory.cleanup()
+
+
+def blob_files(store: Path) -> list[Path]:
+    return [p for p in (store / "objects").rglob("*") if p.is_file()]

@@ -1,0 +1,82 @@
+"""Real clients on the mount, in fresh processes: torch.compile (Inductor, CPU) and Triton's cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import REPO, Mount
+
+pytestmark = pytest.mark.e2e
+
+WORKLOAD = REPO / "scripts" / "compile_workload.py"
+
+
+def _compile(cache_dir) -> dict:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TRITON_CACHE_DIR=str(cache_dir / "triton"))
+    res = subprocess.run([sys.executable, str(WORKLOAD)], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(900)
+def test_torch_compile_warm_start_hits_after_remount(mnt: Mount):
+    cache = mnt.mountpoint / "inductor"
+    cold = _compile(cache)
+    assert cold["fxgraph_cache_miss"] > 0 and cold["fxgraph_cache_hit"] == 0
+    written = [p for p in cache.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".so" for p in written) and any(p.suffix == ".cpp" for p in written)
+    mnt.remount()
+    warm = _compile(cache)
+    assert warm["fxgraph_cache_hit"] > 0
+    assert warm["fxgraph_cache_miss"] == 0
+    assert warm["output_sha"] == cold["output_sha"]
+
+
+TRITON_PUT = textwrap.dedent(
+    """
+    import json, sys
+    from triton.runtime.cache import FileCacheManager
+    m = FileCacheManager(sys.argv[1])
+    group = {}
+    for name, data in (("k.cubin", b"\\x7fCUBIN" * 500), ("k.ptx", b".version 8.0\\n" * 300), ("k.json", b'{"n": 1}')):
+        group[name] = m.put(data, name)
+    m.put_group("k.json", group)
+    print(json.dumps(group))
+    """
+)
+TRITON_GET = textwrap.dedent(
+    """
+    import json, sys
+    from triton.runtime.cache import FileCacheManager
+    g = FileCacheManager(sys.argv[1]).get_group("k.json")
+    print(json.dumps(None if g is None else {k: open(p, "rb").read().hex() for k, p in g.items()}))
+    """
+)
+
+
+def _py(code: str, *args: str, env: dict) -> str:
+    res = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout.strip().splitlines()[-1]
+
+
+def test_triton_file_cache_group_across_processes(mnt: Mount):
+    env = dict(os.environ, TRITON_CACHE_DIR=str(mnt.mountpoint / "triton"))
+    group = json.loads(_py(TRITON_PUT, "abc123", env=env))
+    assert set(group) == {"k.cubin", "k.ptx", "k.json"}
+    mnt.remount()
+    got = json.loads(_py(TRITON_GET, "abc123", env=env))
+    assert got == {
+        "k.cubin": (b"\x7fCUBIN" * 500).hex(),
+        "k.ptx": (b".version 8.0\n" * 300).hex(),
+        "k.json": b'{"n": 1}'.hex(),
+    }
+    # the temporary directories Triton writes through are gone
+    assert sorted(os.listdir(mnt.mountpoint / "triton" / "abc123")) == ["__grp__k.json", "k.cubin", "k.json", "k.ptx"]
+    assert json.loads(_py(TRITON_GET, "missing-key", env=env)) is None

@@ -1,0 +1,142 @@
+"""Mount lifecycle and CLI errors: daemonizing, signals, stale mounts, bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Mount, is_mounted, pid_alive, run_cli
+
+
+def _wait_gone(pid: int, timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not pid_alive(pid)
+
+
+def test_mount_returns_once_live_and_daemon_runs_in_background(mnt: Mount):
+    # the CLI has already exited 0; the mount answers and the daemon is another process
+    assert is_mounted(mnt.mountpoint)
+    assert mnt.pid != os.getpid() and pid_alive(mnt.pid)
+    (mnt.mountpoint / "x").write_bytes(b"1")
+
+
+def test_umount_waits_for_the_daemon(mnt: Mount):
+    pid = mnt.pid
+    mnt.umount()
+    assert not pid_alive(pid)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_unmounts_cleanly_and_keeps_data(mnt: Mount, sig):
+    (mnt.mountpoint / "kept").write_bytes(b"data")
+    os.kill(mnt.pid, sig)
+    assert _wait_gone(mnt.pid)
+    assert not is_mounted(mnt.mountpoint)
+    mnt.pid = None
+    mnt.mount()
+    assert (mnt.mountpoint / "kept").read_bytes() == b"data"
+
+
+def test_stale_mount_after_kill9_is_cleaned_by_next_mount(mnt: Mount):
+    (mnt.mountpoint / "committed").write_bytes(b"safe")
+    os.kill(mnt.pid, signal.SIGKILL)
+    assert _wait_gone(mnt.pid)
+    with pytest.raises(OSError):
+        os.stat(mnt.mountpoint)  # ENOTCONN: the kernel still has the dead mount
+    res = run_cli("mount", str(mnt.mountpoint), "--store", str(mnt.store))
+    assert res.returncode == 0, res.stderr
+    assert "stale mount" in res.stderr
+    mnt.pid = int((mnt.mountpoint / ".mithrilfs" / "pid").read_text())
+    assert (mnt.mountpoint / "committed").read_bytes() == b"safe"
+
+
+def test_foreground_mount_stays_attached(tmp_path: Path):
+    import subprocess
+    import sys
+
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mithrilfs", "mount", str(mp), "--store", str(tmp_path / "s"), "--foreground"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    m = Mount(mp, tmp_path / "s", pid=proc.pid)
+    try:
+        assert "mounted" in proc.stderr.readline()
+        assert is_mounted(mp) and proc.poll() is None
+        (mp / "f").write_bytes(b"fg")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert not is_mounted(mp)
+    finally:
+        m.force_cleanup()
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _one_line_error(res, code: int, needle: str) -> None:
+    assert res.returncode == code, (res.returncode, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in res.stderr
+
+
+def test_missing_mountpoint(tmp_path):
+    res = run_cli("mount", str(tmp_path / "nope"), "--store", str(tmp_path / "s"))
+    _one_line_error(res, 1, "does not exist")
+    assert not (tmp_path / "s").exists()
+
+
+def test_mountpoint_not_a_directory(tmp_path):
+    (tmp_path / "file").write_text("")
+    res = run_cli("mount", str(tmp_path / "file"), "--store", str(tmp_path / "s"))
+    _one_line_error(res, 1, "not a directory")
+
+
+def test_already_mounted(mnt: Mount, tmp_path):
+    res = run_cli("mount", str(mnt.mountpoint), "--store", str(tmp_path / "other"))
+    _one_line_error(res, 1, "already mounted")
+
+
+def test_store_inside_mountpoint(tmp_path):
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    res = run_cli("mount", str(mp), "--store", str(mp / "store"))
+    _one_line_error(res, 1, "inside the mount point")
+    assert not (mp / "store").exists()
+
+
+def test_store_is_not_a_store(tmp_path):
+    mp, st = tmp_path / "mp", tmp_path / "st"
+    mp.mkdir()
+    st.mkdir()
+    (st / "precious.txt").write_text("user data")
+    res = run_cli("mount", str(mp), "--store", str(st))
+    _one_line_error(res, 1, "not a mithrilfs store")
+    assert not is_mounted(mp)
+    assert sorted(os.listdir(st)) == ["precious.txt"]
+
+
+def test_store_in_use_by_another_mount(mnt: Mount, tmp_path):
+    mp2 = tmp_path / "mp2"
+    mp2.mkdir()
+    res = run_cli("mount", str(mp2), "--store", str(mnt.store))
+    _one_line_error(res, 1, "in use")
+    assert not is_mounted(mp2)
+
+
+def test_unknown_option_and_missing_argument(tmp_path):
+    _one_line_error(run_cli("mount", str(tmp_path), "--bogus"), 2, "unrecognized arguments")
+    _one_line_error(run_cli("mount"), 2, "required")
+    _one_line_error(run_cli("frobnicate"), 2, "invalid choice")
+
+
+def test_umount_of_something_not_mounted(tmp_path):
+    _one_line_error(run_cli("umount", str(tmp_path)), 1, "not mounted")

@@ -1,0 +1,116 @@
+"""What the store underneath does: dedup, persistence across remount, stable inodes, concurrency."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from conftest import Mount, blob_files, run_cli
+
+
+def test_identical_content_stored_as_one_blob(mnt: Mount):
+    payload = os.urandom(50_000)
+    (mnt.mountpoint / "a").mkdir()
+    (mnt.mountpoint / "a" / "kernel.so").write_bytes(payload)
+    (mnt.mountpoint / "b.so").write_bytes(payload)
+    blobs = blob_files(mnt.store)
+    assert len(blobs) == 1
+    assert blobs[0].read_bytes() == payload
+    assert mnt.stats()["blobs"] == 1 and mnt.stats()["physical_bytes"] == len(payload)
+    # the blob is freed with its last name
+    (mnt.mountpoint / "a" / "kernel.so").unlink()
+    assert len(blob_files(mnt.store)) == 1
+    (mnt.mountpoint / "b.so").unlink()
+    mnt.remount()  # forgets flow on unmount at the latest
+    assert blob_files(mnt.store) == []
+
+
+def test_everything_persists_across_remount(mnt: Mount):
+    root = mnt.mountpoint
+    (root / "dir" / "sub").mkdir(parents=True)
+    (root / "dir" / "sub" / "f.py").write_text("print('hi')\n")
+    (root / "exe").write_bytes(b"#!/bin/sh\n")
+    os.chmod(root / "exe", 0o751)
+    os.symlink("dir/sub/f.py", root / "link")
+    os.link(root / "exe", root / "exe2")
+    os.utime(root / "exe", ns=(1, 1_234_567_890_000_000_000))
+    inodes = {p: os.lstat(root / p).st_ino for p in ("dir", "dir/sub", "dir/sub/f.py", "exe", "link")}
+    mnt.remount()
+    assert (root / "dir" / "sub" / "f.py").read_text() == "print('hi')\n"
+    assert stat_mode(root / "exe") == 0o751
+    assert os.readlink(root / "link") == "dir/sub/f.py"
+    assert (root / "exe2").stat().st_nlink == 2
+    assert (root / "exe").stat().st_mtime_ns == 1_234_567_890_000_000_000
+    assert {p: os.lstat(root / p).st_ino for p in inodes} == inodes
+    assert sorted(os.listdir(root)) == ["dir", "exe", "exe2", "link"]
+
+
+def stat_mode(p: Path) -> int:
+    return p.stat().st_mode & 0o7777
+
+
+WRITER = textwrap.dedent(
+    """
+    import os, sys
+    path, me, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    for r in range(rounds):
+        payload = (f"writer {me} round {r} ".encode() * 4000)[: 20000 + me * 997 + r]
+        tmp = f"{path}.tmp.{me}.{r}"
+        with open(tmp, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    """
+)
+
+
+def test_concurrent_tmp_rename_writers_never_tear(mnt: Mount):
+    target = mnt.mountpoint / "cache" / "entry"
+    target.parent.mkdir()
+    rounds = 15
+    expected = {
+        hashlib.sha256((f"writer {me} round {r} ".encode() * 4000)[: 20000 + me * 997 + r]).hexdigest()
+        for me in range(8)
+        for r in range(rounds)
+    }
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(target), str(me), str(rounds)]) for me in range(8)
+    ]
+    seen = set()
+    while any(p.poll() is None for p in procs):
+        try:
+            seen.add(hashlib.sha256(target.read_bytes()).hexdigest())
+        except FileNotFoundError:
+            pass
+    assert all(p.wait(timeout=60) == 0 for p in procs)
+    final = hashlib.sha256(target.read_bytes()).hexdigest()
+    assert final in expected
+    assert seen <= expected, "a reader saw content that no writer wrote whole"
+    assert os.listdir(target.parent) == ["entry"]
+    mnt.remount()
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == final
+
+
+def test_shared_object_built_into_mount_loads(mnt: Mount):
+    src = mnt.mountpoint / "kern.c"
+    src.write_text("int add(int a, int b) { return a + b + 1000; }\n")
+    so = mnt.mountpoint / "libkern.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(so), str(src)], check=True)
+    code = f"import ctypes; print(ctypes.CDLL({str(so)!r}).add(2, 3))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1005"
+    mnt.remount()  # and from the store after a remount (dlopen maps the blob-backed file)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1005"
+
+
+def test_umount_refuses_while_busy_and_keeps_serving(mnt: Mount):
+    (mnt.mountpoint / "f").write_bytes(b"x")
+    with open(mnt.mountpoint / "f", "rb"):
+        res = run_cli("umount", str(mnt.mountpoint))
+        assert res.returncode == 1
+        assert "busy" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert (mnt.mountpoint / "f").read_bytes() == b"x"
