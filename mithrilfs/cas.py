@@ -85,19 +85,23 @@ class CAS:
             pass
 
     def adopt(self, staging_path: str | os.PathLike[str], digest: bytes) -> bool:
-        """Make the finished file at *staging_path* the blob *digest*.
+        """Make the finished file at *staging_path* also the blob *digest*.
 
-        Returns True when a new blob was written, False when an identical
-        blob already existed (dedup; the staging file is dropped).  The rename
-        is atomic, so a blob is never seen half-written.
+        Returns True when a new blob appeared, False when an identical blob
+        already existed (dedup).  The blob is a hard link to the staging
+        file, made in one atomic step, so it is never seen half-written; the
+        caller removes the staging name once the index points at the blob
+        (and can retry if that fails).
         """
         dest = self.path(digest)
         if os.path.exists(dest):
-            os.unlink(staging_path)
             return False
         dest.parent.mkdir(mode=0o700, exist_ok=True)
         os.chmod(staging_path, 0o444)
-        os.rename(staging_path, dest)
+        try:
+            os.link(staging_path, dest)
+        except FileExistsError:
+            return False
         return True
 
     def put_bytes(self, data: bytes) -> tuple[bytes, bool]:
@@ -109,10 +113,9 @@ class CAS:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-        except BaseException:
+            return digest, self.adopt(path, digest)
+        finally:
             os.unlink(path)
-            raise
-        return digest, self.adopt(path, digest)
 
     def put_file(self, path: str | os.PathLike[str]) -> tuple[bytes, bool]:
         """Store a copy of an outside file; returns (digest, whether it was new)."""
@@ -122,10 +125,8 @@ class CAS:
                 shutil.copyfileobj(src, out, _CHUNK)
             digest = hash_file(tmp)
             return digest, self.adopt(tmp, digest)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        finally:
+            os.unlink(tmp)
 
     # -- staging ---------------------------------------------------------
     def new_staging(self) -> tuple[int, str]:

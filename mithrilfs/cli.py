@@ -7,17 +7,60 @@ User mistakes end with one line on stderr and exit status 2 (bad usage) or
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn, Sequence
 
 from . import daemon
+from .control import CONTROL_NAME
+from .eviction import EvictionPolicy
 from .store import StoreError, default_store
+from .units import format_size, parse_duration, parse_size
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _bytes(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _size(text: str) -> int:
+    n = _bytes(text)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+    return n
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _fraction(text: str) -> float:
+    """``95%`` or ``0.95``."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid watermark {text!r} (use e.g. 95% or 0.95)") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"watermark must be between 0% and 100%: {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"invalid count {text!r} (a whole number)")
+    return int(text)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -30,15 +73,40 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--foreground", "-f", action="store_true", help="stay attached (for containers)")
     m.add_argument("--allow-other", action="store_true", help="let other users see the mount")
     m.add_argument("--debug", action="store_true", help="log every FUSE request")
+    m.add_argument("--max-size", type=_size, default=parse_size("10G"), metavar="SIZE",
+                   help="byte budget of the store: 500M, 10G, 1.5T or bytes (default 10G)")
+    m.add_argument("--high-watermark", type=_fraction, default=0.95, metavar="PCT",
+                   help="start evicting above this share of the budget (default 95%%)")
+    m.add_argument("--low-watermark", type=_fraction, default=0.85, metavar="PCT",
+                   help="evict down to this share of the budget (default 85%%)")
+    m.add_argument("--min-age", type=_duration, default=5.0, metavar="DURATION",
+                   help="never evict files changed more recently (default 5s)")
+    m.add_argument("--idle-ttl", type=_duration, default=None, metavar="DURATION",
+                   help="evict anything unused for this long, even under budget (default: never)")
+    m.add_argument("--min-entries", type=_count, default=0, metavar="N",
+                   help="never evict below N files or groups (default 0)")
 
     u = sub.add_parser("umount", aliases=["unmount"], help="flush, unmount and wait for the daemon")
     u.add_argument("mountpoint", type=Path)
+
+    g = sub.add_parser("gc", help="evict now and print what was freed")
+    g.add_argument("mountpoint", type=Path)
+    g.add_argument("--to", type=_bytes, default=None, metavar="SIZE",
+                   help="evict down to this many bytes (default: the low watermark)")
     return p
 
 
 def _cmd_mount(args: argparse.Namespace) -> int:
     store = (args.store or default_store()).expanduser().absolute()
+    try:
+        policy = EvictionPolicy(
+            max_bytes=args.max_size, high=args.high_watermark, low=args.low_watermark,
+            min_age=args.min_age, idle_ttl=args.idle_ttl, min_entries=args.min_entries,
+        )
+    except ValueError as e:
+        _usage_error(str(e))
     opts = daemon.MountOptions(
+        policy=policy,
         mountpoint=args.mountpoint.expanduser().absolute(),
         store=store,
         foreground=args.foreground,
@@ -53,7 +121,40 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount}
+def _usage_error(message: str) -> NoReturn:
+    print(f"mithrilfs: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def control_file(mountpoint: Path, name: str) -> Path:
+    """A file of the mount's control directory, or a one-line error when it is not a live mount."""
+    mp = mountpoint.expanduser().absolute()
+    if not mp.is_dir():
+        raise daemon.MountError(f"{mp} is not a directory")
+    path = mp / CONTROL_NAME.decode() / name
+    if not path.exists():
+        raise daemon.MountError(f"{mp} is not a mithrilfs mount")
+    return path
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    path = control_file(args.mountpoint, "gc")
+    request = f"to={args.to}" if args.to is not None else "run"
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.write(fd, request.encode())
+        answer = json.loads(os.pread(fd, 1 << 16, 0))
+    finally:
+        os.close(fd)
+    print(
+        f"evicted {answer['units']} units ({answer['files']} files), freed {format_size(answer['bytes'])};"
+        f" now {format_size(answer['physical_bytes'])} of {format_size(answer['max_bytes'])}"
+        + (f"; {answer['skipped_pinned']} in use or too young, kept" if answer["skipped_pinned"] else "")
+    )
+    return 0
+
+
+_COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

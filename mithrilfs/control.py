@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable
+from typing import Awaitable, Callable
 
 CONTROL_NAME = b".mithrilfs"
 #: Inode numbers far above anything SQLite will hand out.
@@ -22,6 +22,7 @@ class ControlFiles:
     def __init__(self) -> None:
         self._by_name: dict[bytes, int] = {}
         self._producers: dict[int, Callable[[], bytes]] = {}
+        self._commands: dict[int, Callable[[bytes], Awaitable[bytes]]] = {}
         self.add(b"pid", lambda: f"{os.getpid()}\n".encode())
 
     def add(self, name: bytes, produce: Callable[[], bytes]) -> None:
@@ -31,6 +32,17 @@ class ControlFiles:
 
     def add_json(self, name: bytes, produce: Callable[[], object]) -> None:
         self.add(name, lambda: (json.dumps(produce(), sort_keys=True) + "\n").encode())
+
+    def add_command(self, name: bytes, run: Callable[[bytes], Awaitable[bytes]]) -> None:
+        """A writable file: what is written runs *run*; its answer is read back on the same handle."""
+        self.add(name, lambda: b"")
+        self._commands[self._by_name[name]] = run
+
+    def is_command(self, ino: int) -> bool:
+        return ino in self._commands
+
+    async def run_command(self, ino: int, request: bytes) -> bytes:
+        return await self._commands[ino](request)
 
     @staticmethod
     def is_control(ino: int) -> bool:

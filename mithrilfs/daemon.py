@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -26,8 +26,9 @@ import pyfuse3
 import trio
 
 from .control import CONTROL_NAME
+from .eviction import EvictionPolicy
 from .fs import Operations
-from .store import StoreError, open_store
+from .store import RESERVE_BYTES, StoreError, open_store
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class MountOptions:
     foreground: bool = False
     allow_other: bool = False
     debug: bool = False
+    policy: EvictionPolicy = field(default_factory=EvictionPolicy)
 
 
 # ----------------------------------------------------------------------
@@ -192,9 +194,11 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
         stale = store.cas.clear_staging()
         repaired = store.ns.recover()
         freed = store.collect_garbage()
+        if not store.ensure_reserve():
+            log.warning("could not reserve %d bytes on the store's disk", RESERVE_BYTES)
         if stale or any(repaired.values()) or freed:
             log.info("startup repair: %d staging files, %s, %d unreferenced blobs", stale, repaired, freed)
-        ops = Operations(store)
+        ops = Operations(store, opts.policy)
         options = set(pyfuse3.default_options)
         options |= {"fsname=mithrilfs", "subtype=mithrilfs"}
         if opts.allow_other:
@@ -206,9 +210,11 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
         except RuntimeError as e:
             announce(f"cannot mount {opts.mountpoint}: {e}")
             return 1
-        log.info("mounted %s (store %s, pid %d)", opts.mountpoint, opts.store, os.getpid())
+        log.info("mounted %s (store %s, pid %d, budget %d bytes)", opts.mountpoint, opts.store, os.getpid(),
+                 opts.policy.max_bytes)
+        ops.invalidate_entry = _invalidate_entry
         try:
-            trio.run(_run, opts.mountpoint, announce)
+            trio.run(_run, ops, opts.mountpoint, announce)
         finally:
             pyfuse3.close(unmount=True)
             ops.shutdown()
@@ -218,9 +224,15 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
         store.close()
 
 
-async def _run(mountpoint: Path, announce: Callable[[str], None]) -> None:
+def _invalidate_entry(parent: int, name: bytes, ino: int) -> None:
+    # from inside request handling, only the async variant cannot deadlock
+    pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
+
+
+async def _run(ops: Operations, mountpoint: Path, announce: Callable[[str], None]) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal)
+        nursery.start_soon(ops.background)
         nursery.start_soon(_announce_when_live, mountpoint, announce)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import errno
 import functools
+import json
 import logging
 import os
+import sqlite3
 import stat
 import time
 from dataclasses import dataclass, field
@@ -30,8 +32,10 @@ import trio
 
 from .cas import hash_file
 from .control import CONTROL_DIR_INODE, CONTROL_NAME, ControlFiles
+from .eviction import EvictionPolicy, EvictionResult, Evictor, Recency, Unit
 from .namespace import ROOT_INODE, Inode
 from .store import Store
+from .units import parse_size
 
 log = logging.getLogger(__name__)
 
@@ -44,28 +48,50 @@ NEGATIVE_TIMEOUT = 300.0
 #: Files at least this large are hashed and copied off the event loop.
 OFFLOAD_MIN = 1 << 20
 _BLKSIZE = 128 * 1024
+RECENCY_FLUSH_SECONDS = 5.0
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
-def _request(fn: F) -> F:
-    """Turn stray OSErrors into their errno and anything else into EIO.
+def _is_disk_full(e: BaseException) -> bool:
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(e, sqlite3.OperationalError) and "full" in str(e)
 
-    pyfuse3 lets a non-FUSEError escape and end the main loop, which would
-    take the whole mount down for one bad request.
+
+async def _retry_when_full(ops: "Operations", attempt: Callable[[], Awaitable[Any]]) -> Any:
+    try:
+        return await attempt()
+    except (OSError, sqlite3.OperationalError) as e:
+        if not _is_disk_full(e):
+            raise
+    await ops.make_room()
+    return await attempt()
+
+
+def _request(fn: F) -> F:
+    """Error policy of every request handler.
+
+    A full backing disk gets one eviction pass to make room and one retry
+    (handlers are written so that a failed attempt changes nothing).  Stray
+    OSErrors become their errno and anything else EIO: pyfuse3 lets a
+    non-FUSEError escape and end the main loop, which would take the whole
+    mount down for one bad request.
     """
 
     @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+    async def wrapper(self: "Operations", *args: Any, **kwargs: Any) -> Any:
         try:
-            return await fn(*args, **kwargs)
+            return await _retry_when_full(self, lambda: fn(self, *args, **kwargs))
         except pyfuse3.FUSEError:
             raise
         except OSError as e:
             if e.errno is None:
                 log.exception("%s failed", fn.__name__)
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
-        except Exception:
+        except Exception as e:
+            if _is_disk_full(e):
+                raise pyfuse3.FUSEError(errno.ENOSPC) from None
             log.exception("%s failed", fn.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
@@ -109,18 +135,30 @@ class Operations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, policy: EvictionPolicy | None = None) -> None:
         super().__init__()
         self.store = store
         self.ns = store.ns
         self.cas = store.cas
+        self.policy = policy or EvictionPolicy()
         self.control = ControlFiles()
         self.control.add_json(b"stats.json", self.stats_snapshot)
+        self.control.add_command(b"gc", self._gc_command)
         self._lookups: dict[int, int] = {}
         self._open: dict[int, OpenFile] = {}
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._offload = trio.CapacityLimiter(2)
+        #: Bytes of blobs on disk; staging bytes are added on demand (physical()).
+        self.blob_bytes = self.ns.physical_bytes()
+        self.counters: dict[str, int] = {"evictions": 0, "evicted_files": 0, "evicted_bytes": 0}
+        self._room_lock = trio.Lock()
+        self._room_made = 0
+        self.recency = Recency(self.ns)
+        self.evictor = Evictor(self.policy, self.ns, self.recency, self.physical, self.evict_unit, self._evicted)
+        #: Set by the daemon once a kernel session exists: tells the kernel
+        #: to drop names the daemon removes on its own (eviction).
+        self.invalidate_entry: Callable[[int, bytes, int], None] | None = None
 
     # ------------------------------------------------------------------
     # attributes
@@ -143,7 +181,7 @@ class Operations(pyfuse3.Operations):
         e.st_size = size
         e.st_blksize = _BLKSIZE
         e.st_blocks = (size + 511) // 512
-        e.st_atime_ns = ino.atime_ns
+        e.st_atime_ns = self.recency.get(ino.id, ino.atime_ns)
         e.st_mtime_ns = mtime
         e.st_ctime_ns = ino.ctime_ns
         return e
@@ -161,7 +199,7 @@ class Operations(pyfuse3.Operations):
             e.st_mode = stat.S_IFDIR | 0o555
             e.st_nlink = 2
         else:
-            e.st_mode = stat.S_IFREG | 0o444
+            e.st_mode = stat.S_IFREG | (0o644 if self.control.is_command(ino) else 0o444)
             e.st_nlink = 1
             e.st_size = len(self.control.produce(ino))
         return e
@@ -209,6 +247,7 @@ class Operations(pyfuse3.Operations):
             e.st_ino = 0
             e.entry_timeout = NEGATIVE_TIMEOUT
             return e
+        self.recency.touch(ino)
         attr = self._attr(self._inode(ino))
         self._ref(ino)
         return attr
@@ -234,17 +273,25 @@ class Operations(pyfuse3.Operations):
             return
         with self.ns.txn():
             self.ns.delete_inode(ino)
+        self.recency.forget(ino)
         self._collect(inode.hash)
 
-    def _collect(self, digest: bytes | None) -> None:
-        """Delete a blob whose last reference just went."""
+    def _collect(self, digest: bytes | None) -> int:
+        """Delete a blob whose last reference just went; returns the bytes freed."""
         if digest is None:
-            return
-        rc = self.ns.refcount(digest)
-        if rc is not None and rc <= 0:
-            self.cas.delete(digest)
-            with self.ns.txn():
-                self.ns.forget_blob(digest)
+            return 0
+        info = self.ns.blob_info(digest)
+        if info is None or info[0] > 0:
+            return 0
+        self.cas.delete(digest)
+        with self.ns.txn():
+            self.ns.forget_blob(digest)
+        self.blob_bytes -= info[1]
+        return info[1]
+
+    def physical(self) -> int:
+        """Bytes the store holds on disk: unique blobs plus staging files."""
+        return self.blob_bytes + sum(of.size for of in self._open.values() if of.staging_fd is not None)
 
     @_request
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -475,6 +522,13 @@ class Operations(pyfuse3.Operations):
         self._maybe_delete(of.inode.id)
 
     def _drop_staging(self, of: OpenFile) -> None:
+        """Forget uncommitted content: size and mtime fall back to the committed ones."""
+        self._drop_staging_file(of)
+        of.dirty = False
+        of.size, of.mtime_ns = of.inode.size, of.inode.mtime_ns
+
+    @staticmethod
+    def _drop_staging_file(of: OpenFile) -> None:
         if of.staging_fd is not None:
             os.close(of.staging_fd)
             try:
@@ -482,8 +536,6 @@ class Operations(pyfuse3.Operations):
             except FileNotFoundError:
                 pass
         of.staging_fd = of.staging_path = None
-        of.dirty = False
-        of.size, of.mtime_ns = of.inode.size, of.inode.mtime_ns
 
     async def _ensure_staging(self, of: OpenFile, *, empty: bool = False) -> int:
         """The inode's staging fd, starting as a copy of its blob unless *empty*."""
@@ -492,11 +544,12 @@ class Operations(pyfuse3.Operations):
         async with of.lock:
             if of.staging_fd is not None:
                 return of.staging_fd
+            digest, size = of.inode.hash, of.inode.size
+            copy = digest is not None and size > 0 and not empty
             fd, path = self.cas.new_staging()
             try:
-                digest, size = of.inode.hash, of.inode.size
-                if digest is not None and size > 0 and not empty:
-                    src = self.cas.open(digest)
+                if copy:
+                    src = self.cas.open(digest)  # type: ignore[arg-type]
                     try:
                         if size >= OFFLOAD_MIN:
                             await trio.to_thread.run_sync(_copy_fd, src, fd, size, limiter=self._offload)
@@ -509,8 +562,27 @@ class Operations(pyfuse3.Operations):
                 os.unlink(path)
                 raise
             of.staging_fd, of.staging_path = fd, path
-            of.size = 0 if empty else of.inode.size
+            of.size = size if copy else 0
             return fd
+
+    async def make_room(self) -> None:
+        """The backing disk is full before the budget is: evict a slice of the cache now.
+
+        The reserve file gives the index room to record the evictions;
+        requests that hit the full disk together make room once.
+        """
+        seen = self._room_made
+        async with self._room_lock:
+            if seen != self._room_made:
+                return
+            log.warning("backing store is full at %d bytes: evicting to make room", self.physical())
+            self.store.release_reserve()
+            try:
+                await self.evictor.make_room(max(self.physical() // 10, 1 << 20))
+                self.ns.shrink_wal()
+            finally:
+                self._room_made += 1
+                self.store.ensure_reserve()
 
     async def _truncate(self, of: OpenFile, size: int) -> None:
         fd = await self._ensure_staging(of, empty=size == 0)
@@ -527,27 +599,37 @@ class Operations(pyfuse3.Operations):
         if of.inode.nlink == 0:
             return  # no name can ever show it; dropped with the last handle
         async with of.lock:
-            if not of.dirty or of.staging_fd is None:
+            if not of.dirty or of.staging_fd is None or of.inode.nlink == 0:
                 return
             gen, size, path = of.write_gen, of.size, of.staging_path
             assert path is not None
             if size >= OFFLOAD_MIN:
                 digest = await trio.to_thread.run_sync(hash_file, path, limiter=self._offload)
-                if of.write_gen != gen or of.staging_path != path:
-                    return  # written meanwhile: a later flush commits the newer content
+                if of.write_gen != gen or of.staging_path != path or of.inode.nlink == 0:
+                    return  # changed meanwhile: a later flush commits the newer content
             else:
                 digest = hash_file(path)
             with self.ns.txn():
                 self.ns.blob_intent(digest, size)
-            self.cas.adopt(path, digest)
-            os.close(of.staging_fd)
-            of.staging_fd = of.staging_path = None
+            if self.cas.adopt(path, digest):
+                self.blob_bytes += size
             old = of.inode.hash
+            # until this transaction succeeds the staging file stays, so a
+            # failed attempt (disk full) can simply be retried
             with self.ns.txn():
                 self.ns.set_content(of.inode, digest, size, of.mtime_ns)
+            self._drop_staging_file(of)
             of.dirty = False
             if old != digest:
                 self._collect(old)
+        await self._enforce_budget()
+
+    async def _enforce_budget(self) -> None:
+        """Wake the background evictor at the high watermark; past the budget itself, evict now."""
+        if self.physical() > self.policy.max_bytes:
+            await self.evictor.run(self.policy.low_bytes, reason="pressure")
+        else:
+            self.evictor.notify_growth()
 
     def _new_handle(self, of: OpenFile, flags: int) -> int:
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
@@ -560,15 +642,15 @@ class Operations(pyfuse3.Operations):
     @_request
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         if self.control.is_control(inode):
-            if inode == CONTROL_DIR_INODE or (flags & os.O_ACCMODE) != os.O_RDONLY:
-                raise _err(errno.EISDIR if inode == CONTROL_DIR_INODE else errno.EACCES)
-            fh = self._next_fh
-            self._next_fh += 1
-            self._handles[fh] = Handle(inode, False, False, control=self.control.produce(inode))
-            return pyfuse3.FileInfo(fh=fh, direct_io=True)
+            return self._open_control(inode, flags)
         ino = self._inode(inode)
         if not ino.is_reg:
             raise _err(errno.EINVAL)
+        if ino.nlink == 0 and inode not in self._open:
+            # evicted (or unlinked) and not open: only a stale kernel dentry
+            # can lead here, and its content is gone
+            raise _err(errno.ENOENT)
+        self.recency.touch(inode)
         of = self._open_file(ino)
         fh = self._new_handle(of, flags)
         try:
@@ -578,6 +660,18 @@ class Operations(pyfuse3.Operations):
             await self.release(fh)
             raise
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    def _open_control(self, inode: int, flags: int) -> pyfuse3.FileInfo:
+        if inode == CONTROL_DIR_INODE:
+            raise _err(errno.EISDIR)
+        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        if writable and not self.control.is_command(inode):
+            raise _err(errno.EACCES)
+        fh = self._next_fh
+        self._next_fh += 1
+        content = b"" if writable else self.control.produce(inode)
+        self._handles[fh] = Handle(inode, writable, False, control=content)
+        return pyfuse3.FileInfo(fh=fh, direct_io=True)
 
     @_request
     async def create(
@@ -616,6 +710,10 @@ class Operations(pyfuse3.Operations):
         h = self._handles[fh]
         if not h.writable:
             raise _err(errno.EBADF)
+        if h.control is not None:
+            # a command: run it now; its answer is what this handle reads back
+            h.control = await self.control.run_command(h.ino, bytes(buf))
+            return len(buf)
         of = self._open[h.ino]
         fd = of.staging_fd
         if fd is None:
@@ -633,30 +731,30 @@ class Operations(pyfuse3.Operations):
     @_request
     async def flush(self, fh: int) -> None:
         h = self._handles[fh]
-        if h.writable:
+        if h.writable and h.control is None:
             await self._commit(self._open[h.ino])
 
     @_request
     async def fsync(self, fh: int, datasync: bool) -> None:
         h = self._handles[fh]
-        if h.writable:
+        if h.writable and h.control is None:
             await self._commit(self._open[h.ino])
 
     @_request
     async def release(self, fh: int) -> None:
-        h = self._handles.pop(fh)
-        if h.fd is not None:
-            os.close(h.fd)
-        if h.control is not None:
-            return
-        of = self._open.get(h.ino)
-        if of is None:
-            return
-        of.handles -= 1
-        if of.handles == 0:
-            try:
-                await self._commit(of)
-            finally:
+        h = self._handles.get(fh)
+        if h is None:
+            return  # a retried release whose first attempt already tore down
+        of = None if h.control is not None else self._open.get(h.ino)
+        try:
+            if of is not None and of.handles == 1:
+                await _retry_when_full(self, lambda: self._commit(of))
+        finally:
+            del self._handles[fh]
+            if h.fd is not None:
+                os.close(h.fd)
+            if of is not None:
+                of.handles -= 1
                 self._close_open_file(of)
 
     # ------------------------------------------------------------------
@@ -728,14 +826,98 @@ class Operations(pyfuse3.Operations):
         raise _err(errno.ENOSYS)
 
     # ------------------------------------------------------------------
+    # eviction
+    # ------------------------------------------------------------------
+    def evict_unit(self, unit: Unit, young_cutoff_ns: int) -> int | None:
+        """Remove every name of a unit, like unlink would; None when it is pinned.
+
+        Pinned: a member is open (being read or written) or changed after
+        *young_cutoff_ns*.  Content of an evicted inode the kernel still
+        references is dropped at once (``open`` refuses nlink-0 inodes that
+        are not open), so the bytes come back now, not at ``forget``.
+        Returns the physical bytes freed.
+        """
+        inodes = []
+        for ino_id in unit.inodes:
+            if ino_id in self._open:
+                return None
+            ino = self.ns.get(ino_id)
+            if ino is None:
+                continue
+            if ino.ctime_ns > young_cutoff_ns or ino.mtime_ns > young_cutoff_ns:
+                return None
+            inodes.append(ino)
+        dropped: list[bytes] = []
+        removed_names: list[tuple[int, bytes, int]] = []
+        with self.ns.txn():
+            for ino in inodes:
+                for parent, name in self.ns.names_of(ino.id):
+                    self.ns.unlink(parent, name)
+                    removed_names.append((parent, name, ino.id))
+                self.ns.update_attrs(ino, nlink=0, ctime_ns=time.time_ns())
+                if ino.hash is not None:
+                    dropped.append(ino.hash)
+                if self._lookups.get(ino.id, 0) > 0:
+                    self.ns.drop_content(ino)
+                else:
+                    self.ns.delete_inode(ino.id)
+                    self.recency.forget(ino.id)
+            group = unit.group_dir
+            if group is not None and not self.ns.has_children(group):
+                dir_ino = self.ns.get(group)
+                names = self.ns.names_of(group)
+                if dir_ino is not None and names:
+                    parent, name = names[0]
+                    self._drop_name(parent, name, dir_ino)
+                    removed_names.append((parent, name, group))
+        freed = sum(self._collect(d) for d in set(dropped))
+        if group is not None and not self.ns.has_children(group):
+            self._maybe_delete(group)
+        if self.invalidate_entry is not None:
+            for parent, name, ino_id in removed_names:
+                self.invalidate_entry(parent, name, ino_id)
+        return freed
+
+    def _evicted(self, result: EvictionResult) -> None:
+        self.counters["evictions"] += result.units
+        self.counters["evicted_files"] += result.files
+        self.counters["evicted_bytes"] += result.bytes
+        log.info("eviction (%s): %d units, %d files, %d bytes freed; %d pinned units skipped",
+                 result.reason, result.units, result.files, result.bytes, result.skipped_pinned)
+
+    async def _gc_command(self, request: bytes) -> bytes:
+        """``gc`` control file: evict now, down to ``to=SIZE`` (default: the low watermark)."""
+        args = dict(part.split("=", 1) for part in request.decode(errors="replace").split() if "=" in part)
+        try:
+            target = parse_size(args["to"]) if "to" in args else self.policy.low_bytes
+        except ValueError:
+            raise _err(errno.EINVAL) from None
+        idle_before = None
+        if self.policy.idle_ttl:
+            idle_before = time.time_ns() - int(self.policy.idle_ttl * 1e9)
+        result = await self.evictor.run(target, reason="gc", idle_before_ns=idle_before)
+        answer = result.as_dict() | {"physical_bytes": self.physical(), "max_bytes": self.policy.max_bytes}
+        return (json.dumps(answer) + "\n").encode()
+
+    async def background(self) -> None:
+        """Long-running duties of a live mount: eviction, and writing recency out in batches."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.evictor.background)
+            while True:
+                await trio.sleep(RECENCY_FLUSH_SECONDS)
+                self.recency.flush()
+
+    # ------------------------------------------------------------------
     # lifecycle and observation
     # ------------------------------------------------------------------
     def stats_snapshot(self) -> dict[str, int]:
         return {
             "files": self.ns.count_files(),
             "blobs": self.ns.blob_count(),
-            "physical_bytes": self.ns.physical_bytes(),
+            "physical_bytes": self.physical(),
+            "max_bytes": self.policy.max_bytes,
             "open_handles": len(self._handles),
+            **self.counters,
         }
 
     def shutdown(self) -> None:
@@ -748,6 +930,7 @@ class Operations(pyfuse3.Operations):
                 os.close(h.fd)
         self._handles.clear()
         self._lookups.clear()
+        self.recency.flush()
         self.ns.recover()
         self.store.collect_garbage()
         self.ns.mark_clean()

@@ -20,7 +20,7 @@ import sqlite3
 import stat
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Iterator
 
 ROOT_INODE = 1
@@ -48,6 +48,7 @@ CREATE TABLE IF NOT EXISTS inodes (
 );
 CREATE INDEX IF NOT EXISTS inodes_unlinked ON inodes(id) WHERE nlink = 0;
 CREATE INDEX IF NOT EXISTS inodes_hash ON inodes(hash) WHERE hash IS NOT NULL;
+CREATE INDEX IF NOT EXISTS inodes_lru ON inodes(atime_ns, id) WHERE hash IS NOT NULL AND nlink > 0;
 CREATE TABLE IF NOT EXISTS dentries (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     parent INTEGER NOT NULL,
@@ -85,6 +86,9 @@ class Inode:
         return stat.S_ISREG(self.mode)
 
 
+_INODE_FIELDS = tuple(f.name for f in fields(Inode))
+
+
 @dataclass(slots=True)
 class Dentry:
     offset: int
@@ -97,8 +101,15 @@ class Namespace:
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
+        # after each automatic checkpoint the WAL shrinks back to this size
+        self.db.execute("PRAGMA journal_size_limit=4194304")
         self.db.execute("PRAGMA foreign_keys=OFF")
         self._depth = 0
+        #: Inode objects changed in the open transaction, with their old
+        #: field values, restored if it rolls back: callers keep Inode
+        #: objects (open files) across requests, and they must never say
+        #: what the index does not.
+        self._undo: dict[int, tuple[Inode, tuple]] = {}
         with self.txn():
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
@@ -115,6 +126,11 @@ class Namespace:
     def close(self) -> None:
         self.db.close()
 
+    def shrink_wal(self) -> None:
+        """Checkpoint and truncate the WAL (when the disk is full, it may be most of the space)."""
+        if not self._depth:
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     @contextmanager
     def txn(self) -> Iterator[None]:
         """One atomic transaction; nested uses join the outer one."""
@@ -129,12 +145,21 @@ class Namespace:
         self._depth = 1
         try:
             yield
+            self.db.execute("COMMIT")
         except BaseException:
-            self._depth = 0
-            self.db.execute("ROLLBACK")
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            for ino, old in self._undo.values():
+                for name, value in zip(_INODE_FIELDS, old):
+                    setattr(ino, name, value)
             raise
-        self._depth = 0
-        self.db.execute("COMMIT")
+        finally:
+            self._depth = 0
+            self._undo.clear()
+
+    def _changing(self, ino: Inode) -> None:
+        if self._depth and id(ino) not in self._undo:
+            self._undo[id(ino)] = (ino, tuple(getattr(ino, f) for f in _INODE_FIELDS))
 
     # -- meta ------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
@@ -163,12 +188,14 @@ class Namespace:
 
     def update_attrs(self, ino: Inode, **fields: int) -> None:
         """Write changed attribute columns of *ino* (and set them on the object)."""
+        self._changing(ino)
         for k, v in fields.items():
             setattr(ino, k, v)
         cols = ", ".join(f"{k} = ?" for k in fields)
         self.db.execute(f"UPDATE inodes SET {cols} WHERE id = ?", (*fields.values(), ino.id))
 
     def add_link(self, ino: Inode, delta: int) -> None:
+        self._changing(ino)
         ino.nlink += delta
         ino.ctime_ns = time.time_ns()
         self.db.execute(
@@ -201,6 +228,7 @@ class Namespace:
             self.update_attrs(ino, size=size, mtime_ns=mtime_ns, ctime_ns=mtime_ns)
             return
         self.db.execute("UPDATE blobs SET refcount = refcount + 1 WHERE hash = ?", (digest,))
+        self._changing(ino)
         ino.hash, ino.size, ino.mtime_ns, ino.ctime_ns = digest, size, mtime_ns, mtime_ns
         self.db.execute(
             "UPDATE inodes SET hash = ?, size = ?, mtime_ns = ?, ctime_ns = ? WHERE id = ?",
@@ -215,6 +243,20 @@ class Namespace:
     def refcount(self, digest: bytes) -> int | None:
         row = self.db.execute("SELECT refcount FROM blobs WHERE hash = ?", (digest,)).fetchone()
         return row[0] if row else None
+
+    def blob_info(self, digest: bytes) -> tuple[int, int] | None:
+        """(refcount, size) of a blob row."""
+        row = self.db.execute("SELECT refcount, size FROM blobs WHERE hash = ?", (digest,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def drop_content(self, ino: Inode) -> None:
+        """Forget an inode's content (its blob reference goes; the inode row stays)."""
+        old = ino.hash
+        self._changing(ino)
+        ino.hash, ino.size = None, 0
+        self.db.execute("UPDATE inodes SET hash = NULL, size = 0 WHERE id = ?", (ino.id,))
+        if old is not None:
+            self._decref(old)
 
     def garbage(self) -> list[bytes]:
         """Blobs no inode points at any more (their files are to be deleted)."""
@@ -265,6 +307,42 @@ class Namespace:
             (parent, after, limit),
         ).fetchall()
         return [Dentry(*r) for r in rows]
+
+    def names_of(self, ino: int) -> list[tuple[int, bytes]]:
+        return self.db.execute("SELECT parent, name FROM dentries WHERE inode = ?", (ino,)).fetchall()
+
+    def children(self, parent: int) -> list[tuple[bytes, int]]:
+        return self.db.execute("SELECT name, inode FROM dentries WHERE parent = ?", (parent,)).fetchall()
+
+    def has_child_with_prefix(self, parent: int, prefix: bytes) -> bool:
+        upper = prefix[:-1] + bytes([prefix[-1] + 1])
+        row = self.db.execute(
+            "SELECT 1 FROM dentries WHERE parent = ? AND name >= ? AND name < ? LIMIT 1", (parent, prefix, upper)
+        ).fetchone()
+        return row is not None
+
+    def dirs_with_child_prefix(self, prefix: bytes) -> list[int]:
+        upper = prefix[:-1] + bytes([prefix[-1] + 1])
+        rows = self.db.execute(
+            "SELECT DISTINCT parent FROM dentries WHERE name >= ? AND name < ?", (prefix, upper)
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    # -- recency ---------------------------------------------------------
+    def lru_files(self, after: tuple[int, int], limit: int = 512) -> list[tuple[int, int]]:
+        """(atime_ns, id) of named files with content, least recently used first, after *after*."""
+        return self.db.execute(
+            "SELECT atime_ns, id FROM inodes WHERE hash IS NOT NULL AND nlink > 0"
+            " AND (atime_ns, id) > (?, ?) ORDER BY atime_ns, id LIMIT ?",
+            (*after, limit),
+        ).fetchall()
+
+    def set_atimes(self, items: list[tuple[int, int]]) -> None:
+        """Write a batch of (atime_ns, inode) recency updates."""
+        self.db.executemany("UPDATE inodes SET atime_ns = ? WHERE id = ?", items)
+
+    def count_content_files(self) -> int:
+        return self.db.execute("SELECT count(*) FROM inodes WHERE hash IS NOT NULL AND nlink > 0").fetchone()[0]
 
     def count_files(self) -> int:
         return self.db.execute("SELECT count(*) FROM inodes").fetchone()[0]

@@ -22,6 +22,10 @@ from .namespace import Namespace
 FORMAT_VERSION = 1
 _FORMAT_FILE = "FORMAT"
 _INDEX_FILE = "index.sqlite3"
+_RESERVE_FILE = "reserve"
+#: Space held back on the backing disk so that, when it fills up, the index
+#: still has room to record the evictions that free space.
+RESERVE_BYTES = 1 << 20
 
 
 class StoreError(Exception):
@@ -42,6 +46,25 @@ class Store:
     def close(self) -> None:
         self.ns.close()
         os.close(self.lock_fd)
+
+    def ensure_reserve(self) -> bool:
+        """Hold RESERVE_BYTES of real disk blocks (best effort); True when held."""
+        path = self.root / _RESERVE_FILE
+        try:
+            if path.stat().st_size == RESERVE_BYTES:
+                return True
+        except FileNotFoundError:
+            pass
+        try:
+            with open(path, "wb") as f:
+                f.write(b"\0" * RESERVE_BYTES)
+            return True
+        except OSError:
+            path.unlink(missing_ok=True)
+            return False
+
+    def release_reserve(self) -> None:
+        (self.root / _RESERVE_FILE).unlink(missing_ok=True)
 
     def collect_garbage(self) -> int:
         """Delete blob files no inode references; returns how many."""

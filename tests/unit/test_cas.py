@@ -39,18 +39,19 @@ def test_identical_content_is_stored_once(cas):
     assert os.listdir(cas.staging) == []
 
 
-def test_adopt_renames_staging_or_drops_duplicate(cas):
+def test_adopt_links_staging_or_reports_duplicate(cas):
     fd, path = cas.new_staging()
     os.write(fd, b"payload")
     os.close(fd)
     digest = hash_file(path)
     assert cas.adopt(path, digest) is True
-    assert not os.path.exists(path)
+    # the staging name stays until the caller has recorded the blob
+    assert os.path.samefile(path, cas.path(digest))
     fd, path2 = cas.new_staging()
     os.write(fd, b"payload")
     os.close(fd)
     assert cas.adopt(path2, digest) is False
-    assert not os.path.exists(path2)
+    assert not os.path.samefile(path2, cas.path(digest))
     assert cas.read(digest) == b"payload"
 
 

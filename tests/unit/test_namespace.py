@@ -92,6 +92,20 @@ def test_transaction_rolls_back_on_error(ns):
     assert ns.lookup(ROOT_INODE, b"ghost") is None
 
 
+def test_rollback_restores_inode_objects(ns):
+    f = _file(ns, ROOT_INODE, b"f")
+    h = b"\x09" * 32
+    with ns.txn():
+        ns.blob_intent(h, 3)
+    with pytest.raises(RuntimeError):
+        with ns.txn():
+            ns.set_content(f, h, 3, 5)
+            ns.add_link(f, +1)
+            raise RuntimeError("disk full")
+    assert (f.hash, f.size, f.nlink) == (None, 0, 1)
+    assert ns.get(f.id).hash is None and ns.refcount(h) == 0
+
+
 def test_recover_drops_unlinked_inodes_and_fixes_refcounts(ns):
     a = _file(ns, ROOT_INODE, b"a")
     h = b"\x03" * 32

@@ -1,0 +1,220 @@
+"""Budget, watermarks, LRU order, pinning and Triton groups: which files go, and when.
+
+Policy only: deciding *that* a unit goes lives here, removing its names
+(and telling the kernel) lives in ``fs.Operations.evict_unit``.
+
+Recency is the daemon's own clock, set on ``open`` and ``lookup`` in memory
+and written to ``inodes.atime_ns`` in batches, never the backing
+filesystem's atime.  A unit is a file, or a whole Triton kernel directory
+(one holding a ``__grp__*`` file): Triton's ``get_group`` trusts that every
+child listed in the group file exists, so a half-evicted group would be
+worse than a miss.  A group is placed in LRU order by its most recently used
+member.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import trio
+
+from .namespace import Namespace
+
+log = logging.getLogger(__name__)
+
+GROUP_PREFIX = b"__grp__"
+GiB = 1 << 30
+
+
+@dataclass
+class EvictionPolicy:
+    max_bytes: int = 10 * GiB
+    #: Crossing high * max_bytes starts eviction down to low * max_bytes.
+    high: float = 0.95
+    low: float = 0.85
+    #: Files changed more recently than this are never evicted (seconds).
+    min_age: float = 5.0
+    #: Units unused for this long are evicted even under budget (seconds).
+    idle_ttl: float | None = None
+    #: Never evict below this many units.
+    min_entries: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_bytes <= 0:
+            raise ValueError("the size budget must be positive")
+        if not 0 < self.low <= self.high <= 1:
+            raise ValueError("watermarks must satisfy 0 < low <= high <= 1")
+        if self.min_age < 0 or (self.idle_ttl is not None and self.idle_ttl <= 0) or self.min_entries < 0:
+            raise ValueError("min-age, idle-ttl and min-entries must not be negative")
+
+    @property
+    def high_bytes(self) -> int:
+        return int(self.max_bytes * self.high)
+
+    @property
+    def low_bytes(self) -> int:
+        return int(self.max_bytes * self.low)
+
+
+@dataclass
+class Unit:
+    """What is evicted together: one file, or every file of a Triton group directory."""
+
+    inodes: list[int]
+    recency_ns: int
+    group_dir: int | None = None
+
+
+@dataclass
+class EvictionResult:
+    reason: str
+    units: int = 0
+    files: int = 0
+    bytes: int = 0
+    skipped_pinned: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {"reason": self.reason, "units": self.units, "files": self.files, "bytes": self.bytes,
+                "skipped_pinned": self.skipped_pinned}
+
+
+class Recency:
+    """Last-use times kept in memory and flushed to the namespace in batches."""
+
+    def __init__(self, ns: Namespace) -> None:
+        self.ns = ns
+        self.pending: dict[int, int] = {}
+
+    def touch(self, ino: int, now_ns: int | None = None) -> None:
+        self.pending[ino] = now_ns if now_ns is not None else time.time_ns()
+
+    def get(self, ino: int, stored_ns: int) -> int:
+        return self.pending.get(ino, stored_ns)
+
+    def forget(self, ino: int) -> None:
+        self.pending.pop(ino, None)
+
+    def flush(self) -> int:
+        if not self.pending:
+            return 0
+        items = [(t, ino) for ino, t in self.pending.items()]
+        self.pending.clear()
+        with self.ns.txn():
+            self.ns.set_atimes(items)
+        return len(items)
+
+
+def lru_units(ns: Namespace) -> Iterator[Unit]:
+    """Every unit, least recently used first (reads the namespace lazily, in pages)."""
+    group_of_dir: dict[int, bool] = {}
+    done_groups: set[int] = set()
+    after = (-(1 << 63), 0)
+    while True:
+        page = ns.lru_files(after)
+        if not page:
+            return
+        for atime, ino in page:
+            after = (atime, ino)
+            parent = ns.parent_of(ino)
+            is_group = False
+            if parent is not None:
+                is_group = group_of_dir.get(parent)  # type: ignore[assignment]
+                if is_group is None:
+                    is_group = group_of_dir[parent] = ns.has_child_with_prefix(parent, GROUP_PREFIX)
+            if not is_group:
+                yield Unit([ino], atime)
+                continue
+            if parent in done_groups:
+                continue
+            members = [child for _, child in ns.children(parent)]
+            rows = [ns.get(m) for m in members]
+            files = [r for r in rows if r is not None and not r.is_dir]
+            newest = max(((r.atime_ns, r.id) for r in files if r.hash is not None), default=(atime, ino))
+            if newest != (atime, ino):
+                continue  # the group's place in LRU order is its newest member's
+            done_groups.add(parent)  # type: ignore[arg-type]
+            yield Unit([r.id for r in files], atime, group_dir=parent)
+
+
+def count_units(ns: Namespace) -> int:
+    groups = ns.dirs_with_child_prefix(GROUP_PREFIX)
+    in_groups = 0
+    for g in groups:
+        in_groups += sum(1 for _, child in ns.children(g) if (r := ns.get(child)) and r.hash is not None)
+    return ns.count_content_files() - in_groups + len(groups)
+
+
+@dataclass
+class Evictor:
+    """Runs eviction passes: in the background on pressure or idleness, or on demand."""
+
+    policy: EvictionPolicy
+    ns: Namespace
+    recency: Recency
+    physical: Callable[[], int]
+    #: Removes a unit; returns the physical bytes freed, or None when the unit is pinned.
+    evict_unit: Callable[[Unit, int], int | None]
+    on_result: Callable[[EvictionResult], None] = lambda r: None
+    _wake: trio.Event = field(default_factory=trio.Event)
+    _lock: trio.Lock = field(default_factory=trio.Lock)
+
+    def over_high(self) -> bool:
+        return self.physical() > self.policy.high_bytes
+
+    def notify_growth(self) -> None:
+        if self.over_high():
+            self._wake.set()
+
+    async def run(self, target_bytes: int | None, *, reason: str, idle_before_ns: int | None = None) -> EvictionResult:
+        """Evict LRU units until physical bytes <= target and no unit is idle past *idle_before_ns*."""
+        async with self._lock:
+            result = EvictionResult(reason)
+            self.recency.flush()
+            young_cutoff = time.time_ns() - int(self.policy.min_age * 1e9)
+            units_left = count_units(self.ns) if self.policy.min_entries else 0
+            for unit in lru_units(self.ns):
+                need_bytes = target_bytes is not None and self.physical() > target_bytes
+                idle = idle_before_ns is not None and unit.recency_ns < idle_before_ns
+                if not (need_bytes or idle):
+                    break
+                if self.policy.min_entries and units_left <= self.policy.min_entries:
+                    break
+                freed = self.evict_unit(unit, young_cutoff)
+                if freed is None:
+                    result.skipped_pinned += 1
+                    continue
+                result.units += 1
+                result.files += len(unit.inodes)
+                result.bytes += freed
+                units_left -= 1
+                if result.units % 64 == 0:
+                    await trio.sleep(0)  # let requests in between batches
+            if result.units or reason != "pressure":
+                self.on_result(result)
+            return result
+
+    async def make_room(self, needed: int) -> EvictionResult:
+        """The backing disk is full before the budget is: free *needed* bytes now."""
+        return await self.run(max(0, self.physical() - needed), reason="enospc")
+
+    async def background(self) -> None:
+        """Evict on pressure (woken by commits) and, with an idle TTL, periodically."""
+        period = min(max(self.policy.idle_ttl / 4, 0.5), 60.0) if self.policy.idle_ttl else None
+        while True:
+            with trio.move_on_after(period if period is not None else float("inf")):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            idle_before = None
+            if self.policy.idle_ttl:
+                idle_before = time.time_ns() - int(self.policy.idle_ttl * 1e9)
+            target = self.policy.low_bytes if self.over_high() else None
+            if target is None and idle_before is None:
+                continue
+            try:
+                await self.run(target, reason="pressure" if target is not None else "idle-ttl",
+                               idle_before_ns=idle_before)
+            except Exception:
+                log.exception("eviction pass failed")

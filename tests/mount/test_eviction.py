@@ -1,0 +1,269 @@
+"""LRU eviction under a byte budget on a real mount: budget, order, pinning, groups, policies."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import MountFactory, run_cli
+
+K = 1024
+
+
+def store_bytes(store: Path) -> int:
+    """Physical bytes as the disk sees them: blobs plus staging files."""
+    total = 0
+    for sub in ("objects", "staging"):
+        for root, _, files in os.walk(store / sub):
+            for f in files:
+                try:
+                    total += os.path.getsize(os.path.join(root, f))
+                except FileNotFoundError:
+                    pass
+    return total
+
+
+def write_files(d: Path, names, size=100 * K) -> dict[str, bytes]:
+    data = {}
+    for n in names:
+        data[n] = os.urandom(size)
+        (d / n).write_bytes(data[n])
+    return data
+
+
+def test_writing_five_times_the_budget_stays_within_it(mount_factory: MountFactory):
+    budget = 1024 * K
+    m = mount_factory("b", "--max-size", str(budget), "--min-age", "0")
+    largest = 60 * K
+    peak = 0
+    stop = threading.Event()
+
+    def sample():
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, store_bytes(m.store))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        written = 0
+        i = 0
+        while written < 5 * budget:
+            size = 20 * K + (i * 7919) % (largest - 20 * K)
+            (m.mountpoint / f"f{i:04d}").write_bytes(os.urandom(size))
+            written += size
+            i += 1
+    finally:
+        stop.set()
+        sampler.join()
+    assert store_bytes(m.store) <= budget
+    assert m.stats()["physical_bytes"] == store_bytes(m.store)
+    assert peak <= budget + largest, f"peak {peak} above budget + largest file"
+    st = m.stats()
+    assert st["evictions"] > 0 and st["evicted_bytes"] >= written - budget
+    # what is left is intact
+    left = os.listdir(m.mountpoint)
+    assert 0 < len(left) < i
+
+
+def test_least_recently_used_go_first(mount_factory: MountFactory):
+    m = mount_factory("lru", "--max-size", str(1024 * K), "--min-age", "0")
+    d = m.mountpoint
+    write_files(d, [f"old{i}" for i in range(8)])
+    time.sleep(0.05)
+    for i in range(4):  # touch half of them
+        (d / f"old{i}").read_bytes()
+    time.sleep(0.05)
+    write_files(d, [f"new{i}" for i in range(4)])
+    left = set(os.listdir(d))
+    evicted = {f"old{i}" for i in range(8)} - left
+    assert evicted, "nothing was evicted"
+    assert evicted <= {f"old{i}" for i in range(4, 8)}, f"touched files were evicted: {evicted}"
+    assert {f"old{i}" for i in range(4)} <= left
+
+
+def test_open_files_are_never_evicted(mount_factory: MountFactory):
+    m = mount_factory("pin", "--max-size", str(512 * K), "--min-age", "0")
+    d = m.mountpoint
+    held = write_files(d, ["reading"])["reading"]
+    reader = open(d / "reading", "rb")
+    writer = open(d / "writing", "wb")
+    writer.write(b"w" * 100 * K)
+    writer.flush()
+    try:
+        write_files(d, [f"filler{i}" for i in range(15)])
+        run_cli("gc", str(d), "--to", "0", check=True)
+        names = set(os.listdir(d))
+        assert {"reading", "writing"} <= names
+        assert reader.read() == held
+        writer.write(b"x")
+    finally:
+        reader.close()
+        writer.close()
+    assert (d / "writing").read_bytes() == b"w" * 100 * K + b"x"
+    out = run_cli("gc", str(d), "--to", "0", check=True)
+    assert "evicted" in out.stdout
+    assert "reading" not in os.listdir(d) and "writing" not in os.listdir(d)
+    assert store_bytes(m.store) == 0
+
+
+def test_unlinked_open_content_counts_until_closed(mount_factory: MountFactory):
+    m = mount_factory("ul", "--max-size", str(4096 * K), "--min-age", "0")
+    write_files(m.mountpoint, ["victim"], size=300 * K)
+    f = open(m.mountpoint / "victim", "rb")
+    (m.mountpoint / "victim").unlink()
+    assert m.stats()["physical_bytes"] == 300 * K
+    f.close()
+    deadline = time.monotonic() + 10
+    while m.stats()["physical_bytes"] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the kernel's forget arrives asynchronously
+    assert m.stats()["physical_bytes"] == 0
+
+
+def test_young_files_are_kept_for_min_age(mount_factory: MountFactory):
+    m = mount_factory("young", "--max-size", str(256 * K), "--min-age", "1h")
+    write_files(m.mountpoint, [f"f{i}" for i in range(6)])
+    assert len(os.listdir(m.mountpoint)) == 6  # over budget, but nothing is old enough
+
+
+TRITON_PUT = textwrap.dedent(
+    """
+    import os, sys
+    from triton.runtime.cache import FileCacheManager
+    for k in range(int(sys.argv[1])):
+        m = FileCacheManager(f"key{k}")
+        group = {n: m.put(os.urandom(40_000), n) for n in ("k.cubin", "k.ptx", "k.ttir")}
+        m.put_group("k.json", group)
+    """
+)
+TRITON_GET = textwrap.dedent(
+    """
+    import json, os, sys
+    from triton.runtime.cache import FileCacheManager
+    out = {}
+    for k in range(int(sys.argv[1])):
+        g = FileCacheManager(f"key{k}").get_group("k.json")
+        out[k] = None if g is None else sorted(g)
+    print(json.dumps(out))
+    """
+)
+
+
+def test_triton_groups_evicted_whole_or_not_at_all(mount_factory: MountFactory):
+    m = mount_factory("tri", "--max-size", "100M", "--min-age", "0")
+    env = dict(os.environ, TRITON_CACHE_DIR=str(m.mountpoint / "triton"))
+    n = 12
+    subprocess.run([sys.executable, "-c", TRITON_PUT, str(n)], env=env, check=True, timeout=120)
+    run_cli("gc", str(m.mountpoint), "--to", str(store_bytes(m.store) // 2), check=True)
+    for k in range(n):
+        d = m.mountpoint / "triton" / f"key{k}"
+        names = sorted(os.listdir(d)) if d.exists() else []
+        assert names in ([], ["__grp__k.json", "k.cubin", "k.ptx", "k.ttir"]), f"half group: {names}"
+    res = subprocess.run([sys.executable, "-c", TRITON_GET, str(n)], env=env, capture_output=True, text=True,
+                         check=True, timeout=120)
+    groups = json.loads(res.stdout)
+    assert set(map(str, range(n))) == set(groups)
+    kept = [g for g in groups.values() if g is not None]
+    assert 0 < len(kept) < n
+    assert all(g == ["k.cubin", "k.ptx", "k.ttir"] for g in kept)
+
+
+def test_recency_survives_remount(mount_factory: MountFactory):
+    m = mount_factory("rec", "--max-size", "100M", "--min-age", "0")
+    d = m.mountpoint
+    write_files(d, ["a", "b", "c"])
+    time.sleep(0.05)
+    t_touch = time.time_ns()
+    (d / "a").read_bytes()  # a: written first, used last
+    m.remount()
+    assert (d / "a").stat().st_atime_ns >= t_touch - 10_000_000
+    run_cli("gc", str(d), "--to", str(200 * K), check=True)
+    assert sorted(os.listdir(d)) == ["a", "c"]
+
+
+def test_idle_ttl_evicts_unused_files_under_budget(mount_factory: MountFactory):
+    m = mount_factory("ttl", "--idle-ttl", "2s", "--min-age", "0")
+    d = m.mountpoint
+    write_files(d, ["idle", "busy"], size=10 * K)
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        (d / "busy").read_bytes()
+        time.sleep(0.2)
+    assert sorted(os.listdir(d)) == ["busy"]
+    assert m.stats()["evictions"] == 1
+
+
+def test_min_entries_is_a_floor(mount_factory: MountFactory):
+    m = mount_factory("floor", "--min-entries", "3", "--min-age", "0")
+    write_files(m.mountpoint, [f"f{i}" for i in range(6)], size=10 * K)
+    out = run_cli("gc", str(m.mountpoint), "--to", "0", check=True)
+    assert "evicted 3 units" in out.stdout
+    assert sorted(os.listdir(m.mountpoint)) == ["f3", "f4", "f5"]
+
+
+def test_gc_to_size_and_report(mount_factory: MountFactory):
+    m = mount_factory("gc", "--min-age", "0")
+    data = write_files(m.mountpoint, [f"f{i}" for i in range(10)])
+    out = run_cli("gc", str(m.mountpoint), "--to", "500K", check=True)
+    assert store_bytes(m.store) <= 500 * K
+    assert out.stdout.startswith("evicted 5 units (5 files), freed 500.0 KiB")
+    for name in os.listdir(m.mountpoint):
+        assert (m.mountpoint / name).read_bytes() == data[name]
+    events = m.stats()
+    assert events["evictions"] == 5 and events["evicted_bytes"] == 500 * K
+
+
+def test_gc_bad_input(mnt, tmp_path):
+    res = run_cli("gc", str(mnt.mountpoint), "--to", "lots")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    res = run_cli("gc", str(tmp_path))
+    assert res.returncode == 1 and "not a mithrilfs mount" in res.stderr
+
+
+def test_bad_budget_options(tmp_path):
+    (tmp_path / "mp").mkdir()
+    for args, needle in (
+        (["--max-size", "ten gigs"], "invalid size"),
+        (["--max-size", "0"], "positive"),
+        (["--high-watermark", "150%"], "between"),
+        (["--high-watermark", "80%", "--low-watermark", "90%"], "watermarks"),
+        (["--idle-ttl", "soon"], "invalid duration"),
+        (["--min-entries", "-1"], "invalid count"),
+    ):
+        res = run_cli("mount", str(tmp_path / "mp"), "--store", str(tmp_path / "s"), *args)
+        assert res.returncode == 2, (args, res.stderr)
+        assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs to hold the store, so the backing disk fills before the budget."""
+    d = tmp_path / "disk"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(d)], check=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)])
+
+
+def test_full_backing_disk_evicts_and_retries(mount_factory: MountFactory, small_disk: Path):
+    m = mount_factory("full", "--max-size", "1G", "--min-age", "0", store=small_disk / "store")
+    data = {}
+    for i in range(40):  # 8 MiB through a 4 MiB disk
+        data[f"f{i}"] = os.urandom(200 * K)
+        (m.mountpoint / f"f{i}").write_bytes(data[f"f{i}"])
+    left = os.listdir(m.mountpoint)
+    assert "f39" in left and len(left) < 40
+    for name in left:
+        assert (m.mountpoint / name).read_bytes() == data[name]
+    assert m.stats()["evictions"] > 0
