@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import REPO, Mount
+from conftest import REPO, Mount, MountFactory, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -35,6 +35,20 @@ def test_torch_compile_warm_start_hits_after_remount(mnt: Mount):
     warm = _compile(cache)
     assert warm["fxgraph_cache_hit"] > 0
     assert warm["fxgraph_cache_miss"] == 0
+    assert warm["output_sha"] == cold["output_sha"]
+
+
+@pytest.mark.timeout(900)
+def test_torch_compile_after_partial_eviction_recompiles_correctly(mount_factory: MountFactory):
+    m = mount_factory("evict", "--min-age", "0")
+    cache = m.mountpoint / "inductor"
+    cold = _compile(cache)
+    physical = m.stats()["physical_bytes"]
+    out = run_cli("gc", str(m.mountpoint), "--to", str(physical // 2), check=True)
+    assert "evicted" in out.stdout and m.stats()["evictions"] > 0
+    assert m.stats()["physical_bytes"] <= physical // 2
+    m.remount()
+    warm = _compile(cache)
     assert warm["output_sha"] == cold["output_sha"]
 
 
