@@ -84,17 +84,24 @@ class CAS:
         except FileNotFoundError:
             pass
 
-    def adopt(self, staging_path: str | os.PathLike[str], digest: bytes) -> bool:
+    def adopt(self, staging_path: str | os.PathLike[str], digest: bytes, *, trust_existing: bool = True) -> bool:
         """Make the finished file at *staging_path* also the blob *digest*.
 
-        Returns True when a new blob appeared, False when an identical blob
-        already existed (dedup).  The blob is a hard link to the staging
-        file, made in one atomic step, so it is never seen half-written; the
-        caller removes the staging name once the index points at the blob
-        (and can retry if that fails).
+        Returns True when a new blob appeared, False when one already existed
+        (dedup).  The blob is a hard link to the staging file, made in one
+        atomic step, so it is never seen half-written; the caller removes the
+        staging name once the index points at the blob (and can retry if
+        that fails).  Unless *trust_existing*, an existing blob is atomically
+        replaced by these bytes (same name, so same content when it is
+        intact; a silently damaged one is healed for free).
         """
         dest = self.path(digest)
         if os.path.exists(dest):
+            if not trust_existing:
+                tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
+                os.chmod(staging_path, 0o444)
+                os.link(staging_path, tmp)
+                os.rename(tmp, dest)
             return False
         dest.parent.mkdir(mode=0o700, exist_ok=True)
         os.chmod(staging_path, 0o444)
@@ -103,6 +110,15 @@ class CAS:
         except FileExistsError:
             return False
         return True
+
+    def quarantine_blob(self, digest: bytes) -> Path | None:
+        """Move a blob that failed verification out of ``objects/`` (kept for inspection)."""
+        target = self.quarantine / f"{digest.hex()}.{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(self.path(digest), target)
+        except FileNotFoundError:
+            return None
+        return target
 
     def put_bytes(self, data: bytes) -> tuple[bytes, bool]:
         """Store *data*; returns (digest, whether it was new)."""
@@ -147,12 +163,13 @@ class CAS:
         return n
 
     def iter_digests(self):
-        """Every blob on disk, by name (for fsck and tests)."""
+        """Every blob on disk, by name (for fsck and tests); stray files are skipped."""
         for sub in os.scandir(self.objects):
             if not sub.is_dir():
                 continue
             for entry in os.scandir(sub.path):
-                try:
-                    yield bytes.fromhex(entry.name)
-                except ValueError:
-                    continue
+                if len(entry.name) == 2 * DIGEST_SIZE and entry.name.startswith(sub.name):
+                    try:
+                        yield bytes.fromhex(entry.name)
+                    except ValueError:
+                        continue

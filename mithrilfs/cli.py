@@ -15,6 +15,7 @@ from typing import NoReturn, Sequence
 
 from . import daemon
 from .control import CONTROL_NAME
+from .errors import UsageError
 from .eviction import EvictionPolicy
 from .store import StoreError, default_store
 from .units import format_size, parse_duration, parse_size
@@ -93,6 +94,13 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("mountpoint", type=Path)
     g.add_argument("--to", type=_bytes, default=None, metavar="SIZE",
                    help="evict down to this many bytes (default: the low watermark)")
+
+    f = sub.add_parser(
+        "fsck", help="verify a store (not mounted); --repair fixes what it finds",
+        description="Exit status: 0 no problems, 1 problems repaired, 4 problems left, 8 could not check.",
+    )
+    f.add_argument("--store", type=Path, default=None, help=f"store directory (default {default_store()})")
+    f.add_argument("--repair", action="store_true", help="quarantine corrupt blobs, fix the index")
     return p
 
 
@@ -130,10 +138,10 @@ def control_file(mountpoint: Path, name: str) -> Path:
     """A file of the mount's control directory, or a one-line error when it is not a live mount."""
     mp = mountpoint.expanduser().absolute()
     if not mp.is_dir():
-        raise daemon.MountError(f"{mp} is not a directory")
+        raise UsageError(f"{mp} is not a directory")
     path = mp / CONTROL_NAME.decode() / name
     if not path.exists():
-        raise daemon.MountError(f"{mp} is not a mithrilfs mount")
+        raise UsageError(f"{mp} is not a mithrilfs mount")
     return path
 
 
@@ -154,13 +162,68 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc}
+def _progress_bar(label: str):
+    """A progress callback drawing a bar on stderr when it is a terminal, else nothing."""
+    if not sys.stderr.isatty():
+        return None
+
+    def draw(done: int, total: int) -> None:
+        if done != total and done % 64:
+            return
+        width = 30
+        filled = width * done // max(total, 1)
+        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return draw
+
+
+# fsck's exit statuses, as fsck(8): problems repaired, problems left, could not check
+FSCK_REPAIRED, FSCK_UNREPAIRED, FSCK_OPERATIONAL_ERROR = 1, 4, 8
+
+
+def _cmd_fsck(args: argparse.Namespace) -> int:
+    from . import fsck
+    from .store import open_store
+
+    root = (args.store or default_store()).expanduser().absolute()
+    if not (root / "FORMAT").exists():
+        raise UsageError(f"{root}: not a mithrilfs store")
+    try:
+        store = open_store(root)
+    except StoreError as e:
+        msg = f"{root}: store is mounted or in use; unmount it before fsck" if "in use" in str(e) else str(e)
+        print(f"mithrilfs: error: {msg}", file=sys.stderr)
+        return FSCK_OPERATIONAL_ERROR
+    try:
+        report = fsck.check(store, _progress_bar("verifying blobs"))
+        found = bool(report.problems())
+        if found and args.repair:
+            fsck.repair(store, report)
+            after = fsck.check(store)
+            if not after.problems():
+                print(f"fsck {root}: {report.summary()}; repaired")
+                return FSCK_REPAIRED
+            print(f"fsck {root}: {report.summary()}; repair left: {after.summary()}")
+            return FSCK_UNREPAIRED
+        print(f"fsck {root}: {report.summary()}" + ("; run with --repair to fix" if found else ""))
+        return FSCK_UNREPAIRED if found else 0
+    finally:
+        store.close()
+
+
+_COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc, "fsck": _cmd_fsck}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
+    except UsageError as e:
+        print(f"mithrilfs: error: {e}", file=sys.stderr)
+        return 2
     except (daemon.MountError, StoreError) as e:
         print(f"mithrilfs: error: {e}", file=sys.stderr)
         return 1

@@ -28,7 +28,8 @@ import trio
 from .control import CONTROL_NAME
 from .eviction import EvictionPolicy
 from .fs import Operations
-from .store import RESERVE_BYTES, StoreError, open_store
+from .errors import UsageError
+from .store import RESERVE_BYTES, StoreError, open_store, validate_store
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +84,20 @@ def check_mountpoint(mountpoint: Path, store: Path) -> None:
     if clean_stale_mount(mountpoint):
         print(f"mithrilfs: cleaned up a stale mount at {mountpoint} (its daemon had died)", file=sys.stderr)
     if not mountpoint.exists():
-        raise MountError(f"mount point {mountpoint} does not exist")
+        raise UsageError(f"mount point {mountpoint} does not exist")
     if not mountpoint.is_dir():
-        raise MountError(f"mount point {mountpoint} is not a directory")
+        raise UsageError(f"mount point {mountpoint} is not a directory")
     if os.path.ismount(mountpoint) and is_fuse_mount(mountpoint):
-        raise MountError(f"{mountpoint} is already mounted")
+        raise UsageError(f"{mountpoint} is already mounted")
     mp, st = os.path.realpath(mountpoint), os.path.realpath(store)
     if st == mp or st.startswith(mp.rstrip("/") + "/"):
-        raise MountError(f"store {store} is inside the mount point {mountpoint}")
+        raise UsageError(f"store {store} is inside the mount point {mountpoint}")
     if mp.startswith(st.rstrip("/") + "/"):
-        raise MountError(f"mount point {mountpoint} is inside the store {store}")
+        raise UsageError(f"mount point {mountpoint} is inside the store {store}")
+    try:
+        validate_store(store)
+    except StoreError as e:
+        raise UsageError(str(e)) from None
 
 
 # ----------------------------------------------------------------------
@@ -272,9 +277,9 @@ def _alive(pid: int) -> bool:
 
 def umount(mountpoint: Path, timeout: float = 60.0) -> None:
     if not mountpoint.is_dir() and not is_fuse_mount(mountpoint):
-        raise MountError(f"{mountpoint} is not a directory")
+        raise UsageError(f"{mountpoint} is not a directory")
     if not is_fuse_mount(mountpoint):
-        raise MountError(f"{mountpoint} is not mounted")
+        raise UsageError(f"{mountpoint} is not mounted")
     pid = daemon_pid(mountpoint)
     res = subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True, text=True)
     if res.returncode != 0:

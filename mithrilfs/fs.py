@@ -21,6 +21,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import sqlite3
 import stat
 import time
@@ -51,6 +52,21 @@ _BLKSIZE = 128 * 1024
 RECENCY_FLUSH_SECONDS = 5.0
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+#: Crash-safety tests set MITHRILFS_TEST_CRASH_AT=POINT:N to SIGKILL the
+#: daemon the Nth time the write path reaches POINT.
+_CRASH_AT = os.environ.get("MITHRILFS_TEST_CRASH_AT")
+_crash_hits: dict[str, int] = {}
+
+
+def _crash_point(name: str) -> None:
+    if _CRASH_AT is None:
+        return
+    point, _, nth = _CRASH_AT.partition(":")
+    if point == name:
+        _crash_hits[name] = _crash_hits.get(name, 0) + 1
+        if _crash_hits[name] >= int(nth or 1):
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _is_disk_full(e: BaseException) -> bool:
@@ -151,7 +167,9 @@ class Operations(pyfuse3.Operations):
         self._offload = trio.CapacityLimiter(2)
         #: Bytes of blobs on disk; staging bytes are added on demand (physical()).
         self.blob_bytes = self.ns.physical_bytes()
-        self.counters: dict[str, int] = {"evictions": 0, "evicted_files": 0, "evicted_bytes": 0}
+        self.counters: dict[str, int] = {"evictions": 0, "evicted_files": 0, "evicted_bytes": 0, "corrupt_blobs": 0}
+        #: Blobs whose content was hashed and found right during this mount.
+        self._verified: set[bytes] = set()
         self._room_lock = trio.Lock()
         self._room_made = 0
         self.recency = Recency(self.ns)
@@ -609,15 +627,22 @@ class Operations(pyfuse3.Operations):
                     return  # changed meanwhile: a later flush commits the newer content
             else:
                 digest = hash_file(path)
+            _crash_point("before_intent")
             with self.ns.txn():
                 self.ns.blob_intent(digest, size)
-            if self.cas.adopt(path, digest):
+            _crash_point("after_intent")
+            # an existing blob not verified this mount is replaced by these
+            # bytes, known good, rather than trusted
+            if self.cas.adopt(path, digest, trust_existing=digest in self._verified):
                 self.blob_bytes += size
+            self._verified.add(digest)
+            _crash_point("after_adopt")
             old = of.inode.hash
             # until this transaction succeeds the staging file stays, so a
             # failed attempt (disk full) can simply be retried
             with self.ns.txn():
                 self.ns.set_content(of.inode, digest, size, of.mtime_ns)
+            _crash_point("after_set_content")
             self._drop_staging_file(of)
             of.dirty = False
             if old != digest:
@@ -650,6 +675,9 @@ class Operations(pyfuse3.Operations):
             # evicted (or unlinked) and not open: only a stale kernel dentry
             # can lead here, and its content is gone
             raise _err(errno.ENOENT)
+        truncating = flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY
+        if inode not in self._open and not truncating:
+            await self._verify(ino)
         self.recency.touch(inode)
         of = self._open_file(ino)
         fh = self._new_handle(of, flags)
@@ -660,6 +688,44 @@ class Operations(pyfuse3.Operations):
             await self.release(fh)
             raise
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    async def _verify(self, ino: Inode) -> None:
+        """The first open of a blob this mount checks it still hashes to its name.
+
+        A mismatch (or a missing blob) is never served: the blob goes to
+        quarantine, every name pointing at it goes, and the open fails with
+        ENOENT so the framework recompiles.
+        """
+        digest = ino.hash
+        if digest is None or digest in self._verified:
+            return
+        path = self.cas.path(digest)
+        try:
+            if ino.size >= OFFLOAD_MIN:
+                actual = await trio.to_thread.run_sync(hash_file, path, limiter=self._offload)
+            else:
+                actual = hash_file(path)
+        except FileNotFoundError:
+            actual = None
+        if actual == digest:
+            self._verified.add(digest)
+            return
+        self.quarantine(digest, "missing" if actual is None else "content does not match its hash")
+        raise _err(errno.ENOENT)
+
+    def quarantine(self, digest: bytes, why: str) -> None:
+        """Move a bad blob aside and remove every name that pointed at it."""
+        if digest in self._verified:
+            return
+        log.error("blob %s is corrupt (%s): quarantined, its names removed", digest.hex(), why)
+        self.counters["corrupt_blobs"] += 1
+        self.cas.quarantine_blob(digest)
+        inodes = [self._inode(i) for i in self.ns.inodes_with_hash(digest)]
+        removed: list[tuple[int, bytes, int]] = []
+        with self.ns.txn():
+            self._remove_all_names(inodes, removed)
+        self._collect(digest)
+        self._tell_kernel_removed(removed)
 
     def _open_control(self, inode: int, flags: int) -> pyfuse3.FileInfo:
         if inode == CONTROL_DIR_INODE:
@@ -847,21 +913,9 @@ class Operations(pyfuse3.Operations):
             if ino.ctime_ns > young_cutoff_ns or ino.mtime_ns > young_cutoff_ns:
                 return None
             inodes.append(ino)
-        dropped: list[bytes] = []
         removed_names: list[tuple[int, bytes, int]] = []
         with self.ns.txn():
-            for ino in inodes:
-                for parent, name in self.ns.names_of(ino.id):
-                    self.ns.unlink(parent, name)
-                    removed_names.append((parent, name, ino.id))
-                self.ns.update_attrs(ino, nlink=0, ctime_ns=time.time_ns())
-                if ino.hash is not None:
-                    dropped.append(ino.hash)
-                if self._lookups.get(ino.id, 0) > 0:
-                    self.ns.drop_content(ino)
-                else:
-                    self.ns.delete_inode(ino.id)
-                    self.recency.forget(ino.id)
+            dropped = self._remove_all_names(inodes, removed_names)
             group = unit.group_dir
             if group is not None and not self.ns.has_children(group):
                 dir_ino = self.ns.get(group)
@@ -870,13 +924,40 @@ class Operations(pyfuse3.Operations):
                     parent, name = names[0]
                     self._drop_name(parent, name, dir_ino)
                     removed_names.append((parent, name, group))
-        freed = sum(self._collect(d) for d in set(dropped))
+        freed = sum(self._collect(d) for d in dropped)
         if group is not None and not self.ns.has_children(group):
             self._maybe_delete(group)
-        if self.invalidate_entry is not None:
-            for parent, name, ino_id in removed_names:
-                self.invalidate_entry(parent, name, ino_id)
+        self._tell_kernel_removed(removed_names)
         return freed
+
+    def _remove_all_names(self, inodes: list[Inode], removed: list[tuple[int, bytes, int]]) -> set[bytes]:
+        """Unlink every name of *inodes* (inside a transaction); returns the blobs they held.
+
+        An inode the kernel still references keeps its row until ``forget``
+        but loses its content at once (``open`` refuses nlink-0 inodes that
+        are not open); one that is open keeps both until its last release.
+        """
+        dropped: set[bytes] = set()
+        for ino in inodes:
+            for parent, name in self.ns.names_of(ino.id):
+                self.ns.unlink(parent, name)
+                removed.append((parent, name, ino.id))
+            self.ns.update_attrs(ino, nlink=0, ctime_ns=time.time_ns())
+            if ino.id in self._open:
+                continue
+            if ino.hash is not None:
+                dropped.add(ino.hash)
+            if self._lookups.get(ino.id, 0) > 0:
+                self.ns.drop_content(ino)
+            else:
+                self.ns.delete_inode(ino.id)
+                self.recency.forget(ino.id)
+        return dropped
+
+    def _tell_kernel_removed(self, removed: list[tuple[int, bytes, int]]) -> None:
+        if self.invalidate_entry is not None:
+            for parent, name, ino_id in removed:
+                self.invalidate_entry(parent, name, ino_id)
 
     def _evicted(self, result: EvictionResult) -> None:
         self.counters["evictions"] += result.units

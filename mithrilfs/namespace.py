@@ -308,6 +308,9 @@ class Namespace:
         ).fetchall()
         return [Dentry(*r) for r in rows]
 
+    def inodes_with_hash(self, digest: bytes) -> list[int]:
+        return [r[0] for r in self.db.execute("SELECT id FROM inodes WHERE hash = ?", (digest,))]
+
     def names_of(self, ino: int) -> list[tuple[int, bytes]]:
         return self.db.execute("SELECT parent, name FROM dentries WHERE inode = ?", (ino,)).fetchall()
 

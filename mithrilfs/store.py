@@ -77,7 +77,17 @@ class Store:
         return len(garbage)
 
 
-def _check_format(root: Path) -> None:
+def validate_store(path: str | os.PathLike[str]) -> None:
+    """Refuse, without changing anything, a path that cannot be (or become) a store."""
+    root = Path(path)
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise StoreError(f"{root}: store is not a directory")
+    _check_format(root, create=False)
+
+
+def _check_format(root: Path, *, create: bool = True) -> None:
     stamp = root / _FORMAT_FILE
     if stamp.exists():
         try:
@@ -91,6 +101,8 @@ def _check_format(root: Path) -> None:
         return
     if any(root.iterdir()):
         raise StoreError(f"{root}: directory is not empty and is not a mithrilfs store")
+    if not create:
+        return
     tmp = root / f".{_FORMAT_FILE}.tmp"
     tmp.write_text(json.dumps({"format": FORMAT_VERSION, "created": time.time()}) + "\n")
     os.rename(tmp, stamp)

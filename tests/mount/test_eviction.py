@@ -225,7 +225,7 @@ def test_gc_bad_input(mnt, tmp_path):
     res = run_cli("gc", str(mnt.mountpoint), "--to", "lots")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     res = run_cli("gc", str(tmp_path))
-    assert res.returncode == 1 and "not a mithrilfs mount" in res.stderr
+    assert res.returncode == 2 and "not a mithrilfs mount" in res.stderr
 
 
 def test_bad_budget_options(tmp_path):

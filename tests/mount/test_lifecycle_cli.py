@@ -90,26 +90,26 @@ def _one_line_error(res, code: int, needle: str) -> None:
 
 def test_missing_mountpoint(tmp_path):
     res = run_cli("mount", str(tmp_path / "nope"), "--store", str(tmp_path / "s"))
-    _one_line_error(res, 1, "does not exist")
+    _one_line_error(res, 2, "does not exist")
     assert not (tmp_path / "s").exists()
 
 
 def test_mountpoint_not_a_directory(tmp_path):
     (tmp_path / "file").write_text("")
     res = run_cli("mount", str(tmp_path / "file"), "--store", str(tmp_path / "s"))
-    _one_line_error(res, 1, "not a directory")
+    _one_line_error(res, 2, "not a directory")
 
 
 def test_already_mounted(mnt: Mount, tmp_path):
     res = run_cli("mount", str(mnt.mountpoint), "--store", str(tmp_path / "other"))
-    _one_line_error(res, 1, "already mounted")
+    _one_line_error(res, 2, "already mounted")
 
 
 def test_store_inside_mountpoint(tmp_path):
     mp = tmp_path / "mp"
     mp.mkdir()
     res = run_cli("mount", str(mp), "--store", str(mp / "store"))
-    _one_line_error(res, 1, "inside the mount point")
+    _one_line_error(res, 2, "inside the mount point")
     assert not (mp / "store").exists()
 
 
@@ -119,7 +119,7 @@ def test_store_is_not_a_store(tmp_path):
     st.mkdir()
     (st / "precious.txt").write_text("user data")
     res = run_cli("mount", str(mp), "--store", str(st))
-    _one_line_error(res, 1, "not a mithrilfs store")
+    _one_line_error(res, 2, "not a mithrilfs store")
     assert not is_mounted(mp)
     assert sorted(os.listdir(st)) == ["precious.txt"]
 
@@ -139,4 +139,4 @@ def test_unknown_option_and_missing_argument(tmp_path):
 
 
 def test_umount_of_something_not_mounted(tmp_path):
-    _one_line_error(run_cli("umount", str(tmp_path)), 1, "not mounted")
+    _one_line_error(run_cli("umount", str(tmp_path)), 2, "not mounted")
