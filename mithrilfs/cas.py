@@ -44,13 +44,14 @@ def hash_file(path: str | os.PathLike[str]) -> bytes:
 class CAS:
     """The ``objects/``, ``staging/`` and ``quarantine/`` directories of a store."""
 
-    def __init__(self, store: str | os.PathLike[str]) -> None:
+    def __init__(self, store: str | os.PathLike[str], *, create: bool = True) -> None:
         self.root = Path(store)
         self.objects = self.root / "objects"
         self.staging = self.root / "staging"
         self.quarantine = self.root / "quarantine"
-        for d in (self.objects, self.staging, self.quarantine):
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if create:
+            for d in (self.objects, self.staging, self.quarantine):
+                d.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     # -- blobs -----------------------------------------------------------
     def path(self, digest: bytes) -> Path:

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from .control import CONTROL_NAME
 from .eviction import EvictionPolicy
 from .fs import Operations
 from .errors import UsageError
-from .store import RESERVE_BYTES, StoreError, open_store, validate_store
+from .store import RESERVE_BYTES, Store, StoreError, open_store, validate_store
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +69,34 @@ def _unescape(field: str) -> str:
     return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
+def probe_mount(mountpoint: Path, timeout: float = 1.0) -> str:
+    """'live', 'dead' (daemon gone: ENOTCONN), 'hung' (no answer in *timeout*) or 'unmounted'.
+
+    statfs always reaches the daemon (a stat may be answered from the
+    kernel's attribute cache even after the daemon died), and it runs in a
+    thread so a hung daemon cannot hang the caller.
+    """
+    if not is_fuse_mount(mountpoint):
+        return "unmounted"
+    outcome: list[str] = []
+
+    def ask() -> None:
+        try:
+            os.statvfs(mountpoint)
+            outcome.append("live")
+        except OSError as e:
+            outcome.append("dead" if e.errno == errno.ENOTCONN else "live")
+
+    t = threading.Thread(target=ask, daemon=True)
+    t.start()
+    t.join(timeout)
+    return outcome[0] if outcome else "hung"
+
+
 def clean_stale_mount(mountpoint: Path) -> bool:
     """Detach a mount whose daemon died (ENOTCONN); True when one was cleaned."""
-    try:
-        os.stat(mountpoint)
+    if probe_mount(mountpoint, timeout=5.0) != "dead":
         return False
-    except OSError as e:
-        if e.errno != errno.ENOTCONN:
-            return False
     subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
     return True
 
@@ -193,19 +214,16 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
     except StoreError as e:
         announce(str(e))
         return 1
-    if log_in_store:
+    if log_in_store and not store.read_only:
         _setup_logging(store.root / LOG_FILE, opts.debug)
     try:
-        stale = store.cas.clear_staging()
-        repaired = store.ns.recover()
-        freed = store.collect_garbage()
-        if not store.ensure_reserve():
-            log.warning("could not reserve %d bytes on the store's disk", RESERVE_BYTES)
-        if stale or any(repaired.values()) or freed:
-            log.info("startup repair: %d staging files, %s, %d unreferenced blobs", stale, repaired, freed)
+        if not store.read_only:
+            _repair_at_startup(store)
         ops = Operations(store, opts.policy)
         options = set(pyfuse3.default_options)
         options |= {"fsname=mithrilfs", "subtype=mithrilfs"}
+        if store.read_only:
+            options.add("ro")
         if opts.allow_other:
             options.add("allow_other")
         if opts.debug:
@@ -215,8 +233,8 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
         except RuntimeError as e:
             announce(f"cannot mount {opts.mountpoint}: {e}")
             return 1
-        log.info("mounted %s (store %s, pid %d, budget %d bytes)", opts.mountpoint, opts.store, os.getpid(),
-                 opts.policy.max_bytes)
+        log.info("mounted %s (store %s%s, pid %d, budget %d bytes)", opts.mountpoint, opts.store,
+                 ", read-only" if store.read_only else "", os.getpid(), opts.policy.max_bytes)
         ops.invalidate_entry = _invalidate_entry
         try:
             trio.run(_run, ops, opts.mountpoint, announce)
@@ -232,6 +250,17 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
 def _invalidate_entry(parent: int, name: bytes, ino: int) -> None:
     # from inside request handling, only the async variant cannot deadlock
     pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
+
+
+def _repair_at_startup(store: Store) -> None:
+    """Undo what an unclean stop can leave: staging files, unlinked inodes, unreferenced blobs."""
+    stale = store.cas.clear_staging()
+    repaired = store.ns.recover()
+    freed = store.collect_garbage()
+    if not store.ensure_reserve():
+        log.warning("could not reserve %d bytes on the store's disk", RESERVE_BYTES)
+    if stale or any(repaired.values()) or freed:
+        log.info("startup repair: %d staging files, %s, %d unreferenced blobs", stale, repaired, freed)
 
 
 async def _run(ops: Operations, mountpoint: Path, announce: Callable[[str], None]) -> None:

@@ -101,9 +101,9 @@ class Recency:
         if not self.pending:
             return 0
         items = [(t, ino) for ino, t in self.pending.items()]
-        self.pending.clear()
         with self.ns.txn():
             self.ns.set_atimes(items)
+        self.pending.clear()
         return len(items)
 
 

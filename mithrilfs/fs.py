@@ -69,6 +69,16 @@ def _crash_point(name: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _sqlite_errno(e: sqlite3.Error) -> int:
+    """The errno a failed index operation means for the caller."""
+    text = str(e)
+    if "full" in text:
+        return errno.ENOSPC
+    if "readonly" in text or "read-only" in text:
+        return errno.EROFS
+    return errno.EIO
+
+
 def _is_disk_full(e: BaseException) -> bool:
     if isinstance(e, OSError):
         return e.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -105,9 +115,14 @@ def _request(fn: F) -> F:
             if e.errno is None:
                 log.exception("%s failed", fn.__name__)
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
-        except Exception as e:
-            if _is_disk_full(e):
-                raise pyfuse3.FUSEError(errno.ENOSPC) from None
+        except sqlite3.Error as e:
+            code = _sqlite_errno(e)
+            if code == errno.EIO:
+                log.exception("%s failed", fn.__name__)
+            else:
+                log.warning("%s failed: %s", fn.__name__, e)
+            raise pyfuse3.FUSEError(code) from None
+        except Exception:
             log.exception("%s failed", fn.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
@@ -717,6 +732,10 @@ class Operations(pyfuse3.Operations):
         """Move a bad blob aside and remove every name that pointed at it."""
         if digest in self._verified:
             return
+        if self.store.read_only:
+            log.error("blob %s is corrupt (%s); read-only store: refusing to serve it", digest.hex(), why)
+            self.counters["corrupt_blobs"] += 1
+            return
         log.error("blob %s is corrupt (%s): quarantined, its names removed", digest.hex(), why)
         self.counters["corrupt_blobs"] += 1
         self.cas.quarantine_blob(digest)
@@ -982,11 +1001,16 @@ class Operations(pyfuse3.Operations):
 
     async def background(self) -> None:
         """Long-running duties of a live mount: eviction, and writing recency out in batches."""
+        if self.store.read_only:
+            return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.evictor.background)
             while True:
                 await trio.sleep(RECENCY_FLUSH_SECONDS)
-                self.recency.flush()
+                try:
+                    self.recency.flush()
+                except (sqlite3.Error, OSError) as e:
+                    log.warning("could not write recency to the index: %s", e)
 
     # ------------------------------------------------------------------
     # lifecycle and observation
@@ -1011,10 +1035,16 @@ class Operations(pyfuse3.Operations):
                 os.close(h.fd)
         self._handles.clear()
         self._lookups.clear()
-        self.recency.flush()
-        self.ns.recover()
-        self.store.collect_garbage()
-        self.ns.mark_clean()
+        if self.store.read_only:
+            return
+        try:
+            self.recency.flush()
+            self.ns.recover()
+            self.store.collect_garbage()
+            self.ns.mark_clean()
+        except (sqlite3.Error, OSError) as e:
+            # e.g. the store went read-only: the next mount repairs what this could not
+            log.error("could not tidy the store at unmount: %s", e)
 
 
 def _copy_fd(src: int, dst: int, size: int) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import sqlite3
 import stat
 import time
+import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Iterator
@@ -97,7 +98,16 @@ class Dentry:
 
 
 class Namespace:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, read_only: bool = False) -> None:
+        self.read_only = read_only
+        if read_only:
+            # immutable: the filesystem is read-only, so nothing can change it
+            # under us and SQLite needs neither locks nor a writable -shm
+            uri = "file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1"
+            self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            self._depth = 0
+            self._undo: dict[int, tuple[Inode, tuple]] = {}
+            return
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")

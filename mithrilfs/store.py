@@ -10,6 +10,7 @@ import errno
 import fcntl
 import json
 import os
+import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ class Store:
     cas: CAS
     ns: Namespace
     lock_fd: int
+    #: The store's filesystem is read-only: served as a read-only mount.
+    read_only: bool = False
 
     def close(self) -> None:
         self.ns.close()
@@ -117,8 +120,18 @@ def open_store(path: str | os.PathLike[str] | None = None) -> Store:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as e:
         raise StoreError(f"{root}: cannot create store: {e.strerror}") from None
-    _check_format(root)
-    lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    read_only = bool(os.statvfs(root).f_flag & os.ST_RDONLY)
+    try:
+        if read_only:
+            if not (root / _FORMAT_FILE).exists():
+                raise StoreError(f"{root}: read-only and not a mithrilfs store")
+            _check_format(root, create=False)
+            lock_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        else:
+            _check_format(root)
+            lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise StoreError(f"{root}: cannot open store: {e.strerror}") from None
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -127,9 +140,9 @@ def open_store(path: str | os.PathLike[str] | None = None) -> Store:
             raise StoreError(f"{root}: store is in use by another mithrilfs process") from None
         raise
     try:
-        cas = CAS(root)
-        ns = Namespace(str(root / _INDEX_FILE))
-    except Exception:
+        cas = CAS(root, create=not read_only)
+        ns = Namespace(str(root / _INDEX_FILE), read_only=read_only)
+    except (OSError, sqlite3.Error) as e:
         os.close(lock_fd)
-        raise
-    return Store(root, cas, ns, lock_fd)
+        raise StoreError(f"{root}: cannot open store: {getattr(e, 'strerror', None) or e}") from None
+    return Store(root, cas, ns, lock_fd, read_only)

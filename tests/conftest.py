@@ -59,8 +59,10 @@ class Mount:
     pid: int | None = None
     extra: tuple[str, ...] = ()
 
-    def mount(self) -> "Mount":
-        run_cli("mount", str(self.mountpoint), "--store", str(self.store), *self.extra, check=True)
+    def mount(self, env: dict[str, str] | None = None) -> "Mount":
+        """Mount with the real CLI (*env*: extra variables for the daemon)."""
+        run_cli("mount", str(self.mountpoint), "--store", str(self.store), *self.extra, check=True,
+                env=dict(os.environ, **env) if env else None)
         assert is_mounted(self.mountpoint)
         self.pid = daemon_pid(self.mountpoint)
         assert self.pid is not None
@@ -98,12 +100,13 @@ class MountFactory:
     root: Path
     mounts: list[Mount] = field(default_factory=list)
 
-    def __call__(self, name: str = "m", *extra: str, store: Path | None = None) -> Mount:
+    def __call__(self, name: str = "m", *extra: str, store: Path | None = None,
+                 env: dict[str, str] | None = None) -> Mount:
         mp = self.root / f"{name}-mnt"
         mp.mkdir(exist_ok=True)
         m = Mount(mp, store or self.root / f"{name}-store", extra=extra)
         self.mounts.append(m)
-        return m.mount()
+        return m.mount(env)
 
     def cleanup(self) -> None:
         for m in self.mounts:
