@@ -9,7 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import NoReturn, Sequence
 
@@ -58,6 +62,12 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r} (1-65535)")
+    return int(text)
+
+
 def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"invalid count {text!r} (a whole number)")
@@ -86,6 +96,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="evict anything unused for this long, even under budget (default: never)")
     m.add_argument("--min-entries", type=_count, default=0, metavar="N",
                    help="never evict below N files or groups (default 0)")
+    m.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
 
     u = sub.add_parser("umount", aliases=["unmount"], help="flush, unmount and wait for the daemon")
     u.add_argument("mountpoint", type=Path)
@@ -94,6 +106,32 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("mountpoint", type=Path)
     g.add_argument("--to", type=_bytes, default=None, metavar="SIZE",
                    help="evict down to this many bytes (default: the low watermark)")
+
+    s = sub.add_parser("stats", help="hits, misses, bytes, dedup and latency of a mount")
+    s.add_argument("mountpoint", type=Path)
+    s.add_argument("--json", action="store_true", help="print the JSON document")
+    s.add_argument("--watch", type=_duration, default=None, metavar="SECONDS", help="refresh every SECONDS")
+
+    st = sub.add_parser("status", help="exit 0 with one line when the mount is live (health probe)")
+    st.add_argument("mountpoint", type=Path)
+
+    e = sub.add_parser("env", help="print shell exports pointing Inductor and Triton at the mount")
+    e.add_argument("mountpoint", type=Path)
+
+    r = sub.add_parser("run", help="run a command with its compile caches on the mount")
+    r.add_argument("--mount", type=Path, default=None, metavar="MOUNTPOINT",
+                   help="use (or mount) this mount point (default: a temporary one)")
+    r.add_argument("--store", type=Path, default=None, help="store when mounting (default: the platform cache dir)")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+
+    x = sub.add_parser("export", help="write the whole namespace and its blobs to one archive")
+    x.add_argument("source", type=Path, nargs="?", default=None, metavar="MOUNTPOINT")
+    x.add_argument("file", type=Path, metavar="FILE")
+    x.add_argument("--store", type=Path, default=None, help="export an unmounted store instead of a mount")
+
+    i = sub.add_parser("import", help="merge an archive into a store (newer entries win)")
+    i.add_argument("file", type=Path, metavar="FILE")
+    i.add_argument("--store", type=Path, default=None, help=f"store directory (default {default_store()})")
 
     f = sub.add_parser(
         "fsck", help="verify a store (not mounted); --repair fixes what it finds",
@@ -115,6 +153,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         _usage_error(str(e))
     opts = daemon.MountOptions(
         policy=policy,
+        metrics_port=args.metrics_port,
         mountpoint=args.mountpoint.expanduser().absolute(),
         store=store,
         foreground=args.foreground,
@@ -214,7 +253,149 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
         store.close()
 
 
-_COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc, "fsck": _cmd_fsck}
+def _read_stats(mountpoint: Path) -> dict:
+    return json.loads(control_file(mountpoint, "stats.json").read_text())
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from .stats import format_table
+
+    while True:
+        snap = _read_stats(args.mountpoint)
+        if args.json:
+            print(json.dumps(snap, sort_keys=True), flush=True)
+        else:
+            if args.watch and sys.stdout.isatty():
+                sys.stdout.write("\x1b[H\x1b[2J")
+            print(format_table(snap), flush=True)
+        if not args.watch:
+            return 0
+        time.sleep(args.watch)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    mp = args.mountpoint.expanduser().absolute()
+    state = daemon.probe_mount(mp, timeout=1.0)
+    if state != "live":
+        why = {"unmounted": "not mounted", "dead": "daemon is gone (stale mount)",
+               "hung": "mounted but not answering within 1 s"}[state]
+        print(f"{mp}: {why}")
+        return 1
+    try:
+        snap = _read_stats(mp)
+    except (OSError, ValueError, UsageError):
+        print(f"{mp}: mounted, but not a mithrilfs mount")
+        return 1
+    print(f"{mp}: live, pid {snap['pid']}, {snap['files']} files, "
+          f"{format_size(snap['physical_bytes'])} of {format_size(snap['max_bytes'])}, hit rate {snap['hit_rate']:.0%}")
+    return 0
+
+
+def cache_env(mountpoint: Path) -> dict[str, str]:
+    """The variables that point the frameworks at the mount (their directories are created)."""
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(mountpoint / "inductor"), "TRITON_CACHE_DIR": str(mountpoint / "triton")}
+    for d in env.values():
+        os.makedirs(d, exist_ok=True)
+    return env
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    mp = args.mountpoint.expanduser().absolute()
+    control_file(mp, "pid")  # a one-line error unless it is a live mount
+    for k, v in cache_env(mp).items():
+        print(f"export {k}={shlex.quote(v)}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise UsageError("run needs a command: mithrilfs run [--mount DIR] -- CMD ARGS...")
+    temp = None
+    if args.mount is None:
+        temp = Path(tempfile.mkdtemp(prefix="mithrilfs-run-"))
+    mp = (args.mount or temp).expanduser().absolute()  # type: ignore[union-attr]
+    mounted_here = daemon.probe_mount(mp) != "live"
+    if mounted_here:
+        store = (args.store or default_store()).expanduser().absolute()
+        daemon.mount(daemon.MountOptions(mountpoint=mp, store=store))
+    try:
+        before = _read_stats(mp)
+        env = dict(os.environ, **cache_env(mp))
+        try:
+            status = subprocess.run(cmd, env=env).returncode
+        except FileNotFoundError:
+            print(f"mithrilfs: error: command not found: {cmd[0]}", file=sys.stderr)
+            status = 127
+        after = _read_stats(mp)
+        d = {k: after[k] - before[k] for k in ("hits", "misses", "writes", "write_bytes", "commits", "dedup_hits")}
+        print(f"mithrilfs: {d['hits']} hits, {d['misses']} misses, {d['commits']} files written "
+              f"({format_size(d['write_bytes'])}, {d['dedup_hits']} deduplicated); exit status {status}",
+              file=sys.stderr)
+    finally:
+        if mounted_here:
+            daemon.umount(mp)
+        if temp is not None:
+            temp.rmdir()
+    return status if status >= 0 else 128 - status
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from . import archive
+    from .store import open_store
+
+    if (args.source is None) == (args.store is None):
+        raise UsageError("export needs either MOUNTPOINT or --store DIR")
+    if args.file.exists():
+        raise UsageError(f"{args.file} already exists")
+    progress = _progress_bar("exporting")
+    if args.source is not None:
+        mp = args.source.expanduser().absolute()
+        control_file(mp, "pid")
+        result = archive.export_mount(mp, args.file, progress)
+    else:
+        store = open_store(_existing_store(args.store))
+        try:
+            result = archive.export_store(store, args.file, progress)
+        finally:
+            store.close()
+    print(f"exported {result['entries']} entries, {result['blobs']} blobs to {args.file}")
+    return 0
+
+
+def _existing_store(path: Path | None) -> Path:
+    root = (path or default_store()).expanduser().absolute()
+    if not (root / "FORMAT").exists():
+        raise UsageError(f"{root}: not a mithrilfs store")
+    return root
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from . import archive
+    from .store import open_store
+
+    if not args.file.is_file():
+        raise UsageError(f"{args.file}: no such archive")
+    try:
+        archive.check_archive(args.file)
+    except archive.ArchiveError as e:
+        raise UsageError(str(e)) from None
+    store = open_store((args.store or default_store()).expanduser().absolute())
+    try:
+        r = archive.import_archive(args.file, store, _progress_bar("importing"))
+    except archive.ArchiveError as e:
+        raise UsageError(str(e)) from None
+    finally:
+        store.close()
+    print(f"imported {args.file}: {r['added']} added, {r['replaced']} replaced by newer, {r['kept']} kept, "
+          f"{r['blobs']} blobs verified" + (f", {r['corrupt_blobs']} corrupt blobs skipped" if r["corrupt_blobs"] else "")
+          + (f", {r['conflicts']} conflicting paths left alone" if r["conflicts"] else ""))
+    return 0
+
+
+_COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc, "fsck": _cmd_fsck,
+             "stats": _cmd_stats, "status": _cmd_status, "env": _cmd_env, "run": _cmd_run,
+             "export": _cmd_export, "import": _cmd_import}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

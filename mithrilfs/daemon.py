@@ -29,6 +29,7 @@ import trio
 from .control import CONTROL_NAME
 from .eviction import EvictionPolicy
 from .fs import Operations
+from .metrics import MetricsServer
 from .errors import UsageError
 from .store import RESERVE_BYTES, Store, StoreError, open_store, validate_store
 
@@ -50,6 +51,7 @@ class MountOptions:
     allow_other: bool = False
     debug: bool = False
     policy: EvictionPolicy = field(default_factory=EvictionPolicy)
+    metrics_port: int | None = None
 
 
 # ----------------------------------------------------------------------
@@ -220,6 +222,13 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
         if not store.read_only:
             _repair_at_startup(store)
         ops = Operations(store, opts.policy)
+        metrics = None
+        if opts.metrics_port is not None:
+            try:
+                metrics = MetricsServer(opts.metrics_port, lambda: ops.cached_snapshot)
+            except OSError as e:
+                announce(f"cannot serve metrics on 127.0.0.1:{opts.metrics_port}: {e.strerror}")
+                return 1
         options = set(pyfuse3.default_options)
         options |= {"fsname=mithrilfs", "subtype=mithrilfs"}
         if store.read_only:
@@ -236,11 +245,18 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
         log.info("mounted %s (store %s%s, pid %d, budget %d bytes)", opts.mountpoint, opts.store,
                  ", read-only" if store.read_only else "", os.getpid(), opts.policy.max_bytes)
         ops.invalidate_entry = _invalidate_entry
+        ops.stats_snapshot()
+        if metrics is not None:
+            metrics.start()
         try:
             trio.run(_run, ops, opts.mountpoint, announce)
         finally:
+            if metrics is not None:
+                metrics.stop()
             pyfuse3.close(unmount=True)
             ops.shutdown()
+            ops.events.emit("unmount", mountpoint=str(opts.mountpoint), **{
+                k: ops.cached_snapshot.get(k, 0) for k in ("hits", "misses", "commits", "evictions")})
             log.info("unmounted %s", opts.mountpoint)
         return 0
     finally:
@@ -267,7 +283,7 @@ async def _run(ops: Operations, mountpoint: Path, announce: Callable[[str], None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal)
         nursery.start_soon(ops.background)
-        nursery.start_soon(_announce_when_live, mountpoint, announce)
+        nursery.start_soon(_announce_when_live, ops, mountpoint, announce)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 
@@ -280,9 +296,11 @@ async def _stop_on_signal() -> None:
             return
 
 
-async def _announce_when_live(mountpoint: Path, announce: Callable[[str], None]) -> None:
+async def _announce_when_live(ops: Operations, mountpoint: Path, announce: Callable[[str], None]) -> None:
     # stat goes through the kernel to our own getattr/lookup: proof that we answer.
     await trio.to_thread.run_sync(os.stat, mountpoint / CONTROL_NAME.decode())
+    ops.events.emit("mount", mountpoint=str(mountpoint), store=str(ops.store.root), pid=os.getpid(),
+                    max_bytes=ops.policy.max_bytes, read_only=ops.store.read_only)
     announce("ok")
 
 

@@ -35,6 +35,7 @@ from .cas import hash_file
 from .control import CONTROL_DIR_INODE, CONTROL_NAME, ControlFiles
 from .eviction import EvictionPolicy, EvictionResult, Evictor, Recency, Unit
 from .namespace import ROOT_INODE, Inode
+from .stats import ROOT_KEY, EventLog, Stats
 from .store import Store
 from .units import parse_size
 
@@ -50,6 +51,8 @@ NEGATIVE_TIMEOUT = 300.0
 OFFLOAD_MIN = 1 << 20
 _BLKSIZE = 128 * 1024
 RECENCY_FLUSH_SECONDS = 5.0
+SNAPSHOT_SECONDS = 1.0
+SUMMARY_SECONDS = 60.0
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -112,8 +115,9 @@ def _request(fn: F) -> F:
         except pyfuse3.FUSEError:
             raise
         except OSError as e:
-            if e.errno is None:
-                log.exception("%s failed", fn.__name__)
+            if e.errno in (None, errno.EIO, errno.ENOSPC, errno.EROFS):
+                log.warning("%s failed: %s", fn.__name__, e)
+                self.events.emit("error", op=fn.__name__, error=str(e))
             raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
         except sqlite3.Error as e:
             code = _sqlite_errno(e)
@@ -121,12 +125,31 @@ def _request(fn: F) -> F:
                 log.exception("%s failed", fn.__name__)
             else:
                 log.warning("%s failed: %s", fn.__name__, e)
+            self.events.emit("error", op=fn.__name__, error=str(e))
             raise pyfuse3.FUSEError(code) from None
-        except Exception:
+        except Exception as e:
             log.exception("%s failed", fn.__name__)
+            self.events.emit("error", op=fn.__name__, error=repr(e))
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _timed(op: str) -> Callable[[F], F]:
+    """Record the handler's latency (success or not) under *op* for the stats' percentiles."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        async def wrapper(self: "Operations", *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter_ns()
+            try:
+                return await fn(self, *args, **kwargs)
+            finally:
+                self.stats.record_latency(op, time.perf_counter_ns() - start)
+
+        return wrapper  # type: ignore[return-value]
+
+    return wrap
 
 
 def _err(code: int) -> pyfuse3.FUSEError:
@@ -138,6 +161,8 @@ class OpenFile:
     """Per-inode state while at least one handle on it is open."""
 
     inode: Inode
+    #: Top-level directory the file lives under, for per-directory stats.
+    top: str = ROOT_KEY
     handles: int = 0
     size: int = 0
     mtime_ns: int = 0
@@ -155,6 +180,7 @@ class Handle:
     ino: int
     writable: bool
     append: bool
+    top: str = ROOT_KEY
     #: Blob fd for reads of committed content, and which blob it is.
     fd: int | None = None
     digest: bytes | None = None
@@ -182,7 +208,13 @@ class Operations(pyfuse3.Operations):
         self._offload = trio.CapacityLimiter(2)
         #: Bytes of blobs on disk; staging bytes are added on demand (physical()).
         self.blob_bytes = self.ns.physical_bytes()
-        self.counters: dict[str, int] = {"evictions": 0, "evicted_files": 0, "evicted_bytes": 0, "corrupt_blobs": 0}
+        self.stats = Stats()
+        self.evicted_files = 0
+        self.events = EventLog(None if store.read_only else store.root / "events.jsonl")
+        #: Top-level directory name of directory inodes (filled lazily).
+        self._dir_top: dict[int, str] = {ROOT_INODE: ROOT_KEY}
+        #: What the last background refresh saw; served to Prometheus from its own thread.
+        self.cached_snapshot: dict[str, Any] = {}
         #: Blobs whose content was hashed and found right during this mount.
         self._verified: set[bytes] = set()
         self._room_lock = trio.Lock()
@@ -237,6 +269,36 @@ class Operations(pyfuse3.Operations):
             e.st_size = len(self.control.produce(ino))
         return e
 
+    def _top_of_dir(self, d: int) -> str:
+        """Which top-level directory *d* is, or is under ("/" for the root itself)."""
+        top = self._dir_top.get(d)
+        if top is not None:
+            return top
+        chain = []
+        while d not in self._dir_top:
+            chain.append(d)
+            names = self.ns.names_of(d)
+            if not names:
+                return ROOT_KEY
+            parent, name = names[0]
+            if parent == ROOT_INODE:
+                self._dir_top[d] = name.decode(errors="replace")
+                break
+            d = parent
+        top = self._dir_top[d]
+        for c in chain:
+            self._dir_top[c] = top
+        return top
+
+    def _top_of_child(self, parent: int, child_is_dir: bool, name: bytes) -> str:
+        if parent == ROOT_INODE:
+            return name.decode(errors="replace") if child_is_dir else ROOT_KEY
+        return self._top_of_dir(parent)
+
+    def _top_of_file(self, ino: int) -> str:
+        names = self.ns.names_of(ino)
+        return self._top_of_child(names[0][0], False, names[0][1]) if names else ROOT_KEY
+
     def _inode(self, ino: int) -> Inode:
         of = self._open.get(ino)
         if of is not None:
@@ -260,6 +322,7 @@ class Operations(pyfuse3.Operations):
     # ------------------------------------------------------------------
     # lookups
     # ------------------------------------------------------------------
+    @_timed("lookup")
     @_request
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
         if self.control.is_control(parent_inode):
@@ -276,12 +339,16 @@ class Operations(pyfuse3.Operations):
         else:
             ino = self.ns.lookup(parent_inode, name)
         if ino is None:
+            self.stats.add(self._top_of_child(parent_inode, False, name), "misses")
             e = pyfuse3.EntryAttributes()
             e.st_ino = 0
             e.entry_timeout = NEGATIVE_TIMEOUT
             return e
         self.recency.touch(ino)
-        attr = self._attr(self._inode(ino))
+        inode = self._inode(ino)
+        if not inode.is_dir:
+            self.stats.add(self._top_of_child(parent_inode, False, name), "hits")
+        attr = self._attr(inode)
         self._ref(ino)
         return attr
 
@@ -517,6 +584,8 @@ class Operations(pyfuse3.Operations):
             if src.is_dir and parent_inode_old != parent_inode_new:
                 self.ns.add_link(self._inode(parent_inode_old), -1)
                 self.ns.add_link(self._inode(parent_inode_new), +1)
+            if src.is_dir:
+                self._dir_top = {ROOT_INODE: ROOT_KEY}  # a subtree moved: recompute lazily
             self.ns.update_attrs(src, ctime_ns=time.time_ns())
             self._touch_dir(parent_inode_old)
             if parent_inode_new != parent_inode_old:
@@ -542,7 +611,7 @@ class Operations(pyfuse3.Operations):
     def _open_file(self, ino: Inode) -> OpenFile:
         of = self._open.get(ino.id)
         if of is None:
-            of = OpenFile(inode=ino, size=ino.size, mtime_ns=ino.mtime_ns)
+            of = OpenFile(inode=ino, top=self._top_of_file(ino.id), size=ino.size, mtime_ns=ino.mtime_ns)
             self._open[ino.id] = of
         return of
 
@@ -618,6 +687,8 @@ class Operations(pyfuse3.Operations):
                 self.store.ensure_reserve()
 
     async def _truncate(self, of: OpenFile, size: int) -> None:
+        if size == of.size and of.staging_fd is None:
+            return  # no change (O_TRUNC of an empty lock file): nothing to commit
         fd = await self._ensure_staging(of, empty=size == 0)
         os.ftruncate(fd, size)
         of.size = size
@@ -650,6 +721,8 @@ class Operations(pyfuse3.Operations):
             # bytes, known good, rather than trusted
             if self.cas.adopt(path, digest, trust_existing=digest in self._verified):
                 self.blob_bytes += size
+            else:
+                self.stats.add(of.top, "dedup_hits")
             self._verified.add(digest)
             _crash_point("after_adopt")
             old = of.inode.hash
@@ -658,6 +731,7 @@ class Operations(pyfuse3.Operations):
             with self.ns.txn():
                 self.ns.set_content(of.inode, digest, size, of.mtime_ns)
             _crash_point("after_set_content")
+            self.stats.add(of.top, "commits")
             self._drop_staging_file(of)
             of.dirty = False
             if old != digest:
@@ -675,10 +749,11 @@ class Operations(pyfuse3.Operations):
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = Handle(of.inode.id, writable, bool(flags & os.O_APPEND))
+        self._handles[fh] = Handle(of.inode.id, writable, bool(flags & os.O_APPEND), of.top)
         of.handles += 1
         return fh
 
+    @_timed("open")
     @_request
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         if self.control.is_control(inode):
@@ -695,6 +770,8 @@ class Operations(pyfuse3.Operations):
             await self._verify(ino)
         self.recency.touch(inode)
         of = self._open_file(ino)
+        if (flags & os.O_ACCMODE) == os.O_RDONLY:
+            self.stats.add(of.top, "hits")
         fh = self._new_handle(of, flags)
         try:
             if flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY:
@@ -732,14 +809,15 @@ class Operations(pyfuse3.Operations):
         """Move a bad blob aside and remove every name that pointed at it."""
         if digest in self._verified:
             return
+        inodes = [self._inode(i) for i in self.ns.inodes_with_hash(digest)]
+        top = self._top_of_file(inodes[0].id) if inodes else ROOT_KEY
+        self.stats.add(top, "corrupt_blobs")
+        self.events.emit("corruption", blob=digest.hex(), why=why, names=sum(i.nlink for i in inodes))
         if self.store.read_only:
             log.error("blob %s is corrupt (%s); read-only store: refusing to serve it", digest.hex(), why)
-            self.counters["corrupt_blobs"] += 1
             return
         log.error("blob %s is corrupt (%s): quarantined, its names removed", digest.hex(), why)
-        self.counters["corrupt_blobs"] += 1
         self.cas.quarantine_blob(digest)
-        inodes = [self._inode(i) for i in self.ns.inodes_with_hash(digest)]
         removed: list[tuple[int, bytes, int]] = []
         with self.ns.txn():
             self._remove_all_names(inodes, removed)
@@ -767,11 +845,19 @@ class Operations(pyfuse3.Operations):
         fh = self._new_handle(of, flags)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._attr(ino)
 
+    @_timed("read")
     @_request
     async def read(self, fh: int, off: int, size: int) -> bytes:
         h = self._handles[fh]
         if h.control is not None:
             return h.control[off : off + size]
+        data = self._read(h, off, size)
+        counters = self.stats.by_dir[h.top]
+        counters["reads"] += 1
+        counters["read_bytes"] += len(data)
+        return data
+
+    def _read(self, h: Handle, off: int, size: int) -> bytes:
         of = self._open[h.ino]
         if of.staging_fd is not None:
             return os.pread(of.staging_fd, size, off)
@@ -806,6 +892,9 @@ class Operations(pyfuse3.Operations):
         if h.append:
             off = of.size
         n = os.pwrite(fd, buf, off)
+        counters = self.stats.by_dir[h.top]
+        counters["writes"] += 1
+        counters["write_bytes"] += n
         if off + n > of.size:
             of.size = off + n
         of.mtime_ns = time.time_ns()
@@ -947,6 +1036,11 @@ class Operations(pyfuse3.Operations):
         if group is not None and not self.ns.has_children(group):
             self._maybe_delete(group)
         self._tell_kernel_removed(removed_names)
+        if removed_names:
+            parent, name, ino_id = removed_names[0]
+            top = self._top_of_child(parent, ino_id == group, name)
+            self.stats.add(top, "evictions")
+            self.stats.add(top, "evicted_bytes", freed)
         return freed
 
     def _remove_all_names(self, inodes: list[Inode], removed: list[tuple[int, bytes, int]]) -> set[bytes]:
@@ -979,9 +1073,8 @@ class Operations(pyfuse3.Operations):
                 self.invalidate_entry(parent, name, ino_id)
 
     def _evicted(self, result: EvictionResult) -> None:
-        self.counters["evictions"] += result.units
-        self.counters["evicted_files"] += result.files
-        self.counters["evicted_bytes"] += result.bytes
+        self.evicted_files += result.files
+        self.events.emit("eviction", **result.as_dict(), physical_bytes=self.physical())
         log.info("eviction (%s): %d units, %d files, %d bytes freed; %d pinned units skipped",
                  result.reason, result.units, result.files, result.bytes, result.skipped_pinned)
 
@@ -1005,6 +1098,7 @@ class Operations(pyfuse3.Operations):
             return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.evictor.background)
+            nursery.start_soon(self._summaries)
             while True:
                 await trio.sleep(RECENCY_FLUSH_SECONDS)
                 try:
@@ -1012,18 +1106,36 @@ class Operations(pyfuse3.Operations):
                 except (sqlite3.Error, OSError) as e:
                     log.warning("could not write recency to the index: %s", e)
 
+    async def _summaries(self) -> None:
+        """Refresh the snapshot Prometheus serves; write a summary event now and then."""
+        last_summary = time.monotonic()
+        while True:
+            snap = self.stats_snapshot()
+            if time.monotonic() - last_summary >= SUMMARY_SECONDS:
+                last_summary = time.monotonic()
+                self.events.emit("summary", **{k: snap[k] for k in (
+                    "hits", "misses", "hit_rate", "files", "physical_bytes", "logical_bytes", "evictions",
+                    "commits", "corrupt_blobs")})
+            await trio.sleep(SNAPSHOT_SECONDS)
+
     # ------------------------------------------------------------------
     # lifecycle and observation
     # ------------------------------------------------------------------
-    def stats_snapshot(self) -> dict[str, int]:
-        return {
-            "files": self.ns.count_files(),
-            "blobs": self.ns.blob_count(),
+    def stats_snapshot(self) -> dict[str, Any]:
+        files, logical = self.ns.file_totals()
+        snap = self.stats.snapshot({
+            "logical_bytes": logical,
             "physical_bytes": self.physical(),
             "max_bytes": self.policy.max_bytes,
+            "files": files,
+            "blobs": self.ns.blob_count(),
             "open_handles": len(self._handles),
-            **self.counters,
-        }
+            "evicted_files": self.evicted_files,
+            "pid": os.getpid(),
+            "store": str(self.store.root),
+        })
+        self.cached_snapshot = snap
+        return snap
 
     def shutdown(self) -> None:
         """Drop uncommitted staging (a writer that never closed did not finish) and mark clean."""

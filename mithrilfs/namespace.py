@@ -357,6 +357,13 @@ class Namespace:
     def count_content_files(self) -> int:
         return self.db.execute("SELECT count(*) FROM inodes WHERE hash IS NOT NULL AND nlink > 0").fetchone()[0]
 
+    def file_totals(self) -> tuple[int, int]:
+        """(named regular files, sum of their sizes): the logical view of the cache."""
+        row = self.db.execute(
+            "SELECT count(*), coalesce(sum(size), 0) FROM inodes WHERE nlink > 0 AND (mode & 61440) = 32768"
+        ).fetchone()
+        return row[0], row[1]
+
     def count_files(self) -> int:
         return self.db.execute("SELECT count(*) FROM inodes").fetchone()[0]
 

@@ -13,7 +13,6 @@ the cache's statistics and unmounts.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -50,10 +49,8 @@ def main() -> int:
         print(f"warm compile: {warm['seconds']:.2f} s, FX graph cache hits {warm['fxgraph_cache_hit']}", flush=True)
         same = "identical" if warm["output_sha"] == cold["output_sha"] else "DIFFERENT"
         print(f"outputs of the two runs: {same}; speed-up {cold['seconds'] / warm['seconds']:.1f}x")
-        stats = json.loads((mp / ".mithrilfs" / "stats.json").read_text())
-        print("\ncache statistics:")
-        for k in sorted(stats):
-            print(f"  {k:20s} {stats[k]}")
+        print()
+        sh("stats", str(mp))
     finally:
         sh("umount", str(mp))
     return 0 if warm["fxgraph_cache_hit"] > 0 and same == "identical" else 1

@@ -52,6 +52,26 @@ def test_torch_compile_after_partial_eviction_recompiles_correctly(mount_factory
     assert warm["output_sha"] == cold["output_sha"]
 
 
+@pytest.mark.timeout(900)
+def test_warm_compile_hits_reported_under_inductor_and_survive_export_import(mount_factory: MountFactory, tmp_path):
+    a = mount_factory("a")
+    cold = _compile(a.mountpoint / "inductor")
+    a.remount()
+    warm = _compile(a.mountpoint / "inductor")
+    assert warm["fxgraph_cache_hit"] > 0
+    ind = a.stats()["by_dir"]["inductor"]
+    assert ind["hits"] > 0 and ind["reads"] > 0
+    archive = tmp_path / "cache.tar"
+    run_cli("export", str(a.mountpoint), str(archive), check=True)
+    a.umount()
+    run_cli("import", str(archive), "--store", str(tmp_path / "imported"), check=True)
+    b = mount_factory("b", store=tmp_path / "imported")
+    again = _compile(b.mountpoint / "inductor")
+    assert again["fxgraph_cache_hit"] > 0 and again["fxgraph_cache_miss"] == 0
+    assert again["output_sha"] == cold["output_sha"]
+    assert b.stats()["by_dir"]["inductor"]["hits"] > 0
+
+
 TRITON_PUT = textwrap.dedent(
     """
     import json, sys

@@ -1,0 +1,141 @@
+"""Counters, latency and the event log: what ``mithrilfs stats`` and Prometheus show.
+
+Counters are kept per top-level directory of the mount (so ``inductor`` and
+``triton`` are reported apart) and summed for the totals.  Latencies are the
+last samples of each timed operation, enough for p50/p99 without keeping
+history.  The event log is one JSON object per line in ``STORE/events.jsonl``,
+rotated by size.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import defaultdict, deque
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Counters per top-level directory; each also appears in the totals.
+COUNTERS = (
+    "hits", "misses", "reads", "read_bytes", "writes", "write_bytes", "commits", "dedup_hits",
+    "evictions", "evicted_bytes", "corrupt_blobs",
+)
+TIMED_OPS = ("lookup", "open", "read")
+ROOT_KEY = "/"
+_SAMPLES = 4096
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.by_dir: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COUNTERS, 0))
+        self.latency_ns: dict[str, deque[int]] = {op: deque(maxlen=_SAMPLES) for op in TIMED_OPS}
+
+    def add(self, top: str, counter: str, n: int = 1) -> None:
+        self.by_dir[top][counter] += n
+
+    def record_latency(self, op: str, ns: int) -> None:
+        self.latency_ns[op].append(ns)
+
+    def totals(self) -> dict[str, int]:
+        out = dict.fromkeys(COUNTERS, 0)
+        for counters in self.by_dir.values():
+            for k, v in counters.items():
+                out[k] += v
+        return out
+
+    def latency_us(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for op, samples in self.latency_ns.items():
+            ordered = sorted(samples)
+            out[op] = {
+                "p50": round(_percentile(ordered, 0.50) / 1000, 1),
+                "p99": round(_percentile(ordered, 0.99) / 1000, 1),
+                "samples": len(ordered),
+            }
+        return out
+
+    def snapshot(self, gauges: dict[str, Any]) -> dict[str, Any]:
+        """The document behind ``stats.json``: gauges, totals, rates, latency, by_dir."""
+        totals = self.totals()
+        lookups = totals["hits"] + totals["misses"]
+        physical = gauges.get("physical_bytes", 0)
+        logical = gauges.get("logical_bytes", 0)
+        return {
+            **gauges,
+            **totals,
+            "hit_rate": round(totals["hits"] / lookups, 4) if lookups else 0.0,
+            "dedup_ratio": round(logical / physical, 4) if physical else 1.0,
+            "latency_us": self.latency_us(),
+            "by_dir": {
+                top: dict(c, hit_rate=round(c["hits"] / (c["hits"] + c["misses"]), 4) if c["hits"] + c["misses"]
+                          else 0.0)
+                for top, c in sorted(self.by_dir.items())
+            },
+        }
+
+
+def _percentile(ordered: list[int], q: float) -> float:
+    if not ordered:
+        return 0.0
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+
+
+class EventLog:
+    """Append-only JSON lines, rotated when the file passes *max_bytes* (keeps *keep* old files)."""
+
+    def __init__(self, path: Path | None, max_bytes: int = 10 << 20, keep: int = 3) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.keep = keep
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self.path is None:
+            return
+        record = {"ts": round(time.time(), 3), "event": event, **fields}
+        line = json.dumps(record, sort_keys=True) + "\n"
+        try:
+            if self.path.exists() and self.path.stat().st_size + len(line) > self.max_bytes:
+                self._rotate()
+            with open(self.path, "a") as f:
+                f.write(line)
+        except OSError as e:
+            log.warning("event log %s: %s", self.path, e)
+
+    def _rotate(self) -> None:
+        assert self.path is not None
+        for i in range(self.keep - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{i}")
+            if older.exists():
+                os.replace(older, self.path.with_name(f"{self.path.name}.{i + 1}"))
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+
+
+def format_table(snap: dict[str, Any]) -> str:
+    """The human view of a stats snapshot (``mithrilfs stats`` without --json)."""
+    from .units import format_size
+
+    lines = [
+        f"files        {snap['files']:>12}    blobs        {snap['blobs']:>12}    open handles {snap['open_handles']:>6}",
+        f"logical      {format_size(snap['logical_bytes']):>12}    physical     {format_size(snap['physical_bytes']):>12}"
+        f"    budget       {format_size(snap['max_bytes'])}",
+        f"dedup ratio  {snap['dedup_ratio']:>12.2f}    hit rate     {snap['hit_rate'] * 100:>11.1f}%"
+        f"    corrupt      {snap['corrupt_blobs']:>6}",
+        "",
+        f"{'directory':<16}{'hits':>9}{'misses':>9}{'hit%':>7}{'reads':>9}{'read':>11}{'writes':>9}{'written':>11}"
+        f"{'commits':>9}{'dedup':>7}{'evicted':>9}",
+    ]
+    rows = list(snap["by_dir"].items()) + [("total", {k: snap[k] for k in COUNTERS} | {"hit_rate": snap["hit_rate"]})]
+    for top, c in rows:
+        lines.append(
+            f"{top[:15]:<16}{c['hits']:>9}{c['misses']:>9}{c['hit_rate'] * 100:>6.1f}%{c['reads']:>9}"
+            f"{format_size(c['read_bytes']):>11}{c['writes']:>9}{format_size(c['write_bytes']):>11}"
+            f"{c['commits']:>9}{c['dedup_hits']:>7}{c['evictions']:>9}"
+        )
+    lat = snap["latency_us"]
+    lines.append("")
+    lines.append("latency (us)  " + "   ".join(f"{op} p50 {q['p50']:.0f} p99 {q['p99']:.0f}" for op, q in lat.items()))
+    return "\n".join(lines)
