@@ -263,6 +263,24 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
         store.close()
 
 
+READAHEAD_KB = 1024
+
+
+def _raise_readahead(mountpoint: Path) -> None:
+    """Let the kernel read ahead 1 MiB per FUSE request instead of 128 KiB (root only; best effort).
+
+    Large sequential reads (big .so files, 256 MiB benchmarks) then cost a
+    quarter as many round trips to the daemon.
+    """
+    dev = os.stat(mountpoint).st_dev
+    path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+    try:
+        with open(path, "w") as f:
+            f.write(str(READAHEAD_KB))
+    except OSError as e:
+        log.debug("cannot raise readahead (%s): %s", path, e)
+
+
 def _invalidate_entry(parent: int, name: bytes, ino: int) -> None:
     # from inside request handling, only the async variant cannot deadlock
     pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
@@ -299,6 +317,7 @@ async def _stop_on_signal() -> None:
 async def _announce_when_live(ops: Operations, mountpoint: Path, announce: Callable[[str], None]) -> None:
     # stat goes through the kernel to our own getattr/lookup: proof that we answer.
     await trio.to_thread.run_sync(os.stat, mountpoint / CONTROL_NAME.decode())
+    await trio.to_thread.run_sync(_raise_readahead, mountpoint)
     ops.events.emit("mount", mountpoint=str(mountpoint), store=str(ops.store.root), pid=os.getpid(),
                     max_bytes=ops.policy.max_bytes, read_only=ops.store.read_only)
     announce("ok")

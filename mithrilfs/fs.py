@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, TypeVar
 
+import blake3
 import pyfuse3
 import trio
 
@@ -172,6 +173,11 @@ class OpenFile:
     #: Bumped by every change to staging; a commit whose hash was computed
     #: before the latest change is abandoned.
     write_gen: int = 0
+    #: blake3 of the staging content while it is written strictly in
+    #: sequence from offset 0 (``hashed`` bytes so far), so a commit need not
+    #: read it back; None once a write or truncate lands anywhere else.
+    hasher: Any = None
+    hashed: int = 0
     lock: trio.Lock = field(default_factory=trio.Lock)
 
 
@@ -631,6 +637,7 @@ class Operations(pyfuse3.Operations):
 
     @staticmethod
     def _drop_staging_file(of: OpenFile) -> None:
+        of.hasher = None
         if of.staging_fd is not None:
             os.close(of.staging_fd)
             try:
@@ -665,6 +672,8 @@ class Operations(pyfuse3.Operations):
                 raise
             of.staging_fd, of.staging_path = fd, path
             of.size = size if copy else 0
+            of.hasher = None if copy else blake3.blake3(max_threads=blake3.blake3.AUTO)
+            of.hashed = 0
             return fd
 
     async def make_room(self) -> None:
@@ -691,6 +700,10 @@ class Operations(pyfuse3.Operations):
             return  # no change (O_TRUNC of an empty lock file): nothing to commit
         fd = await self._ensure_staging(of, empty=size == 0)
         os.ftruncate(fd, size)
+        if size == 0:
+            of.hasher, of.hashed = blake3.blake3(max_threads=blake3.blake3.AUTO), 0
+        elif size != of.hashed:
+            of.hasher = None
         of.size = size
         of.mtime_ns = time.time_ns()
         of.dirty = True
@@ -707,7 +720,9 @@ class Operations(pyfuse3.Operations):
                 return
             gen, size, path = of.write_gen, of.size, of.staging_path
             assert path is not None
-            if size >= OFFLOAD_MIN:
+            if of.hasher is not None and of.hashed == size:
+                digest = of.hasher.digest()
+            elif size >= OFFLOAD_MIN:
                 digest = await trio.to_thread.run_sync(hash_file, path, limiter=self._offload)
                 if of.write_gen != gen or of.staging_path != path or of.inode.nlink == 0:
                     return  # changed meanwhile: a later flush commits the newer content
@@ -892,6 +907,12 @@ class Operations(pyfuse3.Operations):
         if h.append:
             off = of.size
         n = os.pwrite(fd, buf, off)
+        if of.hasher is not None:
+            if off == of.hashed:
+                of.hasher.update(buf if n == len(buf) else buf[:n])
+                of.hashed += n
+            else:
+                of.hasher = None
         counters = self.stats.by_dir[h.top]
         counters["writes"] += 1
         counters["write_bytes"] += n
@@ -1109,26 +1130,33 @@ class Operations(pyfuse3.Operations):
     async def _summaries(self) -> None:
         """Refresh the snapshot Prometheus serves; write a summary event now and then."""
         last_summary = time.monotonic()
-        while True:
-            snap = self.stats_snapshot()
-            if time.monotonic() - last_summary >= SUMMARY_SECONDS:
-                last_summary = time.monotonic()
-                self.events.emit("summary", **{k: snap[k] for k in (
-                    "hits", "misses", "hit_rate", "files", "physical_bytes", "logical_bytes", "evictions",
-                    "commits", "corrupt_blobs")})
-            await trio.sleep(SNAPSHOT_SECONDS)
+        reader = self.ns.reader()
+        try:
+            while True:
+                # the totals scan every file: a separate connection in a thread keeps it off the loop
+                totals = await trio.to_thread.run_sync(reader.totals, limiter=self._offload)
+                snap = self.stats_snapshot(totals)
+                if time.monotonic() - last_summary >= SUMMARY_SECONDS:
+                    last_summary = time.monotonic()
+                    self.events.emit("summary", **{k: snap[k] for k in (
+                        "hits", "misses", "hit_rate", "files", "physical_bytes", "logical_bytes", "evictions",
+                        "commits", "corrupt_blobs")})
+                await trio.sleep(SNAPSHOT_SECONDS)
+        finally:
+            reader.close()
 
     # ------------------------------------------------------------------
     # lifecycle and observation
     # ------------------------------------------------------------------
-    def stats_snapshot(self) -> dict[str, Any]:
-        files, logical = self.ns.file_totals()
+    def stats_snapshot(self, totals: tuple[int, int, int] | None = None) -> dict[str, Any]:
+        """Current stats; *totals* (files, logical bytes, blobs) when the caller already counted them."""
+        files, logical, blobs = totals if totals is not None else self.ns.totals()
         snap = self.stats.snapshot({
             "logical_bytes": logical,
             "physical_bytes": self.physical(),
             "max_bytes": self.policy.max_bytes,
             "files": files,
-            "blobs": self.ns.blob_count(),
+            "blobs": blobs,
             "open_handles": len(self._handles),
             "evicted_files": self.evicted_files,
             "pid": os.getpid(),

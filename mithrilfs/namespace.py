@@ -98,12 +98,12 @@ class Dentry:
 
 
 class Namespace:
-    def __init__(self, path: str, *, read_only: bool = False) -> None:
+    def __init__(self, path: str, *, read_only: bool = False, immutable: bool = True) -> None:
         self.read_only = read_only
         if read_only:
-            # immutable: the filesystem is read-only, so nothing can change it
-            # under us and SQLite needs neither locks nor a writable -shm
-            uri = "file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1"
+            # immutable (a read-only filesystem: nothing can change it under
+            # us) needs neither locks nor a writable -shm
+            uri = "file:" + urllib.parse.quote(path) + "?mode=ro" + ("&immutable=1" if immutable else "")
             self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             self._depth = 0
             self._undo: dict[int, tuple[Inode, tuple]] = {}
@@ -135,6 +135,11 @@ class Namespace:
 
     def close(self) -> None:
         self.db.close()
+
+    def reader(self) -> "Namespace":
+        """A second, read-only connection for queries run in a worker thread (WAL lets it read alongside)."""
+        path = self.db.execute("PRAGMA database_list").fetchone()[2]
+        return Namespace(path, read_only=True, immutable=False)
 
     def shrink_wal(self) -> None:
         """Checkpoint and truncate the WAL (when the disk is full, it may be most of the space)."""
@@ -357,12 +362,12 @@ class Namespace:
     def count_content_files(self) -> int:
         return self.db.execute("SELECT count(*) FROM inodes WHERE hash IS NOT NULL AND nlink > 0").fetchone()[0]
 
-    def file_totals(self) -> tuple[int, int]:
-        """(named regular files, sum of their sizes): the logical view of the cache."""
-        row = self.db.execute(
+    def totals(self) -> tuple[int, int, int]:
+        """(named regular files, sum of their sizes, blobs in use): full scans, so keep them off hot paths."""
+        files, logical = self.db.execute(
             "SELECT count(*), coalesce(sum(size), 0) FROM inodes WHERE nlink > 0 AND (mode & 61440) = 32768"
         ).fetchone()
-        return row[0], row[1]
+        return files, logical, self.blob_count()
 
     def count_files(self) -> int:
         return self.db.execute("SELECT count(*) FROM inodes").fetchone()[0]
@@ -376,11 +381,13 @@ class Namespace:
         so a crash between steps can never leak or double-free a blob.
         """
         with self.txn():
-            dangling = self.db.execute(
-                "DELETE FROM dentries WHERE inode NOT IN (SELECT id FROM inodes)"
-            ).rowcount
             unlinked = self.db.execute("DELETE FROM inodes WHERE nlink <= 0").rowcount
+            dangling = 0
             if self.get_meta("clean") != "1" or unlinked:
+                # full scans: only after an unclean stop (or when inodes were dropped)
+                dangling = self.db.execute(
+                    "DELETE FROM dentries WHERE inode NOT IN (SELECT id FROM inodes)"
+                ).rowcount
                 self.db.execute(
                     "UPDATE blobs SET refcount = (SELECT count(*) FROM inodes WHERE inodes.hash = blobs.hash)"
                 )

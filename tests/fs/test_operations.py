@@ -279,3 +279,26 @@ def test_missing_name_is_a_cacheable_negative_entry(ops):
         assert attr.st_ino == 0 and attr.entry_timeout > 0
 
     run(t)
+
+
+def test_out_of_order_writes_hash_the_final_content(ops):
+    """The running hash of sequential writes must be dropped when a write lands elsewhere."""
+
+    async def t():
+        fi, attr = await ops.create(ROOT_INODE, b"ooo", stat.S_IFREG | 0o644, os.O_RDWR, CTX)
+        await ops.write(fi.fh, 0, b"a" * 100)
+        await ops.write(fi.fh, 100, b"b" * 100)  # still sequential
+        await ops.write(fi.fh, 50, b"C" * 10)  # overwrite inside the hashed prefix
+        await ops.write(fi.fh, 200, b"d" * 10)
+        await ops.release(fi.fh)
+        content = b"a" * 50 + b"C" * 10 + b"a" * 40 + b"b" * 100 + b"d" * 10
+        assert ops.ns.get(attr.st_ino).hash == hash_bytes(content)
+        assert await _read_file(ops, attr.st_ino) == content
+        fi, _ = await ops.create(ROOT_INODE, b"seq", stat.S_IFREG | 0o644, os.O_RDWR, CTX)
+        for i in range(10):
+            await ops.write(fi.fh, i * 7, bytes([i]) * 7)
+        await ops.release(fi.fh)
+        seq = ops.ns.get(ops.ns.lookup(ROOT_INODE, b"seq"))
+        assert seq.hash == hash_bytes(b"".join(bytes([i]) * 7 for i in range(10)))
+
+    run(t)

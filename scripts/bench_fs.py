@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""Filesystem micro-benchmarks: the mount vs a plain directory, side by side in one run.
+
+Each benchmark runs the same Python loop on a plain directory (on the same
+backing filesystem as the store) and on the mount, interleaved in ABBA order
+over --reps repetitions; medians and the mount/plain ratio of ops/s are
+printed (1.0 = as fast as plain; higher is better).
+
+    .venv/bin/python scripts/bench_fs.py [--reps 5] [--json] [--big-mib 256] [--million]
+
+Steady-state benchmarks run after one warm-up pass (names already seen by
+the kernel).  First-touch latencies are taken right after a fresh mount.
+--million also builds a store of 1,000,000 files (directly through the
+index, since writing them through FUSE takes long) and measures mount time,
+daemon RSS and first-touch lookup latency on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import stat as stat_mod
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from _benchlib import CLI, abba, median
+
+N_FILES = 2000
+SMALL = 4096
+
+
+def _populate(d: Path, n: int = N_FILES) -> list[Path]:
+    d.mkdir(parents=True, exist_ok=True)
+    paths = [d / f"f{i:05d}.bin" for i in range(n)]
+    for i, p in enumerate(paths):
+        p.write_bytes(i.to_bytes(4, "little") * (SMALL // 4))
+    return paths
+
+
+def _ops_per_s(fn: Callable[[], int]) -> float:
+    t = time.perf_counter()
+    n = fn()
+    return n / (time.perf_counter() - t)
+
+
+def bench_stat(paths: list[Path]) -> Callable[[], int]:
+    def run() -> int:
+        for p in paths:
+            os.stat(p)
+        return len(paths)
+    return run
+
+
+def bench_missing(d: Path) -> Callable[[], int]:
+    names = [d / f"missing{i:05d}" for i in range(N_FILES)]
+
+    def run() -> int:
+        for p in names:
+            os.path.exists(p)
+        return len(names)
+    return run
+
+
+def bench_create_rename(d: Path) -> Callable[[], int]:
+    d.mkdir(exist_ok=True)
+    data = b"k" * SMALL
+    counter = [0]
+
+    def run() -> int:
+        for i in range(500):
+            counter[0] += 1
+            tmp = d / f"tmp.{counter[0]}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, d / f"final{i % 50}")
+        return 500
+    return run
+
+
+def bench_open_read(paths: list[Path]) -> Callable[[], int]:
+    def run() -> int:
+        for p in paths:
+            with open(p, "rb") as f:
+                f.read()
+        return len(paths)
+    return run
+
+
+def measure_pair(reps: int, make: Callable[[Path], Callable[[], int]], roots: dict[str, Path]) -> dict:
+    fns = {side: make(root) for side, root in roots.items()}
+    for fn in fns.values():
+        fn()  # warm-up: steady state
+    results: dict[str, list[float]] = {"plain": [], "mount": []}
+    for order in abba(reps):
+        for side in order:
+            results[side].append(_ops_per_s(fns[side]))
+    p, m = median(results["plain"]), median(results["mount"])
+    return {"plain_ops_s": round(p), "mount_ops_s": round(m), "ratio": round(m / p, 3)}
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def first_touch(mp: Path, store: Path, rel_paths: list[str]) -> dict:
+    """Latency of lookups and opens of names the kernel has not seen: right after a fresh mount."""
+    subprocess.run([*CLI, "umount", str(mp)], check=True)
+    subprocess.run([*CLI, "mount", str(mp), "--store", str(store)], check=True)
+    lookups, opens = [], []
+    half = len(rel_paths) // 2
+    for rel in rel_paths[:half]:
+        t = time.perf_counter_ns()
+        os.stat(mp / rel)
+        lookups.append((time.perf_counter_ns() - t) / 1000)
+    for rel in rel_paths[half:]:
+        p = mp / rel
+        os.stat(p)  # lookup first, so the open alone is timed
+        t = time.perf_counter_ns()
+        os.close(os.open(p, os.O_RDONLY))
+        opens.append((time.perf_counter_ns() - t) / 1000)
+    return {"lookup_p50_us": round(_percentile(lookups, 0.5), 1), "lookup_p99_us": round(_percentile(lookups, 0.99), 1),
+            "open_p50_us": round(_percentile(opens, 0.5), 1), "open_p99_us": round(_percentile(opens, 0.99), 1)}
+
+
+def _drop_file_cache(p: Path) -> None:
+    """Make the next read come from disk on both sides: for the mount that means
+    the kernel's FUSE pages *and* the blob's pages in the store, so as root
+    drop the whole page cache; otherwise drop what fadvise can reach."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1")
+        return
+    except OSError:
+        pass
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def big_file(roots: dict[str, Path], mib: int, reps: int) -> dict:
+    chunk = os.urandom(1 << 20)
+    out: dict[str, dict[str, list[float]]] = {s: {"write": [], "first_read": [], "repeat_read": []} for s in roots}
+    for order in abba(reps):
+        for side in order:
+            p = roots[side] / "big.bin"
+            t = time.perf_counter()
+            with open(p, "wb") as f:
+                for _ in range(mib):
+                    f.write(chunk)
+            out[side]["write"].append(mib / (time.perf_counter() - t))
+            _drop_file_cache(p)
+            for phase in ("first_read", "repeat_read"):
+                t = time.perf_counter()
+                with open(p, "rb") as f:
+                    while f.read(1 << 20):
+                        pass
+                out[side][phase].append(mib / (time.perf_counter() - t))
+            os.unlink(p)
+    res = {}
+    for phase in ("write", "first_read", "repeat_read"):
+        pl, mo = median(out["plain"][phase]), median(out["mount"][phase])
+        res[phase] = {"plain_mib_s": round(pl), "mount_mib_s": round(mo), "ratio": round(mo / pl, 3)}
+    return res
+
+
+def million(base: Path, n: int = 1_000_000) -> dict:
+    """Build an n-file store through the index, then time mount, RSS and first-touch lookups."""
+    from mithrilfs.store import open_store
+
+    root = Path(tempfile.mkdtemp(prefix="mithrilfs-1m-", dir=base))
+    store_dir, mp = root / "store", root / "mnt"
+    mp.mkdir()
+    store = open_store(store_dir)
+    digest, _ = store.cas.put_bytes(b"x" * 100)
+    ns, db = store.ns, store.ns.db
+    now = time.time_ns()
+    with ns.txn():
+        ns.blob_intent(digest, 100)
+        dirs = []
+        for d in range(1000):
+            node = ns.create_inode(stat_mod.S_IFDIR | 0o755, 0, 0, nlink=2)
+            ns.link(1, f"d{d:03d}".encode(), node.id)
+            dirs.append(node.id)
+        first = db.execute("SELECT coalesce(max(id), 0) + 1 FROM inodes").fetchone()[0]
+        db.executemany(
+            "INSERT INTO inodes (id, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, hash)"
+            " VALUES (?, ?, 0, 0, 1, 100, ?, ?, ?, ?)",
+            ((first + i, stat_mod.S_IFREG | 0o644, now, now, now, digest) for i in range(n)),
+        )
+        db.executemany(
+            "INSERT INTO dentries (parent, name, inode) VALUES (?, ?, ?)",
+            ((dirs[i % 1000], f"f{i}".encode(), first + i) for i in range(n)),
+        )
+        db.execute("UPDATE blobs SET refcount = ? WHERE hash = ?", (n, digest))
+        ns.set_meta("clean", "1")
+    store.close()
+    t = time.perf_counter()
+    subprocess.run([*CLI, "mount", str(mp), "--store", str(store_dir)], check=True)
+    mount_s = time.perf_counter() - t
+    try:
+        pid = int((mp / ".mithrilfs" / "pid").read_text())
+        import random
+
+        rnd = random.Random(0)
+        lat = []
+        for _ in range(2000):
+            i = rnd.randrange(n)
+            t0 = time.perf_counter_ns()
+            os.stat(mp / f"d{i % 1000:03d}" / f"f{i}")
+            lat.append((time.perf_counter_ns() - t0) / 1000)
+        rss = 0
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) // 1024
+    finally:
+        subprocess.run([*CLI, "umount", str(mp)])
+        shutil.rmtree(root, ignore_errors=True)
+    return {"files": n, "mount_s": round(mount_s, 2), "daemon_rss_mib": rss,
+            "first_touch_lookup_p50_us": round(_percentile(lat, 0.5), 1),
+            "first_touch_lookup_p99_us": round(_percentile(lat, 0.99), 1)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--big-mib", type=int, default=256, help="size of the large-file test (default 256)")
+    ap.add_argument("--million", action="store_true", help="also run the 1,000,000-file namespace test")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    base = Path(tempfile.mkdtemp(prefix="mithrilfs-benchfs-"))
+    mp, store, plain = base / "mnt", base / "store", base / "plain"
+    mp.mkdir()
+    plain.mkdir()
+    subprocess.run([*CLI, "mount", str(mp), "--store", str(store)], check=True)
+    results: dict = {}
+    try:
+        roots = {"plain": plain, "mount": mp}
+        files = {side: _populate(r / "cached") for side, r in roots.items()}
+        results["stat"] = measure_pair(args.reps, lambda r: bench_stat(files["plain" if r == plain else "mount"]), roots)
+        results["lookup_missing"] = measure_pair(args.reps, lambda r: bench_missing(r / "cached"), roots)
+        results["create_rename_4k"] = measure_pair(args.reps, lambda r: bench_create_rename(r / "cr"), roots)
+        results["open_read_close_4k"] = measure_pair(
+            args.reps, lambda r: bench_open_read(files["plain" if r == plain else "mount"]), roots)
+        results["big_file"] = big_file(roots, args.big_mib, max(2, args.reps // 2))
+        results["first_touch"] = first_touch(mp, store, [os.path.relpath(p, mp) for p in files["mount"]])
+    finally:
+        subprocess.run([*CLI, "umount", str(mp)])
+        shutil.rmtree(base, ignore_errors=True)
+    if args.million:
+        results["million"] = million(Path(tempfile.gettempdir()))
+
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    print(f"{'benchmark':24s} {'plain':>12s} {'mount':>12s} {'mount/plain':>12s}")
+    for name in ("stat", "lookup_missing", "create_rename_4k", "open_read_close_4k"):
+        r = results[name]
+        print(f"{name:24s} {r['plain_ops_s']:>10d}/s {r['mount_ops_s']:>10d}/s {r['ratio']:>11.3f}x")
+    for phase, r in results["big_file"].items():
+        print(f"{'256MiB ' + phase:24s} {r['plain_mib_s']:>8d}MiB/s {r['mount_mib_s']:>8d}MiB/s {r['ratio']:>11.3f}x")
+    ft = results["first_touch"]
+    print(f"first touch: lookup p50 {ft['lookup_p50_us']} us p99 {ft['lookup_p99_us']} us;"
+          f" open p50 {ft['open_p50_us']} us p99 {ft['open_p99_us']} us")
+    if "million" in results:
+        mm = results["million"]
+        print(f"1M files: mount {mm['mount_s']} s, daemon RSS {mm['daemon_rss_mib']} MiB, first-touch lookup"
+              f" p50 {mm['first_touch_lookup_p50_us']} us p99 {mm['first_touch_lookup_p99_us']} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
