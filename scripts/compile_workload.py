@@ -32,6 +32,8 @@ def main() -> int:
         torch.nn.LayerNorm(width),
     )
     x = torch.randn(8, width)
+    device = os.environ.get("MITHRILFS_WORKLOAD_DEVICE", "cpu")  # "cuda": Inductor emits Triton kernels
+    model, x = model.to(device), x.to(device)
     start = time.perf_counter()
     compiled = torch.compile(model)
     with torch.no_grad():
@@ -43,7 +45,7 @@ def main() -> int:
         "seconds": round(seconds, 3),
         "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
         "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
-        "output_sha": hashlib.sha256(struct.pack(f"{out.numel()}f", *out.flatten().tolist())).hexdigest(),
+        "output_sha": hashlib.sha256(struct.pack(f"{out.numel()}f", *out.cpu().flatten().tolist())).hexdigest(),
     }
     print(json.dumps(result))
     return 0
