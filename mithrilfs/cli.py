@@ -68,6 +68,16 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _remote_url(text: str) -> str:
+    from .remote import check_url
+
+    try:
+        check_url(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"invalid count {text!r} (a whole number)")
@@ -98,6 +108,12 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="never evict below N files or groups (default 0)")
     m.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
                    help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
+    m.add_argument("--remote", type=_remote_url, default=None, metavar="URL",
+                   help="share the cache through Redis: redis://[:password@]host:port/db or rediss://...")
+    m.add_argument("--remote-namespace", default="default", metavar="NAME",
+                   help="nodes sharing a namespace share one tree (default 'default')")
+    m.add_argument("--remote-key-file", type=Path, default=None, metavar="FILE",
+                   help="sign entries with this key; entries without a valid signature are ignored")
 
     u = sub.add_parser("umount", aliases=["unmount"], help="flush, unmount and wait for the daemon")
     u.add_argument("mountpoint", type=Path)
@@ -106,6 +122,9 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("mountpoint", type=Path)
     g.add_argument("--to", type=_bytes, default=None, metavar="SIZE",
                    help="evict down to this many bytes (default: the low watermark)")
+
+    pu = sub.add_parser("push", help="upload everything not yet in the shared tier")
+    pu.add_argument("mountpoint", type=Path)
 
     s = sub.add_parser("stats", help="hits, misses, bytes, dedup and latency of a mount")
     s.add_argument("mountpoint", type=Path)
@@ -151,9 +170,24 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         _usage_error(str(e))
+    key = None
+    if args.remote_key_file is not None:
+        if args.remote is None:
+            _usage_error("--remote-key-file needs --remote")
+        try:
+            key = args.remote_key_file.read_bytes().strip()
+        except OSError as e:
+            _usage_error(f"cannot read key file {args.remote_key_file}: {e.strerror}")
+        if len(key) < 16:
+            _usage_error(f"key file {args.remote_key_file} holds fewer than 16 bytes")
+    if not args.remote_namespace or not all(c.isalnum() or c in "-_." for c in args.remote_namespace):
+        _usage_error(f"invalid namespace {args.remote_namespace!r} (letters, digits, - _ .)")
     opts = daemon.MountOptions(
         policy=policy,
         metrics_port=args.metrics_port,
+        remote=args.remote,
+        remote_namespace=args.remote_namespace,
+        remote_key=key,
         mountpoint=args.mountpoint.expanduser().absolute(),
         store=store,
         foreground=args.foreground,
@@ -393,9 +427,40 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_push(args: argparse.Namespace) -> int:
+    mp = args.mountpoint.expanduser().absolute()
+    try:
+        path = control_file(mp, "push")
+    except UsageError:
+        control_file(mp, "pid")  # a mount, but without a remote
+        raise UsageError(f"{mp} was mounted without --remote") from None
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.write(fd, b"push")
+        queued = json.loads(os.pread(fd, 4096, 0))["queued"]
+    finally:
+        os.close(fd)
+    draw = _progress_bar("uploading")
+    start = _read_stats(mp)
+    while True:
+        snap = _read_stats(mp)
+        left = snap["upload_queue"]
+        if draw:
+            draw(queued - min(left, queued), queued)
+        if left == 0:
+            break
+        if snap["remote_errors"] > start["remote_errors"] + 20:
+            print(f"mithrilfs: error: the shared tier keeps failing; {left} files still queued", file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+    sent = snap["remote_uploaded_bytes"] - start["remote_uploaded_bytes"]
+    print(f"pushed {queued} files; {format_size(sent)} of new blobs uploaded")
+    return 0
+
+
 _COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc, "fsck": _cmd_fsck,
              "stats": _cmd_stats, "status": _cmd_status, "env": _cmd_env, "run": _cmd_run,
-             "export": _cmd_export, "import": _cmd_import}
+             "export": _cmd_export, "import": _cmd_import, "push": _cmd_push}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

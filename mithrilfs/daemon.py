@@ -30,6 +30,7 @@ from .control import CONTROL_NAME
 from .eviction import EvictionPolicy
 from .fs import Operations
 from .metrics import MetricsServer
+from .remote import RemoteTier
 from .errors import UsageError
 from .store import RESERVE_BYTES, Store, StoreError, open_store, validate_store
 
@@ -52,6 +53,9 @@ class MountOptions:
     debug: bool = False
     policy: EvictionPolicy = field(default_factory=EvictionPolicy)
     metrics_port: int | None = None
+    remote: str | None = None
+    remote_namespace: str = "default"
+    remote_key: bytes | None = None
 
 
 # ----------------------------------------------------------------------
@@ -221,7 +225,10 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
     try:
         if not store.read_only:
             _repair_at_startup(store)
-        ops = Operations(store, opts.policy)
+        remote = None
+        if opts.remote is not None:
+            remote = RemoteTier(opts.remote, opts.remote_namespace, opts.remote_key)
+        ops = Operations(store, opts.policy, remote)
         metrics = None
         if opts.metrics_port is not None:
             try:

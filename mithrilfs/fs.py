@@ -35,7 +35,9 @@ import trio
 from .cas import hash_file
 from .control import CONTROL_DIR_INODE, CONTROL_NAME, ControlFiles
 from .eviction import EvictionPolicy, EvictionResult, Evictor, Recency, Unit
+from . import sharing
 from .namespace import ROOT_INODE, Inode
+from .remote import RemoteTier
 from .stats import ROOT_KEY, EventLog, Stats
 from .store import Store
 from .units import parse_size
@@ -198,7 +200,7 @@ class Operations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
 
-    def __init__(self, store: Store, policy: EvictionPolicy | None = None) -> None:
+    def __init__(self, store: Store, policy: EvictionPolicy | None = None, remote: RemoteTier | None = None) -> None:
         super().__init__()
         self.store = store
         self.ns = store.ns
@@ -221,6 +223,10 @@ class Operations(pyfuse3.Operations):
         self._dir_top: dict[int, str] = {ROOT_INODE: ROOT_KEY}
         #: What the last background refresh saw; served to Prometheus from its own thread.
         self.cached_snapshot: dict[str, Any] = {}
+        self.shared = sharing.SharedTier(self, remote) if remote is not None else None
+        self.negative_timeout = sharing.NEGATIVE_TIMEOUT if remote is not None else NEGATIVE_TIMEOUT
+        if self.shared is not None:
+            self.control.add_command(b"push", self._push_command)
         #: Blobs whose content was hashed and found right during this mount.
         self._verified: set[bytes] = set()
         self._room_lock = trio.Lock()
@@ -344,11 +350,13 @@ class Operations(pyfuse3.Operations):
             ino = self.ns.parent_of(parent_inode) or ROOT_INODE
         else:
             ino = self.ns.lookup(parent_inode, name)
+            if ino is None and self.shared is not None:
+                ino = await self.shared.lookup(parent_inode, name)
         if ino is None:
             self.stats.add(self._top_of_child(parent_inode, False, name), "misses")
             e = pyfuse3.EntryAttributes()
             e.st_ino = 0
-            e.entry_timeout = NEGATIVE_TIMEOUT
+            e.entry_timeout = self.negative_timeout
             return e
         self.recency.touch(ino)
         inode = self._inode(ino)
@@ -389,6 +397,7 @@ class Operations(pyfuse3.Operations):
         info = self.ns.blob_info(digest)
         if info is None or info[0] > 0:
             return 0
+        self._verified.discard(digest)
         self.cas.delete(digest)
         with self.ns.txn():
             self.ns.forget_blob(digest)
@@ -487,7 +496,10 @@ class Operations(pyfuse3.Operations):
 
     @_request
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        return self._attr(self._new_entry(parent_inode, name, stat.S_IFLNK | 0o777, ctx, target=target))
+        ino = self._new_entry(parent_inode, name, stat.S_IFLNK | 0o777, ctx, target=target)
+        if self.shared is not None:
+            self.shared.queue_upload(ino.id)
+        return self._attr(ino)
 
     @_request
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
@@ -590,12 +602,16 @@ class Operations(pyfuse3.Operations):
             if src.is_dir and parent_inode_old != parent_inode_new:
                 self.ns.add_link(self._inode(parent_inode_old), -1)
                 self.ns.add_link(self._inode(parent_inode_new), +1)
-            if src.is_dir:
-                self._dir_top = {ROOT_INODE: ROOT_KEY}  # a subtree moved: recompute lazily
             self.ns.update_attrs(src, ctime_ns=time.time_ns())
             self._touch_dir(parent_inode_old)
             if parent_inode_new != parent_inode_old:
                 self._touch_dir(parent_inode_new)
+        if src.is_dir:
+            self._dir_top = {ROOT_INODE: ROOT_KEY}  # a subtree moved: recompute lazily
+            if self.shared is not None:
+                self.shared.forget_paths()
+        elif self.shared is not None:
+            self.shared.queue_upload(src.id)
         if dst is not None:
             self._maybe_delete(dst.id)
 
@@ -747,6 +763,8 @@ class Operations(pyfuse3.Operations):
                 self.ns.set_content(of.inode, digest, size, of.mtime_ns)
             _crash_point("after_set_content")
             self.stats.add(of.top, "commits")
+            if self.shared is not None:
+                self.shared.queue_upload(of.inode.id)
             self._drop_staging_file(of)
             of.dirty = False
             if old != digest:
@@ -817,8 +835,40 @@ class Operations(pyfuse3.Operations):
         if actual == digest:
             self._verified.add(digest)
             return
+        if actual is None and self.shared is not None:
+            if await self.shared.fetch(ino):
+                await self._enforce_budget()
+                return
+            # the shared tier lost it (or is down): a miss, not corruption
+            self._forget_content(digest)
+            raise _err(errno.ENOENT)
         self.quarantine(digest, "missing" if actual is None else "content does not match its hash")
         raise _err(errno.ENOENT)
+
+    def add_blob(self, digest: bytes, data: bytes) -> None:
+        """Store verified bytes fetched from elsewhere as the blob *digest*."""
+        fd, path = self.cas.new_staging()
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            with self.ns.txn():
+                self.ns.blob_intent(digest, len(data))
+            if self.cas.adopt(path, digest):
+                self.blob_bytes += len(data)
+            with self.ns.txn():
+                self.ns.set_blob_size(digest, len(data))
+        finally:
+            os.unlink(path)
+        self._verified.add(digest)
+
+    def _forget_content(self, digest: bytes) -> None:
+        """Remove every name of a blob that cannot be had (placeholder whose remote copy is gone)."""
+        inodes = [self._inode(i) for i in self.ns.inodes_with_hash(digest)]
+        removed: list[tuple[int, bytes, int]] = []
+        with self.ns.txn():
+            self._remove_all_names(inodes, removed)
+        self._collect(digest)
+        self._tell_kernel_removed(removed)
 
     def quarantine(self, digest: bytes, why: str) -> None:
         """Move a bad blob aside and remove every name that pointed at it."""
@@ -963,6 +1013,8 @@ class Operations(pyfuse3.Operations):
             return inode
         if not self._inode(inode).is_dir:
             raise _err(errno.ENOTDIR)
+        if self.shared is not None:
+            await self.shared.sync_dir(inode)
         return inode
 
     @_request
@@ -1113,6 +1165,11 @@ class Operations(pyfuse3.Operations):
         answer = result.as_dict() | {"physical_bytes": self.physical(), "max_bytes": self.policy.max_bytes}
         return (json.dumps(answer) + "\n").encode()
 
+    async def _push_command(self, request: bytes) -> bytes:
+        """``push`` control file: queue every file for upload; the CLI follows upload_queue."""
+        assert self.shared is not None
+        return (json.dumps({"queued": self.shared.queue_all()}) + "\n").encode()
+
     async def background(self) -> None:
         """Long-running duties of a live mount: eviction, and writing recency out in batches."""
         if self.store.read_only:
@@ -1120,6 +1177,8 @@ class Operations(pyfuse3.Operations):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.evictor.background)
             nursery.start_soon(self._summaries)
+            if self.shared is not None:
+                nursery.start_soon(self.shared.uploader)
             while True:
                 await trio.sleep(RECENCY_FLUSH_SECONDS)
                 try:
@@ -1161,6 +1220,7 @@ class Operations(pyfuse3.Operations):
             "evicted_files": self.evicted_files,
             "pid": os.getpid(),
             "store": str(self.store.root),
+            **(self.shared.remote.counters | {"upload_queue": len(self.shared.queue)} if self.shared else {}),
         })
         self.cached_snapshot = snap
         return snap

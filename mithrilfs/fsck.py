@@ -98,11 +98,15 @@ def check(store: Store, progress: Progress | None = None) -> FsckReport:
     for digest, (size, _) in rows.items():
         if digest in on_disk and on_disk[digest] != size:
             report.bad_sizes += 1
-    report.missing = sorted(d for d in actual_refs if d not in on_disk)
+    # a row of size 0 without a file is a placeholder: content still in the shared tier
+    placeholders = {d for d, (size, _) in rows.items() if size == 0 and d not in on_disk}
+    report.missing = sorted(d for d in actual_refs if d not in on_disk and d not in placeholders)
     report.orphans = sorted(d for d in on_disk if actual_refs.get(d, 0) == 0)
-    report.bad_sizes += db.execute(
-        "SELECT count(*) FROM inodes i JOIN blobs b ON b.hash = i.hash WHERE i.size != b.size"
-    ).fetchone()[0]
+    report.bad_sizes += sum(
+        1 for (digest,) in db.execute(
+            "SELECT i.hash FROM inodes i JOIN blobs b ON b.hash = i.hash WHERE i.size != b.size"
+        ) if digest not in placeholders
+    )
     report.dangling_content = db.execute(
         "SELECT count(*) FROM inodes WHERE hash IS NOT NULL AND hash NOT IN (SELECT hash FROM blobs)"
     ).fetchone()[0]
@@ -177,6 +181,7 @@ def repair(store: Store, report: FsckReport) -> None:
         db.execute(
             "UPDATE inodes SET size = (SELECT size FROM blobs WHERE blobs.hash = inodes.hash)"
             " WHERE hash IS NOT NULL AND size != (SELECT size FROM blobs WHERE blobs.hash = inodes.hash)"
+            " AND (SELECT size FROM blobs WHERE blobs.hash = inodes.hash) > 0"
         )
         db.execute(
             "UPDATE blobs SET refcount = (SELECT count(*) FROM inodes WHERE inodes.hash = blobs.hash)"

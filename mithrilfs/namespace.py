@@ -233,6 +233,10 @@ class Namespace:
             "INSERT OR IGNORE INTO blobs (hash, size, refcount) VALUES (?, ?, 0)", (digest, size)
         )
 
+    def set_blob_size(self, digest: bytes, size: int) -> None:
+        """A placeholder row (size 0, content still remote) got its content."""
+        self.db.execute("UPDATE blobs SET size = ? WHERE hash = ?", (size, digest))
+
     def blob_known(self, digest: bytes) -> bool:
         return self.db.execute("SELECT 1 FROM blobs WHERE hash = ?", (digest,)).fetchone() is not None
 

@@ -54,3 +54,26 @@ def compile_env(cache: Path) -> dict[str, str]:
 
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
+
+
+@contextmanager
+def redis_server() -> Iterator[str]:
+    """A throwaway redis-server on a free loopback port; yields its URL."""
+    import socket
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            ping = subprocess.run(["redis-cli", "-p", str(port), "PING"], capture_output=True, text=True)
+            if ping.stdout.strip() == "PONG":
+                break
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.kill()
+        proc.wait()

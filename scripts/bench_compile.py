@@ -8,6 +8,11 @@ of a session pays for files Inductor keeps outside the cache dir
 medians and the mount/plain ratio (below 1.0 means the mount is faster).
 
     .venv/bin/python scripts/bench_compile.py --reps 4 [--json]
+    .venv/bin/python scripts/bench_compile.py --remote --reps 3
+
+With --remote: node A (its own store) compiles cold then warm; node B (an
+empty store, the same Redis) then warm-starts from what A uploaded.  Prints
+B's warm time over A's local warm time, and the bytes B fetched.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ import argparse
 import json
 import sys
 
-from _benchlib import HERE, abba, compile_env, median, run_json, temp_mount
+import json as _json
+import time
+
+from _benchlib import HERE, abba, compile_env, median, redis_server, run_json, temp_mount
 
 WORKLOAD = [sys.executable, str(HERE / "compile_workload.py")]
 
@@ -25,9 +33,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=4, help="repetitions of each side (default 4)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--remote", action="store_true", help="node B warm-starting from node A through Redis")
     args = ap.parse_args()
     if args.reps < 1:
         ap.error("--reps must be at least 1")
+    if args.remote:
+        return bench_remote(args)
 
     times: dict[str, dict[str, list[float]]] = {s: {"cold": [], "warm": []} for s in ("plain", "mount")}
     hits: dict[str, list[int]] = {"plain": [], "mount": []}
@@ -58,6 +69,38 @@ def main() -> int:
         for phase in ("cold", "warm"):
             r = result[phase]
             print(f"{phase:6s} {r['plain_s']:10.2f} {r['mount_s']:10.2f} {r['ratio']:11.3f}x")
+    return 0
+
+
+def _stats(mp) -> dict:
+    return _json.loads((mp / ".mithrilfs" / "stats.json").read_text())
+
+
+def bench_remote(args: argparse.Namespace) -> int:
+    a_warm, b_warm, fetched = [], [], []
+    with redis_server() as url:
+        for rep in range(args.reps):
+            remote = ("--remote", url, "--remote-namespace", f"rep{rep}")
+            with temp_mount(*remote) as (mp_a, _), temp_mount(*remote) as (mp_b, _):
+                cold = run_json(WORKLOAD, compile_env(mp_a / "inductor"))
+                warm_a = run_json(WORKLOAD, compile_env(mp_a / "inductor"))
+                while _stats(mp_a)["upload_queue"]:
+                    time.sleep(0.1)
+                warm_b = run_json(WORKLOAD, compile_env(mp_b / "inductor"))
+                if warm_b["output_sha"] != cold["output_sha"] or not warm_b["fxgraph_cache_hit"]:
+                    sys.exit("node B did not warm-start correctly from node A")
+                got = _stats(mp_b)["remote_fetched_bytes"]
+                a_warm.append(warm_a["seconds"])
+                b_warm.append(warm_b["seconds"])
+                fetched.append(got)
+                if not args.json:
+                    print(f"rep {rep}: A cold {cold['seconds']:.2f} s, A warm {warm_a['seconds']:.2f} s, "
+                          f"B warm from Redis {warm_b['seconds']:.2f} s ({got} bytes fetched)", flush=True)
+    result = {"reps": args.reps, "a_warm_s": median(a_warm), "b_warm_from_redis_s": median(b_warm),
+              "ratio": round(median(b_warm) / median(a_warm), 3), "bytes_fetched": int(median(fetched))}
+    print(_json.dumps(result) if args.json else
+          f"\nB warm from Redis / A warm local: {result['ratio']:.3f}x "
+          f"({result['b_warm_from_redis_s']:.2f} s vs {result['a_warm_s']:.2f} s), {result['bytes_fetched']} bytes fetched")
     return 0
 
 

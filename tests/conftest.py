@@ -139,3 +139,67 @@ def shared_mnt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mount]:
 
 def blob_files(store: Path) -> list[Path]:
     return [p for p in (store / "objects").rglob("*") if p.is_file()]
+
+
+@dataclass
+class RedisServer:
+    """A real redis-server on a loopback port, started (and killed, by PID) by the tests."""
+
+    port: int
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "RedisServer":
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.cli("PING").stdout.strip() == "PONG":
+                return self
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True,
+                              timeout=10)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer(free_port()).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def wait_uploaded(m: "Mount", timeout: float = 30) -> dict:
+    """Wait until a mount's write-behind queue is empty; returns its stats."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = m.stats()
+        if s["upload_queue"] == 0 and s["remote_uploaded_entries"] > 0:
+            return s
+        if time.monotonic() > deadline:
+            raise AssertionError(f"uploads did not drain: {s['upload_queue']} queued")
+        time.sleep(0.1)

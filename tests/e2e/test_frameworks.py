@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import REPO, Mount, MountFactory, run_cli
+from conftest import REPO, Mount, MountFactory, RedisServer, run_cli, wait_uploaded
 
 pytestmark = pytest.mark.e2e
 
@@ -70,6 +70,21 @@ def test_warm_compile_hits_reported_under_inductor_and_survive_export_import(mou
     assert again["fxgraph_cache_hit"] > 0 and again["fxgraph_cache_miss"] == 0
     assert again["output_sha"] == cold["output_sha"]
     assert b.stats()["by_dir"]["inductor"]["hits"] > 0
+
+
+@pytest.mark.timeout(900)
+def test_node_b_warm_starts_from_node_a_through_redis(mount_factory: MountFactory, redis_server: RedisServer):
+    a = mount_factory("node-a", "--remote", redis_server.url)
+    b = mount_factory("node-b", "--remote", redis_server.url)
+    cold = _compile(a.mountpoint / "inductor")
+    assert cold["fxgraph_cache_miss"] > 0
+    wait_uploaded(a, timeout=120)
+    assert b.stats()["files"] == 0  # B starts empty
+    warm = _compile(b.mountpoint / "inductor")
+    assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
+    assert warm["output_sha"] == cold["output_sha"]
+    s = b.stats()
+    assert s["remote_hits"] > 0 and s["remote_fetched_bytes"] > 0 and s["remote_verify_failures"] == 0
 
 
 TRITON_PUT = textwrap.dedent(

@@ -1,0 +1,195 @@
+"""The shared tier through a real redis-server: read-through, write-behind, trust, outages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import MountFactory, RedisServer, run_cli, wait_uploaded
+
+
+def _remote(redis_server: RedisServer, *extra: str) -> tuple[str, ...]:
+    return ("--remote", redis_server.url, "--min-age", "0", *extra)
+
+
+def test_names_and_blobs_flow_between_nodes(mount_factory: MountFactory, redis_server: RedisServer):
+    a = mount_factory("a", *_remote(redis_server))
+    b = mount_factory("b", *_remote(redis_server))
+    (a.mountpoint / "inductor" / "ab").mkdir(parents=True)
+    payload = os.urandom(200_000)
+    tmp = a.mountpoint / "inductor" / "ab" / "tmp.123"
+    tmp.write_bytes(payload)
+    os.replace(tmp, a.mountpoint / "inductor" / "ab" / "kernel.so")
+    os.symlink("ab/kernel.so", a.mountpoint / "inductor" / "link")
+    wait_uploaded(a)
+    # B, with an empty store, sees the names with their size, lists them, and gets verified bytes
+    p = b.mountpoint / "inductor" / "ab" / "kernel.so"
+    assert p.stat().st_size == len(payload)
+    assert os.listdir(b.mountpoint / "inductor" / "ab") == ["kernel.so"]  # the tmp name was never published
+    assert p.read_bytes() == payload
+    assert os.readlink(b.mountpoint / "inductor" / "link") == "ab/kernel.so"
+    s = b.stats()
+    assert s["remote_fetched_bytes"] == len(payload) and s["remote_verify_failures"] == 0
+    assert s["physical_bytes"] == len(payload)  # fetched content counts in B's budget
+    # only missing blobs are uploaded: the same content again moves no bytes
+    before = a.stats()["remote_uploaded_bytes"]
+    (a.mountpoint / "inductor" / "copy.so").write_bytes(payload)
+    time.sleep(0.1)
+    assert wait_uploaded(a)["remote_uploaded_bytes"] == before
+    # B's own cache is evictable like any file, and comes back from Redis
+    run_cli("gc", str(b.mountpoint), "--to", "0", check=True)
+    assert b.stats()["physical_bytes"] == 0
+    assert (b.mountpoint / "inductor" / "ab" / "kernel.so").read_bytes() == payload
+
+
+def test_tampered_blob_in_redis_is_never_served(mount_factory: MountFactory, redis_server: RedisServer):
+    from mithrilfs.cas import hash_bytes
+
+    a = mount_factory("a", *_remote(redis_server))
+    b = mount_factory("b", *_remote(redis_server))
+    (a.mountpoint / "k.so").write_bytes(b"genuine kernel")
+    wait_uploaded(a)
+    key = f"mfs:default:b:{hash_bytes(b'genuine kernel').hex()}:0"
+    assert redis_server.cli("SET", key, "evil   kernel").stdout.strip() == "OK"
+    with pytest.raises(FileNotFoundError):
+        (b.mountpoint / "k.so").read_bytes()
+    s = b.stats()
+    assert s["remote_verify_failures"] == 1
+    assert "k.so" not in os.listdir(b.mountpoint) or s["remote_verify_failures"] == 1
+
+
+def test_entries_without_valid_hmac_are_ignored(mount_factory: MountFactory, redis_server: RedisServer, tmp_path):
+    key = tmp_path / "key"
+    key.write_bytes(os.urandom(32).hex().encode())
+    a = mount_factory("a", *_remote(redis_server, "--remote-key-file", str(key)))
+    b = mount_factory("b", *_remote(redis_server, "--remote-key-file", str(key)))
+    (a.mountpoint / "signed.so").write_bytes(b"from a trusted node")
+    wait_uploaded(a)
+    assert (b.mountpoint / "signed.so").read_bytes() == b"from a trusted node"
+    # someone with write access to Redis but without the key plants an entry and a blob
+    from mithrilfs.cas import hash_bytes
+
+    evil = b"attacker code"
+    digest = hash_bytes(evil).hex()
+    redis_server.cli("SET", f"mfs:default:b:{digest}:0", evil.decode())
+    forged = json.dumps({"t": "f", "h": digest, "s": len(evil), "m": 0o755, "mt": 1})
+    redis_server.cli("HSET", "mfs:default:d:", "forged.so", forged)
+    redis_server.cli("HSET", "mfs:default:d:", "signed.so",
+                     json.dumps({"t": "f", "h": digest, "s": len(evil), "m": 0o755, "mt": 2, "mac": "00" * 32}))
+    assert not (b.mountpoint / "forged.so").exists()
+    assert b.stats()["remote_rejected"] >= 1
+    # a third node without the key does see it (the key is what protects)
+    c = mount_factory("c", *_remote(redis_server))
+    assert (c.mountpoint / "forged.so").read_bytes() == evil
+
+
+def test_redis_outage_keeps_local_cache_working_and_uploads_catch_up(
+    mount_factory: MountFactory, redis_server: RedisServer
+):
+    b = mount_factory("b", *_remote(redis_server))
+    (b.mountpoint / "before").write_bytes(b"uploaded while up")
+    wait_uploaded(b)
+    redis_server.stop()
+    for i in range(3):
+        (b.mountpoint / f"during{i}").write_bytes(f"written while down {i}".encode())
+    t = time.monotonic()
+    for i in range(20):
+        assert not (b.mountpoint / f"missing{i}").exists()
+    assert time.monotonic() - t < 10, "lookups must not wait on a dead Redis each time"
+    assert (b.mountpoint / "before").read_bytes() == b"uploaded while up"
+    assert (b.mountpoint / "during1").read_bytes() == b"written while down 1"
+    s = b.stats()
+    assert s["remote_errors"] > 0 and s["upload_queue"] >= 1
+    redis_server.start()  # same port, empty: the queued uploads must arrive
+    deadline = time.monotonic() + 60
+    while redis_server.cli("HEXISTS", "mfs:default:d:", "during2").stdout.strip() != "1":
+        assert time.monotonic() < deadline, "uploads did not resume after Redis came back"
+        time.sleep(0.2)
+    for i in range(3):
+        assert redis_server.cli("HEXISTS", "mfs:default:d:", f"during{i}").stdout.strip() == "1"
+
+
+def test_push_seeds_a_namespace(mount_factory: MountFactory, redis_server: RedisServer):
+    a = mount_factory("a", "--min-age", "0")  # filled without a remote
+    for i in range(5):
+        (a.mountpoint / f"f{i}").write_bytes(os.urandom(1000))
+    a.umount()
+    a.extra = _remote(redis_server)
+    a.mount()
+    res = run_cli("push", str(a.mountpoint), check=True)
+    assert res.stdout.startswith("pushed 5 files") and "4.9 KiB" in res.stdout
+    assert redis_server.cli("HLEN", "mfs:default:d:").stdout.strip() == "5"
+    res = run_cli("push", str(mount_factory("plain").mountpoint))
+    assert res.returncode == 2 and "without --remote" in res.stderr
+
+
+def test_namespaces_are_separate(mount_factory: MountFactory, redis_server: RedisServer):
+    a = mount_factory("a", *_remote(redis_server, "--remote-namespace", "team-a"))
+    b = mount_factory("b", *_remote(redis_server, "--remote-namespace", "team-b"))
+    (a.mountpoint / "only-a").write_bytes(b"x")
+    wait_uploaded(a)
+    assert not (b.mountpoint / "only-a").exists()
+
+
+def test_bad_remote_options(tmp_path):
+    (tmp_path / "mp").mkdir()
+    short = tmp_path / "short"
+    short.write_bytes(b"abc")
+    for args, needle in (
+        (["--remote", "http://x"], "invalid remote"),
+        (["--remote", "redis://127.0.0.1:6379/zero"], "database"),
+        (["--remote-key-file", str(short)], "needs --remote"),
+        (["--remote", "redis://127.0.0.1:1/0", "--remote-key-file", str(short)], "fewer than 16"),
+        (["--remote", "redis://127.0.0.1:1/0", "--remote-key-file", str(tmp_path / "absent")], "cannot read"),
+        (["--remote", "redis://127.0.0.1:1/0", "--remote-namespace", "a b"], "invalid namespace"),
+    ):
+        res = run_cli("mount", str(tmp_path / "mp"), "--store", str(tmp_path / "s"), *args)
+        assert res.returncode == 2, (args, res.stderr)
+        assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+TRITON_PUT = textwrap.dedent(
+    """
+    import sys
+    from triton.runtime.cache import FileCacheManager
+    m = FileCacheManager("kern")
+    group = {n: m.put(("payload of " + n).encode() * 100, n) for n in ("k.cubin", "k.ptx")}
+    m.put_group("k.json", group)
+    """
+)
+TRITON_GET = textwrap.dedent(
+    """
+    import json
+    from triton.runtime.cache import FileCacheManager
+    g = FileCacheManager("kern").get_group("k.json")
+    print(json.dumps(None if g is None else {k: open(p, "rb").read().decode()[:20] for k, p in g.items()}))
+    """
+)
+
+
+def test_triton_groups_across_nodes_at_the_same_path(mount_factory: MountFactory, redis_server: RedisServer,
+                                                     tmp_path):
+    a = mount_factory("a", *_remote(redis_server))
+    env = dict(os.environ, TRITON_CACHE_DIR=str(a.mountpoint / "triton"))
+    subprocess.run([sys.executable, "-c", TRITON_PUT], env=env, check=True, timeout=120)
+    wait_uploaded(a)
+    # node B: its own mount namespace, its own empty store, mounted at A's path
+    store_b = tmp_path / "store-b"
+    script = (
+        f"umount -l {a.mountpoint} && "
+        f"{sys.executable} -m mithrilfs mount {a.mountpoint} --store {store_b} --remote {redis_server.url} && "
+        f"{sys.executable} -c '{TRITON_GET}'; rc=$?; "
+        f"{sys.executable} -m mithrilfs umount {a.mountpoint}; exit $rc"
+    )
+    res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got == {"k.cubin": "payload of k.cubinpa", "k.ptx": "payload of k.ptxpayl"}
+    assert (store_b / "objects").exists() and any((store_b / "objects").rglob("*"))
