@@ -1,0 +1,28 @@
+#!/bin/sh
+# mithrilfs sidecar entrypoint (the Docker image's default command; also usable directly).
+# Mounts the cache in the foreground, configured from the environment, and stays until
+# SIGTERM/SIGINT, on which mithrilfs flushes, unmounts and exits 0.
+#
+#   MITHRILFS_MOUNTPOINT     where to mount (default /cache; share it with the app containers)
+#   MITHRILFS_STORE          the store, on a volume that outlives the container (default /store)
+#   MITHRILFS_MAX_SIZE       byte budget, e.g. 50G (default 10G)
+#   MITHRILFS_MIN_AGE / MITHRILFS_IDLE_TTL      eviction options (see mithrilfs mount --help)
+#   MITHRILFS_REMOTE         redis://[:password@]host:port/db or rediss://... (shared tier)
+#   MITHRILFS_REMOTE_NAMESPACE, MITHRILFS_REMOTE_KEY_FILE
+#   MITHRILFS_METRICS_PORT   serve Prometheus metrics on 127.0.0.1:PORT
+#   MITHRILFS_ALLOW_OTHER    1 (default): let the app containers' users in
+#   MITHRILFS_BIN            the mithrilfs executable (default: mithrilfs on PATH)
+set -eu
+mountpoint="${MITHRILFS_MOUNTPOINT:-/cache}"
+store="${MITHRILFS_STORE:-/store}"
+mkdir -p "$mountpoint" "$store"
+set -- mount "$mountpoint" --store "$store" --foreground
+if [ -n "${MITHRILFS_MAX_SIZE:-}" ]; then set -- "$@" --max-size "$MITHRILFS_MAX_SIZE"; fi
+if [ -n "${MITHRILFS_MIN_AGE:-}" ]; then set -- "$@" --min-age "$MITHRILFS_MIN_AGE"; fi
+if [ -n "${MITHRILFS_IDLE_TTL:-}" ]; then set -- "$@" --idle-ttl "$MITHRILFS_IDLE_TTL"; fi
+if [ -n "${MITHRILFS_REMOTE:-}" ]; then set -- "$@" --remote "$MITHRILFS_REMOTE"; fi
+if [ -n "${MITHRILFS_REMOTE_NAMESPACE:-}" ]; then set -- "$@" --remote-namespace "$MITHRILFS_REMOTE_NAMESPACE"; fi
+if [ -n "${MITHRILFS_REMOTE_KEY_FILE:-}" ]; then set -- "$@" --remote-key-file "$MITHRILFS_REMOTE_KEY_FILE"; fi
+if [ -n "${MITHRILFS_METRICS_PORT:-}" ]; then set -- "$@" --metrics-port "$MITHRILFS_METRICS_PORT"; fi
+if [ "${MITHRILFS_ALLOW_OTHER:-1}" = 1 ]; then set -- "$@" --allow-other; fi
+exec "${MITHRILFS_BIN:-mithrilfs}" "$@"

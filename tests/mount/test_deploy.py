@@ -1,0 +1,105 @@
+"""Deployment pieces: the container entrypoint run directly, and the manifests' shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from conftest import REPO, Mount, free_port, is_mounted, run_cli
+
+ENTRYPOINT = REPO / "deploy" / "entrypoint.sh"
+BIN = str(Path(sys.executable).parent / "mithrilfs")
+
+
+def _wait(pred, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_entrypoint_mounts_from_environment_and_stops_cleanly_on_sigterm(tmp_path):
+    mp, store = tmp_path / "cache", tmp_path / "store"
+    port = free_port()
+    env = dict(os.environ, MITHRILFS_MOUNTPOINT=str(mp), MITHRILFS_STORE=str(store), MITHRILFS_MAX_SIZE="123M",
+               MITHRILFS_METRICS_PORT=str(port), MITHRILFS_MIN_AGE="0", MITHRILFS_BIN=BIN)
+    proc = subprocess.Popen(["sh", str(ENTRYPOINT)], env=env, stderr=subprocess.PIPE, text=True)
+    m = Mount(mp, store, pid=proc.pid)
+    try:
+        _wait(lambda: is_mounted(mp) and (mp / ".mithrilfs" / "stats.json").exists())
+        stats = json.loads((mp / ".mithrilfs" / "stats.json").read_text())
+        assert stats["max_bytes"] == 123 << 20 and stats["pid"] == proc.pid  # exec'd: signals reach mithrilfs
+        (mp / "inductor").mkdir()
+        (mp / "inductor" / "artifact.so").write_bytes(b"kept across restarts")
+        _wait(lambda: b"mithrilfs_files" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())
+        assert run_cli("status", str(mp)).returncode == 0  # what HEALTHCHECK runs
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not is_mounted(mp)
+        assert run_cli("fsck", "--store", str(store)).returncode == 0
+        # the next start of the container finds everything
+        proc = subprocess.Popen(["sh", str(ENTRYPOINT)], env=env, stderr=subprocess.DEVNULL)
+        m.pid = proc.pid
+        _wait(lambda: is_mounted(mp) and (mp / "inductor").exists())
+        assert (mp / "inductor" / "artifact.so").read_bytes() == b"kept across restarts"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        m.force_cleanup()
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_entrypoint_bad_environment_fails_with_one_line(tmp_path):
+    env = dict(os.environ, MITHRILFS_MOUNTPOINT=str(tmp_path / "c"), MITHRILFS_STORE=str(tmp_path / "s"),
+               MITHRILFS_MAX_SIZE="lots", MITHRILFS_BIN=BIN)
+    res = subprocess.run(["sh", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "invalid size" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_kubernetes_pod_shape():
+    pod = yaml.safe_load((REPO / "deploy" / "kubernetes.yaml").read_text())
+    assert pod["kind"] == "Pod"
+    sidecar = next(c for c in pod["spec"]["initContainers"] if c["name"] == "mithrilfs")
+    assert sidecar["restartPolicy"] == "Always"
+    sec = sidecar["securityContext"]
+    assert sec.get("privileged") or "SYS_ADMIN" in sec.get("capabilities", {}).get("add", [])
+    assert {"name": "cache", "mountPath": "/cache", "mountPropagation": "Bidirectional"} in sidecar["volumeMounts"]
+    assert sidecar["startupProbe"]["exec"]["command"] == ["mithrilfs", "status", "/cache"]
+    app = pod["spec"]["containers"][0]
+    assert {"name": "cache", "mountPath": "/cache", "mountPropagation": "HostToContainer"} in app["volumeMounts"]
+    env = {e["name"]: e["value"] for e in app["env"]}
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": "/cache/inductor", "TRITON_CACHE_DIR": "/cache/triton"}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["cache"]["hostPath"]["path"] and volumes["store"]["hostPath"]["path"]
+
+
+def test_compose_shape():
+    compose = yaml.safe_load((REPO / "deploy" / "docker-compose.yaml").read_text())
+    side, app = compose["services"]["mithrilfs"], compose["services"]["app"]
+    assert side["privileged"] is True and "/dev/fuse" in side["devices"]
+    assert side["healthcheck"]["test"] == ["CMD", "mithrilfs", "status", "/cache"]
+    shared = next(v for v in side["volumes"] if isinstance(v, dict) and v["target"] == "/cache")
+    seen = next(v for v in app["volumes"] if isinstance(v, dict) and v["target"] == "/cache")
+    assert shared["bind"]["propagation"] == "rshared" and seen["bind"]["propagation"] == "rslave"
+    assert shared["source"] == seen["source"]
+    assert app["depends_on"]["mithrilfs"]["condition"] == "service_healthy"
+    assert app["environment"]["TORCHINDUCTOR_CACHE_DIR"] == "/cache/inductor"
+
+
+def test_dockerfile_and_systemd_unit():
+    docker = (REPO / "Dockerfile").read_text()
+    assert "FROM python:3.11-slim" in docker and "fuse3" in docker
+    assert 'HEALTHCHECK' in docker and 'mithrilfs status' in docker
+    assert 'CMD ["/usr/local/bin/mithrilfs-entrypoint"]' in docker
+    assert "COPY deploy/entrypoint.sh /usr/local/bin/mithrilfs-entrypoint" in docker
+    unit = (REPO / "deploy" / "mithrilfs.service").read_text()
+    assert "--foreground" in unit and "KillSignal=SIGTERM" in unit and "[Install]" in unit
