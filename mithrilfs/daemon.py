@@ -340,7 +340,8 @@ def daemon_pid(mountpoint: Path) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while *pid* runs (a zombie has exited)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -361,7 +362,7 @@ def umount(mountpoint: Path, timeout: float = 60.0) -> None:
     if pid is None:
         return
     deadline = time.monotonic() + timeout
-    while _alive(pid):
+    while pid_alive(pid):
         if time.monotonic() > deadline:
             raise MountError(f"unmounted {mountpoint}, but daemon {pid} did not exit within {timeout:.0f} s")
         time.sleep(0.02)

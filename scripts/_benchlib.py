@@ -52,6 +52,47 @@ def compile_env(cache: Path) -> dict[str, str]:
     return dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton"))
 
 
+def cold_warm_abba(workload: Sequence[str], mp: Path, plain: Path, reps: int, result_key: str,
+                   quiet: bool = False) -> tuple[dict[str, dict[str, list[float]]], list[dict]]:
+    """Cold then warm runs of *workload* in fresh processes, both sides, ABBA order.
+
+    Each (side, repetition) gets its own empty cache dir; the warm run must
+    reproduce the cold run's *result_key*.  Returns seconds per side and
+    phase, and every warm run's JSON.
+    """
+    times: dict[str, dict[str, list[float]]] = {s: {"cold": [], "warm": []} for s in ("plain", "mount")}
+    warm_runs = []
+    for rep, order in enumerate(abba(reps)):
+        for side in order:
+            cache = (mp if side == "mount" else plain) / f"rep{rep}"
+            cold = run_json(workload, compile_env(cache))
+            warm = run_json(workload, compile_env(cache))
+            if warm[result_key] != cold[result_key]:
+                sys.exit(f"{side}: the warm run's {result_key} differs from the cold run's")
+            times[side]["cold"].append(cold["seconds"])
+            times[side]["warm"].append(warm["seconds"])
+            warm_runs.append(dict(warm, side=side))
+            if not quiet:
+                print(f"rep {rep} {side:5s} cold {cold['seconds']:7.2f} s  warm {warm['seconds']:6.2f} s", flush=True)
+    return times, warm_runs
+
+
+def ratios(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    """Medians per side and the mount/plain ratio, per phase."""
+    out = {}
+    for phase in ("cold", "warm"):
+        p, m = median(times["plain"][phase]), median(times["mount"][phase])
+        out[phase] = {"plain_s": round(p, 3), "mount_s": round(m, 3), "ratio": round(m / p, 3)}
+    return out
+
+
+def print_ratios(result: dict) -> None:
+    print(f"\n{'phase':6s} {'plain (s)':>10s} {'mount (s)':>10s} {'mount/plain':>12s}")
+    for phase in ("cold", "warm"):
+        r = result[phase]
+        print(f"{phase:6s} {r['plain_s']:10.2f} {r['mount_s']:10.2f} {r['ratio']:11.3f}x")
+
+
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 

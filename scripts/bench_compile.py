@@ -21,10 +21,10 @@ import argparse
 import json
 import sys
 
-import json as _json
 import time
 
-from _benchlib import HERE, abba, compile_env, median, redis_server, run_json, temp_mount
+from _benchlib import (HERE, cold_warm_abba, compile_env, median, print_ratios, ratios, redis_server, run_json,
+                       temp_mount)
 
 WORKLOAD = [sys.executable, str(HERE / "compile_workload.py")]
 
@@ -40,40 +40,20 @@ def main() -> int:
     if args.remote:
         return bench_remote(args)
 
-    times: dict[str, dict[str, list[float]]] = {s: {"cold": [], "warm": []} for s in ("plain", "mount")}
-    hits: dict[str, list[int]] = {"plain": [], "mount": []}
     with temp_mount() as (mp, plain):
-        for rep, order in enumerate(abba(args.reps)):
-            for side in order:
-                cache = (mp if side == "mount" else plain) / f"rep{rep}"
-                cold = run_json(WORKLOAD, compile_env(cache))
-                warm = run_json(WORKLOAD, compile_env(cache))
-                if warm["output_sha"] != cold["output_sha"]:
-                    sys.exit(f"{side}: warm output differs from cold output")
-                times[side]["cold"].append(cold["seconds"])
-                times[side]["warm"].append(warm["seconds"])
-                hits[side].append(warm["fxgraph_cache_hit"])
-                if not args.json:
-                    print(f"rep {rep} {side:5s} cold {cold['seconds']:7.2f} s  warm {warm['seconds']:6.2f} s"
-                          f"  (warm fxgraph hits {warm['fxgraph_cache_hit']})", flush=True)
-
-    result = {"reps": args.reps}
-    for phase in ("cold", "warm"):
-        p, m = median(times["plain"][phase]), median(times["mount"][phase])
-        result[phase] = {"plain_s": round(p, 3), "mount_s": round(m, 3), "ratio": round(m / p, 3)}
-    result["warm_fxgraph_hits"] = hits
+        times, warm_runs = cold_warm_abba(WORKLOAD, mp, plain, args.reps, "output_sha", quiet=args.json)
+    result = {"reps": args.reps, **ratios(times),
+              "warm_fxgraph_hits": {s: [w["fxgraph_cache_hit"] for w in warm_runs if w["side"] == s]
+                                    for s in ("plain", "mount")}}
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"\n{'phase':6s} {'plain (s)':>10s} {'mount (s)':>10s} {'mount/plain':>12s}")
-        for phase in ("cold", "warm"):
-            r = result[phase]
-            print(f"{phase:6s} {r['plain_s']:10.2f} {r['mount_s']:10.2f} {r['ratio']:11.3f}x")
+        print_ratios(result)
     return 0
 
 
 def _stats(mp) -> dict:
-    return _json.loads((mp / ".mithrilfs" / "stats.json").read_text())
+    return json.loads((mp / ".mithrilfs" / "stats.json").read_text())
 
 
 def bench_remote(args: argparse.Namespace) -> int:
@@ -98,7 +78,7 @@ def bench_remote(args: argparse.Namespace) -> int:
                           f"B warm from Redis {warm_b['seconds']:.2f} s ({got} bytes fetched)", flush=True)
     result = {"reps": args.reps, "a_warm_s": median(a_warm), "b_warm_from_redis_s": median(b_warm),
               "ratio": round(median(b_warm) / median(a_warm), 3), "bytes_fetched": int(median(fetched))}
-    print(_json.dumps(result) if args.json else
+    print(json.dumps(result) if args.json else
           f"\nB warm from Redis / A warm local: {result['ratio']:.3f}x "
           f"({result['b_warm_from_redis_s']:.2f} s vs {result['a_warm_s']:.2f} s), {result['bytes_fetched']} bytes fetched")
     return 0

@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from _benchlib import HERE, abba, compile_env, median, run_json, temp_mount
+from _benchlib import HERE, cold_warm_abba, print_ratios, ratios, temp_mount
 
 WORKLOAD = [sys.executable, str(HERE / "triton_gpu_workload.py")]
 
@@ -34,34 +34,17 @@ def main() -> int:
     if not has_gpu:
         print("bench_triton_gpu: skipped, no CUDA GPU here")
         return 0
-    times = {s: {"cold": [], "warm": []} for s in ("plain", "mount")}
     with temp_mount() as (mp, plain):
-        for rep, order in enumerate(abba(args.reps)):
-            for side in order:
-                cache = (mp if side == "mount" else plain) / f"rep{rep}"
-                cold = run_json(WORKLOAD, compile_env(cache))
-                warm = run_json(WORKLOAD, compile_env(cache))
-                if cold["checksum"] != warm["checksum"]:
-                    sys.exit(f"{side}: warm results differ from cold")
-                times[side]["cold"].append(cold["seconds"])
-                times[side]["warm"].append(warm["seconds"])
-                if not args.json:
-                    print(f"rep {rep} {side:5s} cold {cold['seconds']:7.2f} s  warm {warm['seconds']:6.2f} s",
-                          flush=True)
+        times, _ = cold_warm_abba(WORKLOAD, mp, plain, args.reps, "checksum", quiet=args.json)
         stats = json.loads((mp / ".mithrilfs" / "stats.json").read_text())
-    result = {"reps": args.reps, "gpu": torch.cuda.get_device_name()}
-    for phase in ("cold", "warm"):
-        p, m = median(times["plain"][phase]), median(times["mount"][phase])
-        result[phase] = {"plain_s": round(p, 3), "mount_s": round(m, 3), "ratio": round(m / p, 3)}
+    result = {"reps": args.reps, "gpu": torch.cuda.get_device_name(), **ratios(times)}
     result["mount_stats"] = {k: stats[k] for k in ("files", "physical_bytes", "logical_bytes", "dedup_ratio",
                                                    "hits", "misses")}
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"\n{result['gpu']}\n{'phase':6s} {'plain (s)':>10s} {'mount (s)':>10s} {'mount/plain':>12s}")
-        for phase in ("cold", "warm"):
-            r = result[phase]
-            print(f"{phase:6s} {r['plain_s']:10.2f} {r['mount_s']:10.2f} {r['ratio']:11.3f}x")
+        print(f"\n{result['gpu']}")
+        print_ratios(result)
         print("mount:", result["mount_stats"])
     return 0
 

@@ -42,12 +42,7 @@ def daemon_pid(mountpoint: Path) -> int | None:
         return None
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+from mithrilfs.daemon import pid_alive  # noqa: E402  (one definition of "alive": not a zombie)
 
 
 @dataclass
@@ -203,3 +198,22 @@ def wait_uploaded(m: "Mount", timeout: float = 30) -> dict:
         if time.monotonic() > deadline:
             raise AssertionError(f"uploads did not drain: {s['upload_queue']} queued")
         time.sleep(0.1)
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path):
+    """tmpfs(size) -> a directory on a tmpfs of that size (e.g. "4m"), unmounted afterwards."""
+    made: list[Path] = []
+
+    def make(size: str) -> Path:
+        d = tmp_path / f"tmpfs{len(made)}"
+        d.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], check=True)
+        made.append(d)
+        return d
+
+    try:
+        yield make
+    finally:
+        for d in made:
+            subprocess.run(["umount", "-l", str(d)])

@@ -245,15 +245,9 @@ def test_bad_budget_options(tmp_path):
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    """A 4 MiB tmpfs to hold the store, so the backing disk fills before the budget."""
-    d = tmp_path / "disk"
-    d.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(d)], check=True)
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)])
+def small_disk(tmpfs):
+    """A 4 MiB disk for the store, so the backing disk fills before the budget."""
+    return tmpfs("4m")
 
 
 def test_full_backing_disk_evicts_and_retries(mount_factory: MountFactory, small_disk: Path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, MountFactory, is_mounted, pid_alive, run_cli
+from conftest import MountFactory, is_mounted, pid_alive, run_cli
 
 # Self-checking content: b"MFS1" + 8-byte length + 32-byte blake3 of the payload + payload.
 CHECKER = textwrap.dedent(
@@ -31,7 +31,9 @@ CHECKER = textwrap.dedent(
         return len(data) == 44 + n and blake3.blake3(data[44:]).digest() == data[12:44]
     """
 )
-exec(CHECKER)  # defines make() and valid() here too
+_checker: dict = {}
+exec(CHECKER, _checker)  # the same make()/valid() the writer processes run
+make, valid = _checker["make"], _checker["valid"]
 
 WRITER = CHECKER + textwrap.dedent(
     """
@@ -238,14 +240,8 @@ def test_concurrent_writers_renamers_readers_unlinkers(mnt):
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    d = tmp_path / "disk"
-    d.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(d)], check=True)
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)])
+def small_disk(tmpfs):
+    return tmpfs("6m")
 
 
 def test_disk_full_with_nothing_evictable(mount_factory: MountFactory, small_disk: Path):
