@@ -249,7 +249,7 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
         except RuntimeError as e:
             announce(f"cannot mount {opts.mountpoint}: {e}")
             return 1
-        log.info("mounted %s (store %s%s, pid %d, budget %d bytes)", opts.mountpoint, opts.store,
+        log.info("serving %s (store %s%s, pid %d, budget %d bytes)", opts.mountpoint, opts.store,
                  ", read-only" if store.read_only else "", os.getpid(), opts.policy.max_bytes)
         ops.invalidate_entry = _invalidate_entry
         ops.stats_snapshot()
@@ -323,8 +323,11 @@ async def _stop_on_signal() -> None:
 
 async def _announce_when_live(ops: Operations, mountpoint: Path, announce: Callable[[str], None]) -> None:
     # stat goes through the kernel to our own getattr/lookup: proof that we answer.
-    await trio.to_thread.run_sync(os.stat, mountpoint / CONTROL_NAME.decode())
-    await trio.to_thread.run_sync(_raise_readahead, mountpoint)
+    # These threads wait on our own mount: if a signal ends the FUSE loop
+    # first, they must be abandoned (the unmount then fails their call)
+    # rather than waited for, or the daemon would wait on itself forever.
+    await trio.to_thread.run_sync(os.stat, mountpoint / CONTROL_NAME.decode(), abandon_on_cancel=True)
+    await trio.to_thread.run_sync(_raise_readahead, mountpoint, abandon_on_cancel=True)
     ops.events.emit("mount", mountpoint=str(mountpoint), store=str(ops.store.root), pid=os.getpid(),
                     max_bytes=ops.policy.max_bytes, read_only=ops.store.read_only)
     announce("ok")

@@ -66,18 +66,29 @@ def test_foreground_mount_stays_attached(tmp_path: Path):
         [sys.executable, "-m", "mithrilfs", "mount", str(mp), "--store", str(tmp_path / "s"), "--foreground"],
         stderr=subprocess.PIPE, text=True,
     )
+    # a signal while the daemon is still coming up must not deadlock it on its own mount
+    (tmp_path / "mp2").mkdir()
+    early = subprocess.Popen(
+        [sys.executable, "-m", "mithrilfs", "mount", str(tmp_path / "mp2"), "--store", str(tmp_path / "s2"),
+         "--foreground"], stderr=subprocess.DEVNULL,
+    )
     m = Mount(mp, tmp_path / "s", pid=proc.pid)
     try:
-        assert "mounted" in proc.stderr.readline()
+        while "mithrilfs: mounted" not in (line := proc.stderr.readline()):
+            assert line, "the foreground mount ended before announcing itself"
         assert is_mounted(mp) and proc.poll() is None
         (mp / "f").write_bytes(b"fg")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
         assert not is_mounted(mp)
+        early.send_signal(signal.SIGTERM)
+        assert early.wait(timeout=20) in (0, 1, -signal.SIGTERM)
     finally:
         m.force_cleanup()
-        if proc.poll() is None:
-            proc.kill()
+        Mount(tmp_path / "mp2", tmp_path / "s2", pid=early.pid).force_cleanup()
+        for p in (proc, early):
+            if p.poll() is None:
+                p.kill()
 
 
 def _one_line_error(res, code: int, needle: str) -> None:
