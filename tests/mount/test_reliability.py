@@ -97,8 +97,11 @@ def test_kill9_during_heavy_writes_never_tears_a_file(mount_factory: MountFactor
     m = mount_factory("crash", "--min-age", "0", env=env)
     work = m.mountpoint / "w"
     work.mkdir()
-    # a baseline committed before the storm must survive it
+    # a baseline committed before the storm must survive it, and the files rewritten in place
+    # exist whole beforehand, so an empty one after the crash would be a torn O_TRUNC rewrite
     (work / "baseline").write_bytes(make(b"committed before the crash" * 100))
+    for me in range(4):
+        (work / f"inplace{me}").write_bytes(make(b"first version"))
     writers = [
         subprocess.Popen([sys.executable, "-c", WRITER, str(work), str(me), "20"], stderr=subprocess.DEVNULL)
         for me in range(4)
