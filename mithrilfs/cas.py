@@ -69,9 +69,6 @@ class CAS:
         with open(self.path(digest), "rb") as f:
             return f.read()
 
-    def size(self, digest: bytes) -> int:
-        return os.stat(self.path(digest)).st_size
-
     def verify(self, digest: bytes) -> bool:
         """True when the blob exists and its content still hashes to its name."""
         try:

@@ -261,9 +261,7 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
     from . import fsck
     from .store import open_store
 
-    root = (args.store or default_store()).expanduser().absolute()
-    if not (root / "FORMAT").exists():
-        raise UsageError(f"{root}: not a mithrilfs store")
+    root = _existing_store(args.store)
     try:
         store = open_store(root)
     except StoreError as e:

@@ -219,8 +219,8 @@ class Operations(pyfuse3.Operations):
         self.stats = Stats()
         self.evicted_files = 0
         self.events = EventLog(None if store.read_only else store.root / "events.jsonl")
-        #: Top-level directory name of directory inodes (filled lazily).
-        self._dir_top: dict[int, str] = {ROOT_INODE: ROOT_KEY}
+        #: Path of directory inodes from the mount root (filled lazily).
+        self._dir_path: dict[int, str] = {ROOT_INODE: ""}
         #: What the last background refresh saw; served to Prometheus from its own thread.
         self.cached_snapshot: dict[str, Any] = {}
         self.shared = sharing.SharedTier(self, remote) if remote is not None else None
@@ -281,26 +281,33 @@ class Operations(pyfuse3.Operations):
             e.st_size = len(self.control.produce(ino))
         return e
 
-    def _top_of_dir(self, d: int) -> str:
-        """Which top-level directory *d* is, or is under ("/" for the root itself)."""
-        top = self._dir_top.get(d)
-        if top is not None:
-            return top
-        chain = []
-        while d not in self._dir_top:
-            chain.append(d)
+    def path_of_dir(self, d: int) -> str | None:
+        """The directory's path from the mount root ("" for the root); None once it has no name.
+
+        Cached per directory (a directory has exactly one name); a directory
+        rename clears the cache.  Used for per-directory stats and as the
+        shared tier's key.
+        """
+        chain: list[tuple[int, bytes]] = []
+        while (path := self._dir_path.get(d)) is None:
             names = self.ns.names_of(d)
             if not names:
-                return ROOT_KEY
+                return None
             parent, name = names[0]
-            if parent == ROOT_INODE:
-                self._dir_top[d] = name.decode(errors="replace")
-                break
+            chain.append((d, name))
             d = parent
-        top = self._dir_top[d]
-        for c in chain:
-            self._dir_top[c] = top
-        return top
+        for child, name in reversed(chain):
+            part = name.decode(errors="surrogateescape")
+            path = f"{path}/{part}" if path else part
+            self._dir_path[child] = path
+        return path
+
+    def _top_of_dir(self, d: int) -> str:
+        """Which top-level directory *d* is, or is under ("/" for the root itself)."""
+        path = self.path_of_dir(d)
+        if not path:
+            return ROOT_KEY
+        return path.split("/", 1)[0].encode(errors="surrogateescape").decode(errors="replace")
 
     def _top_of_child(self, parent: int, child_is_dir: bool, name: bytes) -> str:
         if parent == ROOT_INODE:
@@ -607,9 +614,7 @@ class Operations(pyfuse3.Operations):
             if parent_inode_new != parent_inode_old:
                 self._touch_dir(parent_inode_new)
         if src.is_dir:
-            self._dir_top = {ROOT_INODE: ROOT_KEY}  # a subtree moved: recompute lazily
-            if self.shared is not None:
-                self.shared.forget_paths()
+            self._dir_path = {ROOT_INODE: ""}  # a subtree moved: recompute lazily
         elif self.shared is not None:
             self.shared.queue_upload(src.id)
         if dst is not None:
@@ -840,7 +845,7 @@ class Operations(pyfuse3.Operations):
                 await self._enforce_budget()
                 return
             # the shared tier lost it (or is down): a miss, not corruption
-            self._forget_content(digest)
+            self._forget_content(digest, self._inodes_of(digest))
             raise _err(errno.ENOENT)
         self.quarantine(digest, "missing" if actual is None else "content does not match its hash")
         raise _err(errno.ENOENT)
@@ -861,9 +866,11 @@ class Operations(pyfuse3.Operations):
             os.unlink(path)
         self._verified.add(digest)
 
-    def _forget_content(self, digest: bytes) -> None:
-        """Remove every name of a blob that cannot be had (placeholder whose remote copy is gone)."""
-        inodes = [self._inode(i) for i in self.ns.inodes_with_hash(digest)]
+    def _inodes_of(self, digest: bytes) -> list[Inode]:
+        return [self._inode(i) for i in self.ns.inodes_with_hash(digest)]
+
+    def _forget_content(self, digest: bytes, inodes: list[Inode]) -> None:
+        """Remove every name of a blob that must not or cannot be served (*inodes*: those pointing at it)."""
         removed: list[tuple[int, bytes, int]] = []
         with self.ns.txn():
             self._remove_all_names(inodes, removed)
@@ -874,7 +881,7 @@ class Operations(pyfuse3.Operations):
         """Move a bad blob aside and remove every name that pointed at it."""
         if digest in self._verified:
             return
-        inodes = [self._inode(i) for i in self.ns.inodes_with_hash(digest)]
+        inodes = self._inodes_of(digest)
         top = self._top_of_file(inodes[0].id) if inodes else ROOT_KEY
         self.stats.add(top, "corrupt_blobs")
         self.events.emit("corruption", blob=digest.hex(), why=why, names=sum(i.nlink for i in inodes))
@@ -883,11 +890,7 @@ class Operations(pyfuse3.Operations):
             return
         log.error("blob %s is corrupt (%s): quarantined, its names removed", digest.hex(), why)
         self.cas.quarantine_blob(digest)
-        removed: list[tuple[int, bytes, int]] = []
-        with self.ns.txn():
-            self._remove_all_names(inodes, removed)
-        self._collect(digest)
-        self._tell_kernel_removed(removed)
+        self._forget_content(digest, inodes)
 
     def _open_control(self, inode: int, flags: int) -> pyfuse3.FileInfo:
         if inode == CONTROL_DIR_INODE:

@@ -373,9 +373,6 @@ class Namespace:
         ).fetchone()
         return files, logical, self.blob_count()
 
-    def count_files(self) -> int:
-        return self.db.execute("SELECT count(*) FROM inodes").fetchone()[0]
-
     # -- recovery --------------------------------------------------------
     def recover(self) -> dict[str, int]:
         """Repair what an unclean stop can leave: run at every mount, before serving.

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import trio
 
 from .cas import EMPTY_DIGEST, hash_bytes
-from .namespace import ROOT_INODE, Inode
+from .namespace import Inode
 from .remote import RemoteEntry, RemoteError, RemoteTier
 
 if TYPE_CHECKING:
@@ -47,30 +47,7 @@ class SharedTier:
         self.limiter = trio.CapacityLimiter(4)
         self.queue: dict[int, None] = {}
         self._wake = trio.Event()
-        self._dir_path: dict[int, str] = {ROOT_INODE: ""}
         self._dir_synced: dict[int, float] = {}
-
-    # -- paths -------------------------------------------------------------
-    def path_of_dir(self, d: int) -> str | None:
-        """The directory's path from the mount root ("" for the root); None if it has no name."""
-        path = self._dir_path.get(d)
-        if path is not None:
-            return path
-        names = self.ns.names_of(d)
-        if not names:
-            return None
-        parent, name = names[0]
-        parent_path = self.path_of_dir(parent)
-        if parent_path is None:
-            return None
-        path = f"{parent_path}/{name.decode(errors='surrogateescape')}" if parent_path else name.decode(
-            errors="surrogateescape")
-        self._dir_path[d] = path
-        return path
-
-    def forget_paths(self) -> None:
-        """A directory moved: cached paths below it are stale."""
-        self._dir_path = {ROOT_INODE: ""}
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if not self.remote.available():
@@ -83,7 +60,7 @@ class SharedTier:
     # -- read-through ------------------------------------------------------
     async def lookup(self, parent: int, name: bytes) -> int | None:
         """Materialize *name* from the remote tier if it exists there; its inode or None."""
-        dir_path = self.path_of_dir(parent)
+        dir_path = self.ops.path_of_dir(parent)
         if dir_path is None:
             return None
         entry = await self._call(self.remote.get_entry, dir_path, name.decode(errors="surrogateescape"))
@@ -100,7 +77,7 @@ class SharedTier:
         if now - self._dir_synced.get(d, -1e9) < DIR_SYNC_SECONDS:
             return
         self._dir_synced[d] = now
-        dir_path = self.path_of_dir(d)
+        dir_path = self.ops.path_of_dir(d)
         if dir_path is None:
             return
         entries = await self._call(self.remote.list_dir, dir_path)
@@ -167,7 +144,7 @@ class SharedTier:
             return []
         items: list[tuple[str, RemoteEntry, str | None]] = []
         for parent, name in self.ns.names_of(ino):
-            dir_path = self.path_of_dir(parent)
+            dir_path = self.ops.path_of_dir(parent)
             if dir_path is None:
                 continue
             parts = dir_path.split("/") if dir_path else []

@@ -18,6 +18,11 @@ from typing import Iterator
 
 import pytest
 
+# the daemon's own definitions: a FUSE mount at the path, the pid its control dir reports,
+# "alive" meaning not a zombie
+from mithrilfs.daemon import daemon_pid, pid_alive
+from mithrilfs.daemon import is_fuse_mount as is_mounted
+
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "mithrilfs"]
 
@@ -27,22 +32,6 @@ def run_cli(*args: str, check: bool = False, timeout: float = 120, **kw) -> subp
     if check and res.returncode != 0:
         raise AssertionError(f"mithrilfs {' '.join(args)} failed ({res.returncode}): {res.stderr}")
     return res
-
-
-def is_mounted(path: Path) -> bool:
-    target = os.path.realpath(path)
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == target and line.split()[2].startswith("fuse") for line in f)
-
-
-def daemon_pid(mountpoint: Path) -> int | None:
-    try:
-        return int((mountpoint / ".mithrilfs" / "pid").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-from mithrilfs.daemon import pid_alive  # noqa: E402  (one definition of "alive": not a zombie)
 
 
 @dataclass
