@@ -1,8 +1,11 @@
 """pyfuse3.Operations over the namespace and the CAS: translates FUSE requests, nothing else.
 
 Everything runs on one trio event loop, so namespace access needs no locks.
-Only work that can take long (hashing or copying large files) leaves the
-loop, and the code re-checks what it relies on after every ``await``.
+Only work that can take long (hashing or copying large files, writes of
+``WRITE_OFFLOAD_MIN`` and more) leaves the loop, and the code re-checks what
+it relies on after every ``await``.  A file's own lock orders what touches
+its staging file from a worker thread against truncates and commits, and
+keeps its writes (and so the running hash) in arrival order.
 
 Content of a regular file is either a committed blob (``Inode.hash``; None
 means empty) or, while it is being written, a staging file shared by every
@@ -16,6 +19,7 @@ keeps its last committed content, so a crash never exposes a torn file.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -26,7 +30,7 @@ import sqlite3
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import blake3
 import pyfuse3
@@ -52,6 +56,8 @@ ATTR_TIMEOUT = 300.0
 NEGATIVE_TIMEOUT = 300.0
 #: Files at least this large are hashed and copied off the event loop.
 OFFLOAD_MIN = 1 << 20
+#: Writes this big copy and hash off the event loop.
+WRITE_OFFLOAD_MIN = 256 << 10
 _BLKSIZE = 128 * 1024
 RECENCY_FLUSH_SECONDS = 5.0
 SNAPSHOT_SECONDS = 1.0
@@ -716,10 +722,28 @@ class Operations(pyfuse3.Operations):
                 self._room_made += 1
                 self.store.ensure_reserve()
 
+    @contextlib.asynccontextmanager
+    async def _staging_locked(self, of: OpenFile, *, empty: bool = False) -> AsyncIterator[int]:
+        """Hold the file lock with a staging file in place (a commit may drop it while we wait)."""
+        while True:
+            await self._ensure_staging(of, empty=empty)
+            await of.lock.acquire()
+            if of.staging_fd is not None:
+                break
+            of.lock.release()
+        try:
+            yield of.staging_fd
+        finally:
+            of.lock.release()
+
     async def _truncate(self, of: OpenFile, size: int) -> None:
         if size == of.size and of.staging_fd is None:
             return  # no change (O_TRUNC of an empty lock file): nothing to commit
-        fd = await self._ensure_staging(of, empty=size == 0)
+        async with self._staging_locked(of, empty=size == 0) as fd:
+            self._truncate_staging(of, fd, size)
+
+    @staticmethod
+    def _truncate_staging(of: OpenFile, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
         if size == 0:
             of.hasher, of.hashed = blake3.blake3(max_threads=blake3.blake3.AUTO), 0
@@ -954,18 +978,31 @@ class Operations(pyfuse3.Operations):
             h.control = await self.control.run_command(h.ino, bytes(buf))
             return len(buf)
         of = self._open[h.ino]
+        if of.staging_fd is None:
+            await self._ensure_staging(of)
+        offload = len(buf) >= WRITE_OFFLOAD_MIN
+        if offload or of.lock.locked() or of.staging_fd is None:
+            # big writes copy and hash in a worker thread, so the event loop
+            # takes the next request meanwhile; the file lock keeps this
+            # file's writes, truncates and commits (and the running hash) in order
+            async with self._staging_locked(of):
+                return await self._write_staging(of, h, off, buf, offload=offload)
+        return await self._write_staging(of, h, off, buf, offload=False)
+
+    async def _write_staging(self, of: OpenFile, h: Handle, off: int, buf: bytes, *, offload: bool) -> int:
         fd = of.staging_fd
-        if fd is None:
-            fd = await self._ensure_staging(of)
+        assert fd is not None
         if h.append:
             off = of.size
-        n = os.pwrite(fd, buf, off)
-        if of.hasher is not None:
-            if off == of.hashed:
-                of.hasher.update(buf if n == len(buf) else buf[:n])
-                of.hashed += n
-            else:
-                of.hasher = None
+        hasher = of.hasher if of.hasher is not None and off == of.hashed else None
+        if hasher is None:
+            of.hasher = None
+        if offload:
+            n = await trio.to_thread.run_sync(_pwrite_hash, fd, buf, off, hasher)
+        else:
+            n = _pwrite_hash(fd, buf, off, hasher)
+        if hasher is not None and of.hasher is hasher:
+            of.hashed += n
         counters = self.stats.by_dir[h.top]
         counters["writes"] += 1
         counters["write_bytes"] += n
@@ -1248,6 +1285,14 @@ class Operations(pyfuse3.Operations):
         except (sqlite3.Error, OSError) as e:
             # e.g. the store went read-only: the next mount repairs what this could not
             log.error("could not tidy the store at unmount: %s", e)
+
+
+def _pwrite_hash(fd: int, buf: bytes, off: int, hasher: Any) -> int:
+    """Write *buf* at *off* and feed what was written to the running *hasher* (if any)."""
+    n = os.pwrite(fd, buf, off)
+    if hasher is not None:
+        hasher.update(buf if n == len(buf) else memoryview(buf)[:n])
+    return n
 
 
 def _copy_fd(src: int, dst: int, size: int) -> None:

@@ -53,44 +53,71 @@ def compile_env(cache: Path) -> dict[str, str]:
 
 
 def cold_warm_abba(workload: Sequence[str], mp: Path, plain: Path, reps: int, result_key: str,
-                   quiet: bool = False) -> tuple[dict[str, dict[str, list[float]]], list[dict]]:
+                   quiet: bool = False, warm_reps: int = 0) -> tuple[dict[str, dict[str, list[float]]], list[dict]]:
     """Cold then warm runs of *workload* in fresh processes, both sides, ABBA order.
 
     Each (side, repetition) gets its own empty cache dir; the warm run must
-    reproduce the cold run's *result_key*.  Returns seconds per side and
-    phase, and every warm run's JSON.
+    reproduce the cold run's *result_key*.  *warm_reps* more warm runs per
+    side follow, again in ABBA order, on the caches the cold runs filled: a
+    warm start is short, so its run-to-run noise is large next to what the
+    mount adds, and more samples are what narrows the median.  Returns
+    seconds per side and phase, and every warm run's JSON.
     """
     times: dict[str, dict[str, list[float]]] = {s: {"cold": [], "warm": []} for s in ("plain", "mount")}
     warm_runs = []
+    expected: dict[Path, str] = {}
+
+    def warm(side: str, cache: Path, label: str) -> None:
+        run = run_json(workload, compile_env(cache))
+        if run[result_key] != expected[cache]:
+            sys.exit(f"{side}: the warm run's {result_key} differs from the cold run's")
+        times[side]["warm"].append(run["seconds"])
+        warm_runs.append(dict(run, side=side))
+        if not quiet:
+            print(f"{label} {side:5s} warm {run['seconds']:6.2f} s", flush=True)
+
     for rep, order in enumerate(abba(reps)):
         for side in order:
             cache = (mp if side == "mount" else plain) / f"rep{rep}"
             cold = run_json(workload, compile_env(cache))
-            warm = run_json(workload, compile_env(cache))
-            if warm[result_key] != cold[result_key]:
-                sys.exit(f"{side}: the warm run's {result_key} differs from the cold run's")
+            expected[cache] = cold[result_key]
             times[side]["cold"].append(cold["seconds"])
-            times[side]["warm"].append(warm["seconds"])
-            warm_runs.append(dict(warm, side=side))
             if not quiet:
-                print(f"rep {rep} {side:5s} cold {cold['seconds']:7.2f} s  warm {warm['seconds']:6.2f} s", flush=True)
+                print(f"rep {rep} {side:5s} cold {cold['seconds']:7.2f} s", flush=True)
+            warm(side, cache, f"rep {rep}")
+    for i, order in enumerate(abba(warm_reps)):
+        for side in order:
+            warm(side, (mp if side == "mount" else plain) / f"rep{i % reps}", f"warm {i}")
     return times, warm_runs
 
 
 def ratios(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
-    """Medians per side and the mount/plain ratio, per phase."""
+    """Medians per side, their quartiles (the spread) and the mount/plain ratio, per phase."""
     out = {}
     for phase in ("cold", "warm"):
         p, m = median(times["plain"][phase]), median(times["mount"][phase])
-        out[phase] = {"plain_s": round(p, 3), "mount_s": round(m, 3), "ratio": round(m / p, 3)}
+        out[phase] = {"plain_s": round(p, 3), "mount_s": round(m, 3), "ratio": round(m / p, 3),
+                      "runs": len(times["plain"][phase]),
+                      "plain_iqr_s": quartiles(times["plain"][phase]), "mount_iqr_s": quartiles(times["mount"][phase])}
     return out
 
 
 def print_ratios(result: dict) -> None:
-    print(f"\n{'phase':6s} {'plain (s)':>10s} {'mount (s)':>10s} {'mount/plain':>12s}")
+    print(f"\n{'phase':6s} {'runs':>5s} {'plain (s)':>10s} {'mount (s)':>10s} {'mount/plain':>12s}"
+          f"   quartiles plain | mount (s)")
     for phase in ("cold", "warm"):
         r = result[phase]
-        print(f"{phase:6s} {r['plain_s']:10.2f} {r['mount_s']:10.2f} {r['ratio']:11.3f}x")
+        (p1, p3), (m1, m3) = r["plain_iqr_s"], r["mount_iqr_s"]
+        print(f"{phase:6s} {r['runs']:5d} {r['plain_s']:10.2f} {r['mount_s']:10.2f} {r['ratio']:11.3f}x"
+              f"   {p1:.2f}-{p3:.2f} | {m1:.2f}-{m3:.2f}")
+
+
+def quartiles(xs: Sequence[float]) -> list[float]:
+    """First and third quartile (both equal to the value for a single run)."""
+    if len(xs) < 2:
+        return [round(xs[0], 3)] * 2 if xs else [float("nan")] * 2
+    q = statistics.quantiles(xs, n=4)
+    return [round(q[0], 3), round(q[2], 3)]
 
 
 def median(xs: Sequence[float]) -> float:

@@ -32,17 +32,20 @@ WORKLOAD = [sys.executable, str(HERE / "compile_workload.py")]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=4, help="repetitions of each side (default 4)")
+    ap.add_argument("--warm-reps", type=int, default=0,
+                    help="more warm runs per side after the cold/warm pairs (default 0)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--remote", action="store_true", help="node B warm-starting from node A through Redis")
     args = ap.parse_args()
-    if args.reps < 1:
-        ap.error("--reps must be at least 1")
+    if args.reps < 1 or args.warm_reps < 0:
+        ap.error("--reps must be at least 1 and --warm-reps at least 0")
     if args.remote:
         return bench_remote(args)
 
     with temp_mount() as (mp, plain):
-        times, warm_runs = cold_warm_abba(WORKLOAD, mp, plain, args.reps, "output_sha", quiet=args.json)
-    result = {"reps": args.reps, **ratios(times),
+        times, warm_runs = cold_warm_abba(WORKLOAD, mp, plain, args.reps, "output_sha", quiet=args.json,
+                                          warm_reps=args.warm_reps)
+    result = {"reps": args.reps, "warm_reps": args.warm_reps, **ratios(times),
               "warm_fxgraph_hits": {s: [w["fxgraph_cache_hit"] for w in warm_runs if w["side"] == s]
                                     for s in ("plain", "mount")}}
     if args.json:

@@ -23,8 +23,12 @@ WORKLOAD = [sys.executable, str(HERE / "triton_gpu_workload.py")]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warm-reps", type=int, default=0,
+                    help="more warm runs per side after the cold/warm pairs (default 0)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.reps < 1 or args.warm_reps < 0:
+        ap.error("--reps must be at least 1 and --warm-reps at least 0")
     try:
         import torch
 
@@ -35,9 +39,11 @@ def main() -> int:
         print("bench_triton_gpu: skipped, no CUDA GPU here")
         return 0
     with temp_mount() as (mp, plain):
-        times, _ = cold_warm_abba(WORKLOAD, mp, plain, args.reps, "checksum", quiet=args.json)
+        times, _ = cold_warm_abba(WORKLOAD, mp, plain, args.reps, "checksum", quiet=args.json,
+                                  warm_reps=args.warm_reps)
         stats = json.loads((mp / ".mithrilfs" / "stats.json").read_text())
-    result = {"reps": args.reps, "gpu": torch.cuda.get_device_name(), **ratios(times)}
+    result = {"reps": args.reps, "warm_reps": args.warm_reps, "gpu": torch.cuda.get_device_name(),
+              **ratios(times)}
     result["mount_stats"] = {k: stats[k] for k in ("files", "physical_bytes", "logical_bytes", "dedup_ratio",
                                                    "hits", "misses")}
     if args.json:

@@ -17,6 +17,8 @@ from conftest import Mount
 
 OPS = 3000
 MAX_SIZE = 1 << 20
+#: Writes from this size on take the daemon's worker-thread path (fs.WRITE_OFFLOAD_MIN).
+BIG = 256 << 10
 SEEDS = [int(os.environ["MITHRILFS_FSX_SEED"])] if "MITHRILFS_FSX_SEED" in os.environ else [1, 2, 3]
 
 
@@ -41,7 +43,7 @@ def test_fsx(shared_mnt: Mount, seed: int):
             op = rnd.random()
             if op < 0.40:
                 off = rnd.randrange(0, MAX_SIZE)
-                data = rnd.randbytes(rnd.choice([1, 17, 512, 4096, 65536, rnd.randrange(1, 150000)]))
+                data = rnd.randbytes(rnd.choice([1, 17, 512, 4096, 65536, rnd.randrange(1, 150000), rnd.randrange(BIG, 3 * BIG)]))
                 log.append(f"write {off}+{len(data)}")
                 assert os.pwrite(fd, data, off) == len(data)
                 if off > len(model):
@@ -78,3 +80,45 @@ def test_fsx(shared_mnt: Mount, seed: int):
     check("final", path.read_bytes(), bytes(model))
     shared_mnt.remount()
     check("after remount", path.read_bytes(), bytes(model))
+
+
+def _write_file(path: str, seed: int, size: int, chunk: int, sequential: bool) -> str:
+    """Write *size* random bytes in *chunk* pieces, in order or shuffled; return what the file must hold."""
+    import hashlib
+
+    rnd = random.Random(seed)
+    data = rnd.randbytes(size)
+    offsets = list(range(0, size, chunk))
+    if not sequential:
+        rnd.shuffle(offsets)
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    try:
+        for off in offsets:
+            assert os.pwrite(fd, data[off : off + chunk], off) == len(data[off : off + chunk])
+    finally:
+        os.close(fd)
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_big_writes_from_parallel_processes(mnt: Mount):
+    """1 MiB writes (hashed in worker threads) from several processes at once, in order and
+    shuffled: every file reads back whole, and after a remount, which re-hashes each blob on
+    first open, and fsck, which re-hashes them all, every blob still matches its name."""
+    import hashlib
+    from concurrent.futures import ProcessPoolExecutor
+
+    from conftest import run_cli
+
+    jobs = [(str(mnt.mountpoint / f"big{i}"), i, (6 << 20) + i * 4099, 1 << 20, i % 2 == 0) for i in range(4)]
+    jobs.append((str(mnt.mountpoint / "copy0"), 0, (6 << 20), 1 << 20, True))  # same bytes as big0: dedup
+    with ProcessPoolExecutor(len(jobs)) as pool:
+        want = list(pool.map(_write_file, *zip(*jobs)))
+    assert mnt.stats()["dedup_hits"] == 1
+    mnt.remount()
+    for (path, *_), digest in zip(jobs, want):
+        assert hashlib.sha256(open(path, "rb").read()).hexdigest() == digest, path
+    stats = mnt.stats()
+    assert stats["blobs"] == len(jobs) - 1 and stats["corrupt_blobs"] == 0, stats
+    mnt.umount()
+    fsck = run_cli("fsck", "--store", str(mnt.store))
+    assert fsck.returncode == 0 and "no problems" in fsck.stdout, fsck.stdout + fsck.stderr
