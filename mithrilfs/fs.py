@@ -740,19 +740,15 @@ class Operations(pyfuse3.Operations):
         if size == of.size and of.staging_fd is None:
             return  # no change (O_TRUNC of an empty lock file): nothing to commit
         async with self._staging_locked(of, empty=size == 0) as fd:
-            self._truncate_staging(of, fd, size)
-
-    @staticmethod
-    def _truncate_staging(of: OpenFile, fd: int, size: int) -> None:
-        os.ftruncate(fd, size)
-        if size == 0:
-            of.hasher, of.hashed = blake3.blake3(max_threads=blake3.blake3.AUTO), 0
-        elif size != of.hashed:
-            of.hasher = None
-        of.size = size
-        of.mtime_ns = time.time_ns()
-        of.dirty = True
-        of.write_gen += 1
+            os.ftruncate(fd, size)
+            if size == 0:
+                of.hasher, of.hashed = blake3.blake3(max_threads=blake3.blake3.AUTO), 0
+            elif size != of.hashed:
+                of.hasher = None
+            of.size = size
+            of.mtime_ns = time.time_ns()
+            of.dirty = True
+            of.write_gen += 1
 
     async def _commit(self, of: OpenFile) -> None:
         """Make the staging content the inode's committed content (see module doc)."""
@@ -981,7 +977,7 @@ class Operations(pyfuse3.Operations):
         if of.staging_fd is None:
             await self._ensure_staging(of)
         offload = len(buf) >= WRITE_OFFLOAD_MIN
-        if offload or of.lock.locked() or of.staging_fd is None:
+        if offload or of.lock.locked():
             # big writes copy and hash in a worker thread, so the event loop
             # takes the next request meanwhile; the file lock keeps this
             # file's writes, truncates and commits (and the running hash) in order

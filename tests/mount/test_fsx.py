@@ -7,18 +7,19 @@ id and in every failure message; MITHRILFS_FSX_SEED=N replays one seed.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import random
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from conftest import Mount
+from conftest import Mount, run_cli
+from mithrilfs.fs import WRITE_OFFLOAD_MIN
 
 OPS = 3000
 MAX_SIZE = 1 << 20
-#: Writes from this size on take the daemon's worker-thread path (fs.WRITE_OFFLOAD_MIN).
-BIG = 256 << 10
 SEEDS = [int(os.environ["MITHRILFS_FSX_SEED"])] if "MITHRILFS_FSX_SEED" in os.environ else [1, 2, 3]
 
 
@@ -43,7 +44,10 @@ def test_fsx(shared_mnt: Mount, seed: int):
             op = rnd.random()
             if op < 0.40:
                 off = rnd.randrange(0, MAX_SIZE)
-                data = rnd.randbytes(rnd.choice([1, 17, 512, 4096, 65536, rnd.randrange(1, 150000), rnd.randrange(BIG, 3 * BIG)]))
+                # the last size takes the daemon's worker-thread write path
+                sizes = [1, 17, 512, 4096, 65536, rnd.randrange(1, 150000),
+                         rnd.randrange(WRITE_OFFLOAD_MIN, 3 * WRITE_OFFLOAD_MIN)]
+                data = rnd.randbytes(rnd.choice(sizes))
                 log.append(f"write {off}+{len(data)}")
                 assert os.pwrite(fd, data, off) == len(data)
                 if off > len(model):
@@ -84,8 +88,6 @@ def test_fsx(shared_mnt: Mount, seed: int):
 
 def _write_file(path: str, seed: int, size: int, chunk: int, sequential: bool) -> str:
     """Write *size* random bytes in *chunk* pieces, in order or shuffled; return what the file must hold."""
-    import hashlib
-
     rnd = random.Random(seed)
     data = rnd.randbytes(size)
     offsets = list(range(0, size, chunk))
@@ -94,7 +96,8 @@ def _write_file(path: str, seed: int, size: int, chunk: int, sequential: bool) -
     fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
     try:
         for off in offsets:
-            assert os.pwrite(fd, data[off : off + chunk], off) == len(data[off : off + chunk])
+            piece = data[off : off + chunk]
+            assert os.pwrite(fd, piece, off) == len(piece)
     finally:
         os.close(fd)
     return hashlib.sha256(data).hexdigest()
@@ -104,11 +107,6 @@ def test_big_writes_from_parallel_processes(mnt: Mount):
     """1 MiB writes (hashed in worker threads) from several processes at once, in order and
     shuffled: every file reads back whole, and after a remount, which re-hashes each blob on
     first open, and fsck, which re-hashes them all, every blob still matches its name."""
-    import hashlib
-    from concurrent.futures import ProcessPoolExecutor
-
-    from conftest import run_cli
-
     jobs = [(str(mnt.mountpoint / f"big{i}"), i, (6 << 20) + i * 4099, 1 << 20, i % 2 == 0) for i in range(4)]
     jobs.append((str(mnt.mountpoint / "copy0"), 0, (6 << 20), 1 << 20, True))  # same bytes as big0: dedup
     with ProcessPoolExecutor(len(jobs)) as pool:
