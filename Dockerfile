@@ -1,8 +1,6 @@
 # mithrilfs sidecar: mounts the compile cache at /cache for the other containers of a pod.
 # Build: docker build -t mithrilfs .    Run: see deploy/ and the README.
 FROM python:3.11-slim AS build
-RUN apt-get update && apt-get install -y --no-install-recommends gcc libfuse3-dev pkg-config \
-    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY mithrilfs ./mithrilfs

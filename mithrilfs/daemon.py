@@ -1,6 +1,6 @@
 """Mount lifecycle: open the store, mount, daemonize once the mount answers, stop cleanly.
 
-``mount`` forks before any trio or pyfuse3 state exists.  The child mounts,
+``mount`` forks before any trio or FUSE state exists.  The child mounts,
 proves the mount answers by ``stat``-ing it from a worker thread (which goes
 through the kernel to our own handlers), and only then writes ``ok`` down a
 pipe; the parent exits 0 on ``ok`` and prints the child's one-line error
@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import pyfuse3
 import trio
+
+from . import kernel
 
 from .control import CONTROL_NAME
 from .eviction import EvictionPolicy
@@ -236,31 +237,28 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
             except OSError as e:
                 announce(f"cannot serve metrics on 127.0.0.1:{opts.metrics_port}: {e.strerror}")
                 return 1
-        options = set(pyfuse3.default_options)
-        options |= {"fsname=mithrilfs", "subtype=mithrilfs"}
-        if store.read_only:
-            options.add("ro")
-        if opts.allow_other:
-            options.add("allow_other")
-        if opts.debug:
-            options.add("debug")
         try:
-            pyfuse3.init(ops, str(opts.mountpoint), options)
-        except RuntimeError as e:
+            fuse = kernel.mount(str(opts.mountpoint), allow_other=opts.allow_other, read_only=store.read_only)
+        except kernel.MountError as e:
             announce(f"cannot mount {opts.mountpoint}: {e}")
             return 1
+        session = kernel.Session(fuse.fd, ops, debug=opts.debug)
         log.info("serving %s (store %s%s, pid %d, budget %d bytes)", opts.mountpoint, opts.store,
                  ", read-only" if store.read_only else "", os.getpid(), opts.policy.max_bytes)
-        ops.invalidate_entry = _invalidate_entry
+        ops.invalidate_entry = lambda parent, name, ino: session.notify_delete(parent, ino, name)
         ops.stats_snapshot()
         if metrics is not None:
             metrics.start()
         try:
-            trio.run(_run, ops, opts.mountpoint, announce)
+            trio.run(_run, session, ops, opts.mountpoint, announce)
+        except kernel.ProtocolError as e:
+            announce(str(e))
+            return 1
         finally:
             if metrics is not None:
                 metrics.stop()
-            pyfuse3.close(unmount=True)
+            session.close()
+            fuse.unmount()
             ops.shutdown()
             ops.events.emit("unmount", mountpoint=str(opts.mountpoint), **{
                 k: ops.cached_snapshot.get(k, 0) for k in ("hits", "misses", "commits", "evictions")})
@@ -288,11 +286,6 @@ def _raise_readahead(mountpoint: Path) -> None:
         log.debug("cannot raise readahead (%s): %s", path, e)
 
 
-def _invalidate_entry(parent: int, name: bytes, ino: int) -> None:
-    # from inside request handling, only the async variant cannot deadlock
-    pyfuse3.invalidate_entry_async(parent, name, deleted=ino, ignore_enoent=True)
-
-
 def _repair_at_startup(store: Store) -> None:
     """Undo what an unclean stop can leave: staging files, unlinked inodes, unreferenced blobs."""
     stale = store.cas.clear_staging()
@@ -304,29 +297,35 @@ def _repair_at_startup(store: Store) -> None:
         log.info("startup repair: %d staging files, %s, %d unreferenced blobs", stale, repaired, freed)
 
 
-async def _run(ops: Operations, mountpoint: Path, announce: Callable[[str], None]) -> None:
+async def _run(session: kernel.Session, ops: Operations, mountpoint: Path, announce: Callable[[str], None]) -> None:
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signal)
+        nursery.start_soon(_stop_on_signal, session)
         nursery.start_soon(ops.background)
-        nursery.start_soon(_announce_when_live, ops, mountpoint, announce)
-        await pyfuse3.main()
+        nursery.start_soon(_announce_when_live, session, ops, mountpoint, announce)
+        await session.serve()
         nursery.cancel_scope.cancel()
 
 
-async def _stop_on_signal() -> None:
+async def _stop_on_signal(session: kernel.Session) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("signal %d: unmounting", signum)
-            pyfuse3.terminate()
+            session.stop()
             return
 
 
-async def _announce_when_live(ops: Operations, mountpoint: Path, announce: Callable[[str], None]) -> None:
+async def _announce_when_live(session: kernel.Session, ops: Operations, mountpoint: Path,
+                              announce: Callable[[str], None]) -> None:
     # stat goes through the kernel to our own getattr/lookup: proof that we answer.
     # These threads wait on our own mount: if a signal ends the FUSE loop
     # first, they must be abandoned (the unmount then fails their call)
     # rather than waited for, or the daemon would wait on itself forever.
-    await trio.to_thread.run_sync(os.stat, mountpoint / CONTROL_NAME.decode(), abandon_on_cancel=True)
+    try:
+        await trio.to_thread.run_sync(os.stat, mountpoint / CONTROL_NAME.decode(), abandon_on_cancel=True)
+    except OSError as e:
+        announce(f"the new mount at {mountpoint} does not answer: {e.strerror}")
+        session.stop()
+        return
     await trio.to_thread.run_sync(_raise_readahead, mountpoint, abandon_on_cancel=True)
     ops.events.emit("mount", mountpoint=str(mountpoint), store=str(ops.store.root), pid=os.getpid(),
                     max_bytes=ops.policy.max_bytes, read_only=ops.store.read_only)

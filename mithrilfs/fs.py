@@ -1,4 +1,4 @@
-"""pyfuse3.Operations over the namespace and the CAS: translates FUSE requests, nothing else.
+"""The filesystem's answers to kernel requests, over the namespace and the CAS: translates FUSE requests, nothing else.
 
 Everything runs on one trio event loop, so namespace access needs no locks.
 Only work that can take long (hashing or copying large files, writes of
@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import blake3
-import pyfuse3
 import trio
 
 from .cas import hash_file
+from . import kernel
+from .kernel import DirBuffer, EntryAttributes, FileInfo, FUSEError, RequestContext, SetattrFields, StatvfsData
 from .control import CONTROL_DIR_INODE, CONTROL_NAME, ControlFiles
 from .eviction import EvictionPolicy, EvictionResult, Evictor, Recency, Unit
 from . import sharing
@@ -112,22 +113,21 @@ def _request(fn: F) -> F:
 
     A full backing disk gets one eviction pass to make room and one retry
     (handlers are written so that a failed attempt changes nothing).  Stray
-    OSErrors become their errno and anything else EIO: pyfuse3 lets a
-    non-FUSEError escape and end the main loop, which would take the whole
-    mount down for one bad request.
+    OSErrors become their errno and anything else EIO, logged here with
+    the operation's name and counted in the event log.
     """
 
     @functools.wraps(fn)
     async def wrapper(self: "Operations", *args: Any, **kwargs: Any) -> Any:
         try:
             return await _retry_when_full(self, lambda: fn(self, *args, **kwargs))
-        except pyfuse3.FUSEError:
+        except FUSEError:
             raise
         except OSError as e:
             if e.errno in (None, errno.EIO, errno.ENOSPC, errno.EROFS):
                 log.warning("%s failed: %s", fn.__name__, e)
                 self.events.emit("error", op=fn.__name__, error=str(e))
-            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+            raise FUSEError(e.errno or errno.EIO) from None
         except sqlite3.Error as e:
             code = _sqlite_errno(e)
             if code == errno.EIO:
@@ -135,11 +135,11 @@ def _request(fn: F) -> F:
             else:
                 log.warning("%s failed: %s", fn.__name__, e)
             self.events.emit("error", op=fn.__name__, error=str(e))
-            raise pyfuse3.FUSEError(code) from None
+            raise FUSEError(code) from None
         except Exception as e:
             log.exception("%s failed", fn.__name__)
             self.events.emit("error", op=fn.__name__, error=repr(e))
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            raise FUSEError(errno.EIO) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -161,8 +161,8 @@ def _timed(op: str) -> Callable[[F], F]:
     return wrap
 
 
-def _err(code: int) -> pyfuse3.FUSEError:
-    return pyfuse3.FUSEError(code)
+def _err(code: int) -> FUSEError:
+    return FUSEError(code)
 
 
 @dataclass(eq=False)
@@ -202,9 +202,7 @@ class Handle:
     control: bytes | None = None
 
 
-class Operations(pyfuse3.Operations):
-    supports_dot_lookup = True
-    enable_writeback_cache = False
+class Operations(kernel.Operations):
 
     def __init__(self, store: Store, policy: EvictionPolicy | None = None, remote: RemoteTier | None = None) -> None:
         super().__init__()
@@ -246,8 +244,8 @@ class Operations(pyfuse3.Operations):
     # ------------------------------------------------------------------
     # attributes
     # ------------------------------------------------------------------
-    def _attr(self, ino: Inode) -> pyfuse3.EntryAttributes:
-        e = pyfuse3.EntryAttributes()
+    def _attr(self, ino: Inode) -> EntryAttributes:
+        e = EntryAttributes()
         e.st_ino = ino.id
         e.generation = 0
         e.entry_timeout = ENTRY_TIMEOUT
@@ -269,8 +267,8 @@ class Operations(pyfuse3.Operations):
         e.st_ctime_ns = ino.ctime_ns
         return e
 
-    def _control_attr(self, ino: int) -> pyfuse3.EntryAttributes:
-        e = pyfuse3.EntryAttributes()
+    def _control_attr(self, ino: int) -> EntryAttributes:
+        e = EntryAttributes()
         e.st_ino = ino
         e.entry_timeout = 0
         e.attr_timeout = 0
@@ -349,7 +347,7 @@ class Operations(pyfuse3.Operations):
     # ------------------------------------------------------------------
     @_timed("lookup")
     @_request
-    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> EntryAttributes:
         if self.control.is_control(parent_inode):
             ino = self.control.lookup(name) if parent_inode == CONTROL_DIR_INODE else None
             if ino is None:
@@ -367,7 +365,7 @@ class Operations(pyfuse3.Operations):
                 ino = await self.shared.lookup(parent_inode, name)
         if ino is None:
             self.stats.add(self._top_of_child(parent_inode, False, name), "misses")
-            e = pyfuse3.EntryAttributes()
+            e = EntryAttributes()
             e.st_ino = 0
             e.entry_timeout = self.negative_timeout
             return e
@@ -422,15 +420,15 @@ class Operations(pyfuse3.Operations):
         return self.blob_bytes + sum(of.size for of in self._open.values() if of.staging_fd is not None)
 
     @_request
-    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+    async def getattr(self, inode: int, ctx: Any = None) -> EntryAttributes:
         if self.control.is_control(inode):
             return self._control_attr(inode)
         return self._attr(self._inode(inode))
 
     @_request
     async def setattr(
-        self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields, fh: int | None, ctx: Any
-    ) -> pyfuse3.EntryAttributes:
+        self, inode: int, attr: EntryAttributes, fields: SetattrFields, fh: int | None, ctx: Any
+    ) -> EntryAttributes:
         if self.control.is_control(inode):
             raise _err(errno.EPERM)
         ino = self._inode(inode)
@@ -498,24 +496,24 @@ class Operations(pyfuse3.Operations):
         return ino
 
     @_request
-    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> pyfuse3.EntryAttributes:
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> EntryAttributes:
         if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
             raise _err(errno.EPERM)
         return self._attr(self._new_entry(parent_inode, name, mode, ctx))
 
     @_request
-    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> EntryAttributes:
         return self._attr(self._new_entry(parent_inode, name, stat.S_IFDIR | stat.S_IMODE(mode), ctx))
 
     @_request
-    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> EntryAttributes:
         ino = self._new_entry(parent_inode, name, stat.S_IFLNK | 0o777, ctx, target=target)
         if self.shared is not None:
             self.shared.queue_upload(ino.id)
         return self._attr(ino)
 
     @_request
-    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> EntryAttributes:
         self._check_not_control(new_parent_inode, new_name)
         if self.control.is_control(inode):
             raise _err(errno.EPERM)
@@ -589,7 +587,7 @@ class Operations(pyfuse3.Operations):
         dst = self._inode(dst_id) if dst_id is not None else None
         if src.is_dir and self._is_ancestor(src.id, parent_inode_new):
             raise _err(errno.EINVAL)
-        if flags & pyfuse3.RENAME_EXCHANGE:
+        if flags & kernel.RENAME_EXCHANGE:
             if dst is None:
                 raise _err(errno.ENOENT)
             if dst.is_dir and self._is_ancestor(dst.id, parent_inode_old):
@@ -597,7 +595,7 @@ class Operations(pyfuse3.Operations):
             self._exchange(parent_inode_old, name_old, src, parent_inode_new, name_new, dst)
             return
         if dst is not None:
-            if flags & pyfuse3.RENAME_NOREPLACE:
+            if flags & kernel.RENAME_NOREPLACE:
                 raise _err(errno.EEXIST)
             if dst.id == src.id:
                 return
@@ -813,7 +811,7 @@ class Operations(pyfuse3.Operations):
 
     @_timed("open")
     @_request
-    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+    async def open(self, inode: int, flags: int, ctx: Any) -> FileInfo:
         if self.control.is_control(inode):
             return self._open_control(inode, flags)
         ino = self._inode(inode)
@@ -837,7 +835,8 @@ class Operations(pyfuse3.Operations):
         except BaseException:
             await self.release(fh)
             raise
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+        # a read-only handle has nothing to commit: the kernel need not send FLUSH at close
+        return FileInfo(fh=fh, keep_cache=True, noflush=(flags & os.O_ACCMODE) == os.O_RDONLY)
 
     async def _verify(self, ino: Inode) -> None:
         """The first open of a blob this mount checks it still hashes to its name.
@@ -912,7 +911,7 @@ class Operations(pyfuse3.Operations):
         self.cas.quarantine_blob(digest)
         self._forget_content(digest, inodes)
 
-    def _open_control(self, inode: int, flags: int) -> pyfuse3.FileInfo:
+    def _open_control(self, inode: int, flags: int) -> FileInfo:
         if inode == CONTROL_DIR_INODE:
             raise _err(errno.EISDIR)
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
@@ -922,16 +921,16 @@ class Operations(pyfuse3.Operations):
         self._next_fh += 1
         content = b"" if writable else self.control.produce(inode)
         self._handles[fh] = Handle(inode, writable, False, control=content)
-        return pyfuse3.FileInfo(fh=fh, direct_io=True)
+        return FileInfo(fh=fh, direct_io=True)
 
     @_request
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
-    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+    ) -> tuple[FileInfo, EntryAttributes]:
         ino = self._new_entry(parent_inode, name, stat.S_IFREG | stat.S_IMODE(mode), ctx)
         of = self._open_file(ino)
         fh = self._new_handle(of, flags)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._attr(ino)
+        return FileInfo(fh=fh, keep_cache=True), self._attr(ino)
 
     @_timed("read")
     @_request
@@ -1054,10 +1053,10 @@ class Operations(pyfuse3.Operations):
         return inode
 
     @_request
-    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+    async def readdir(self, fh: int, start_id: int, token: DirBuffer) -> None:
         if fh == CONTROL_DIR_INODE:
             for i, (name, ino) in enumerate(self.control.names(), start=1):
-                if i > start_id and not pyfuse3.readdir_reply(token, name, self._control_attr(ino), i):
+                if i > start_id and not token.add(name, self._control_attr(ino), i):
                     return
             return
         after = start_id
@@ -1067,9 +1066,10 @@ class Operations(pyfuse3.Operations):
                 return
             for entry in batch:
                 ino = self._inode(entry.inode)
-                if not pyfuse3.readdir_reply(token, entry.name, self._attr(ino), entry.offset):
+                if not token.add(entry.name, self._attr(ino), entry.offset):
                     return
-                self._ref(entry.inode)
+                if token.plus:  # the kernel counts each entry of a READDIRPLUS as a lookup
+                    self._ref(entry.inode)
                 after = entry.offset
 
     async def releasedir(self, fh: int) -> None:
@@ -1079,9 +1079,9 @@ class Operations(pyfuse3.Operations):
         pass
 
     @_request
-    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+    async def statfs(self, ctx: Any) -> StatvfsData:
         st = os.statvfs(self.store.root)
-        s = pyfuse3.StatvfsData()
+        s = StatvfsData()
         s.f_bsize = st.f_bsize
         s.f_frsize = st.f_frsize
         s.f_blocks = st.f_blocks

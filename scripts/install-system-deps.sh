@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# System packages mithrilfs needs: FUSE 3 (runtime and headers to build pyfuse3),
-# pkg-config, a C compiler, and redis-server for the shared-tier tests.
+# System packages mithrilfs needs: fuse3 (fusermount3, for mounts without root),
+# g++ (the tests run torch.compile's C++ backend), and redis-server for the
+# shared-tier tests.  mithrilfs itself is pure Python: no libfuse, no compiler.
 set -euo pipefail
-pkgs=(fuse3 libfuse3-dev pkg-config gcc redis-server)
+pkgs=(fuse3 g++ redis-server)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

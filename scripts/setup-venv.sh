@@ -7,4 +7,4 @@ PYTHON="${PYTHON:-python3}"
 "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mithrilfs needs Python 3.11 or newer")'
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q -e '.[test]'
-.venv/bin/python -c 'import mithrilfs, pyfuse3, torch, triton; print("venv ready: torch", torch.__version__, "triton", triton.__version__)'
+.venv/bin/python -c 'import mithrilfs, torch, triton; print("venv ready: torch", torch.__version__, "triton", triton.__version__)'

@@ -7,17 +7,17 @@ import os
 import stat
 from types import SimpleNamespace
 
-import pyfuse3
 import pytest
 import trio
 
+from mithrilfs import kernel
 from mithrilfs.cas import hash_bytes
 from mithrilfs.control import CONTROL_NAME
 from mithrilfs.fs import OFFLOAD_MIN, Operations
 from mithrilfs.namespace import ROOT_INODE
 from mithrilfs.store import open_store
 
-CTX = pyfuse3.RequestContext()
+CTX = kernel.RequestContext()
 RW = os.O_RDWR
 
 
@@ -158,9 +158,9 @@ def test_rename_replaces_target_atomically_and_frees_it(ops):
         assert ops.ns.lookup(ROOT_INODE, b"tmp") is None
         await ops.forget([(b, 1)])
         assert ops.ns.get(b) is None and not ops.cas.exists(old_hash)
-        with pytest.raises(pyfuse3.FUSEError) as e:
+        with pytest.raises(kernel.FUSEError) as e:
             await _write_file(ops, ROOT_INODE, b"other", b"x")
-            await ops.rename(ROOT_INODE, b"other", ROOT_INODE, b"final", pyfuse3.RENAME_NOREPLACE, CTX)
+            await ops.rename(ROOT_INODE, b"other", ROOT_INODE, b"final", kernel.RENAME_NOREPLACE, CTX)
         assert e.value.errno == errno.EEXIST
 
     run(t)
@@ -170,7 +170,7 @@ def test_rename_directory_into_itself_is_refused(ops):
     async def t():
         d = await ops.mkdir(ROOT_INODE, b"d", 0o755, CTX)
         sub = await ops.mkdir(d.st_ino, b"sub", 0o755, CTX)
-        with pytest.raises(pyfuse3.FUSEError) as e:
+        with pytest.raises(kernel.FUSEError) as e:
             await ops.rename(ROOT_INODE, b"d", sub.st_ino, b"x", 0, CTX)
         assert e.value.errno == errno.EINVAL
 
@@ -188,7 +188,7 @@ def test_directory_rules(ops):
             (ops.unlink(ROOT_INODE, b"d", CTX), errno.EISDIR),
             (ops.rmdir(d.st_ino, b"f", CTX), errno.ENOTDIR),
         ):
-            with pytest.raises(pyfuse3.FUSEError) as e:
+            with pytest.raises(kernel.FUSEError) as e:
                 await call
             assert e.value.errno == code
         await ops.unlink(d.st_ino, b"f", CTX)
@@ -212,7 +212,7 @@ def test_hard_links_share_an_inode(ops):
 def test_setattr_truncate_chmod_utimens(ops):
     async def t():
         ino = await _write_file(ops, ROOT_INODE, b"f", b"abcdef")
-        attr = pyfuse3.EntryAttributes()
+        attr = kernel.EntryAttributes()
         attr.st_size = 3
         attr.st_mode = stat.S_IFREG | 0o600
         attr.st_mtime_ns = 1_000_000_000
@@ -246,7 +246,7 @@ def test_xattrs_are_refused_not_crashed(ops):
             ops.listxattr(ROOT_INODE, CTX),
             ops.removexattr(ROOT_INODE, b"user.x", CTX),
         ):
-            with pytest.raises(pyfuse3.FUSEError) as e:
+            with pytest.raises(kernel.FUSEError) as e:
                 await call
             assert e.value.errno == errno.ENOSYS  # the kernel turns it into ENOTSUP
 
@@ -266,7 +266,7 @@ def test_control_directory_is_reachable_but_protected(ops):
             ops.rmdir(ROOT_INODE, CONTROL_NAME, CTX),
             ops.create(attr.st_ino, b"x", 0o644, os.O_WRONLY, CTX),
         ):
-            with pytest.raises(pyfuse3.FUSEError) as e:
+            with pytest.raises(kernel.FUSEError) as e:
                 await call
             assert e.value.errno == errno.EPERM
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Mount, is_mounted, pid_alive, run_cli
+from conftest import Mount, is_mounted, pid_alive, run_cli, wait_unmounted, watchdog_pid
 
 
 def _wait_gone(pid: int, timeout: float = 20) -> bool:
@@ -43,12 +44,29 @@ def test_signal_unmounts_cleanly_and_keeps_data(mnt: Mount, sig):
     assert (mnt.mountpoint / "kept").read_bytes() == b"data"
 
 
-def test_stale_mount_after_kill9_is_cleaned_by_next_mount(mnt: Mount):
+def test_kill9_leaves_no_dead_mount(mnt: Mount):
+    # the watchdog sees the daemon die and detaches the mount: no ENOTCONN left for the next user
     (mnt.mountpoint / "committed").write_bytes(b"safe")
+    assert watchdog_pid(mnt.mountpoint) is not None
     os.kill(mnt.pid, signal.SIGKILL)
     assert _wait_gone(mnt.pid)
-    with pytest.raises(OSError):
-        os.stat(mnt.mountpoint)  # ENOTCONN: the kernel still has the dead mount
+    wait_unmounted(mnt.mountpoint)  # its work done, the watchdog leaves too
+    mnt.pid = None
+    mnt.mount()
+    assert (mnt.mountpoint / "committed").read_bytes() == b"safe"
+
+
+def test_stale_mount_after_kill9_is_cleaned_by_next_mount(mnt: Mount):
+    # without the watchdog (killed too), the next mount of the path cleans up
+    (mnt.mountpoint / "committed").write_bytes(b"safe")
+    watchdog = watchdog_pid(mnt.mountpoint)
+    assert watchdog is not None
+    os.kill(watchdog, signal.SIGKILL)
+    os.kill(mnt.pid, signal.SIGKILL)
+    assert _wait_gone(mnt.pid)
+    with pytest.raises(OSError) as e:
+        os.statvfs(mnt.mountpoint)  # statfs always reaches the (dead) daemon
+    assert e.value.errno == errno.ENOTCONN  # the kernel still has the dead mount
     res = run_cli("mount", str(mnt.mountpoint), "--store", str(mnt.store))
     assert res.returncode == 0, res.stderr
     assert "stale mount" in res.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Mount, MountFactory, is_mounted, run_cli
+from conftest import Mount, MountFactory, is_mounted, run_cli, watchdog_pid
 
 N = 10_000
 
@@ -136,6 +136,7 @@ def test_status_and_env(mnt: Mount, tmp_path):
 def test_status_of_a_dead_daemon(mnt: Mount):
     import signal
 
+    os.kill(watchdog_pid(mnt.mountpoint), signal.SIGKILL)  # else it would detach the dead mount
     os.kill(mnt.pid, signal.SIGKILL)
     time.sleep(0.5)
     res = run_cli("status", str(mnt.mountpoint))

@@ -1,0 +1,16 @@
+"""The FUSE kernel protocol on /dev/fuse: mounting, the request loop, typed requests and replies.
+
+``mount()`` attaches a session to a directory, ``Session`` serves an
+``Operations`` object on it, and ``api`` holds the values the two exchange.
+Nothing here knows about the store: it is the layer go-fuse and fuser call
+the raw bridge.
+"""
+
+from .api import (RENAME_EXCHANGE, RENAME_NOREPLACE, DirBuffer, EntryAttributes, FileInfo, FUSEError, Operations,
+                  RequestContext, SetattrFields, StatvfsData)
+from .mount import FuseMount, MountError, mount
+from .session import ProtocolError, Session
+
+__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "DirBuffer", "EntryAttributes", "FileInfo", "FUSEError",
+           "FuseMount", "MountError", "Operations", "ProtocolError", "RequestContext", "Session", "SetattrFields",
+           "StatvfsData", "mount"]

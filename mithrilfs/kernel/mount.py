@@ -1,0 +1,207 @@
+"""Attach a FUSE session to a directory, and detach it again.
+
+As root: open /dev/fuse and call mount(2) with ``fd=``, ``rootmode``,
+``user_id``/``group_id`` and ``default_permissions`` (the kernel checks
+permissions; ``allow_other`` when asked).  A small watchdog process
+(``kernel.watchdog``) holds a pipe to the daemon and detaches the mount if
+the daemon dies without unmounting, so a killed daemon leaves no dead
+mount behind.
+
+As anyone else: ``fusermount3`` (setuid root) opens /dev/fuse, mounts, and
+passes the fd back over the ``_FUSE_COMMFD`` socket; with ``auto_unmount``
+it stays behind as the same kind of watchdog.
+
+Mounts are always ``nosuid,nodev``: device nodes can be created and listed,
+never opened.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+FSNAME = "mithrilfs"
+FSTYPE = "fuse." + FSNAME
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MNT_DETACH = 2
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+class MountError(Exception):
+    """The mount could not be made; the message says why and what to do, in one line."""
+
+
+def _unescape(field_: str) -> str:
+    return field_.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def mount_entries(target: str) -> list[tuple[int, str, str]]:
+    """(mount id, major:minor, fstype) of every mount at the resolved path *target*, oldest first.
+
+    Never touches the path itself: a stat of a FUSE mount whose daemon is
+    not serving yet (or any more) would block or fail.
+    """
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            parts = left.split()
+            if len(parts) >= 5 and _unescape(parts[4]) == target:
+                found.append((int(parts[0]), parts[2], right.split()[0] if right else ""))
+    return found
+
+
+def umount_path(path: str, *, lazy: bool = True) -> None:
+    """umount2(2) (root only); OSError with the errno on failure."""
+    if _libc.umount2(os.fsencode(path), MNT_DETACH if lazy else 0) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+
+
+@dataclass
+class FuseMount:
+    """A live mount: the /dev/fuse fd the session serves, and how to take the mount down."""
+
+    fd: int
+    mountpoint: str
+    via_fusermount: bool
+    #: The daemon's end of the watchdog's pipe (root) or of fusermount3's socket.
+    _watch: object = None
+    _watchdog: subprocess.Popen | None = field(default=None, repr=False)
+
+    def unmount(self) -> None:
+        """Detach the mount (lazily: open files keep working until closed) and close the fd."""
+        try:
+            if any(fstype == FSTYPE for _, _, fstype in mount_entries(self.mountpoint)):
+                if self.via_fusermount:
+                    subprocess.run(["fusermount3", "-u", "-z", "-q", "--", self.mountpoint], capture_output=True)
+                else:
+                    try:
+                        umount_path(self.mountpoint)
+                    except OSError as e:
+                        if e.errno not in (errno.EINVAL, errno.ENOENT):
+                            raise
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if isinstance(self._watch, socket.socket):
+            self._watch.close()
+        elif isinstance(self._watch, int):
+            os.close(self._watch)
+        self._watch = None
+        if self._watchdog is not None:
+            try:
+                self._watchdog.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def mount(mountpoint: str, *, allow_other: bool = False, read_only: bool = False,
+          via_fusermount: bool | None = None) -> FuseMount:
+    """Mount a new FUSE session at *mountpoint*; raises MountError with the cause."""
+    mountpoint = os.path.realpath(mountpoint)
+    if via_fusermount is None:
+        via_fusermount = os.geteuid() != 0 or os.environ.get("MITHRILFS_MOUNT_VIA") == "fusermount3"
+    if via_fusermount:
+        return _mount_fusermount(mountpoint, allow_other, read_only)
+    return _mount_root(mountpoint, allow_other, read_only)
+
+
+def _open_dev_fuse() -> int:
+    try:
+        return os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise MountError("/dev/fuse does not exist: load the fuse module (modprobe fuse), or give the container "
+                         "the device (--device /dev/fuse)") from None
+    except PermissionError:
+        raise MountError("no permission to open /dev/fuse") from None
+
+
+def _mount_root(mountpoint: str, allow_other: bool, read_only: bool) -> FuseMount:
+    fd = _open_dev_fuse()
+    try:
+        st = os.stat(mountpoint)
+        opts = (f"fd={fd},rootmode={stat.S_IFMT(st.st_mode):o},user_id={os.getuid()},group_id={os.getgid()}"
+                ",default_permissions" + (",allow_other" if allow_other else ""))
+        flags = MS_NOSUID | MS_NODEV | (MS_RDONLY if read_only else 0)
+        if _libc.mount(FSNAME.encode(), os.fsencode(mountpoint), FSTYPE.encode(), flags, opts.encode()) != 0:
+            e = ctypes.get_errno()
+            hint = " (in a container, mounting needs CAP_SYS_ADMIN)" if e == errno.EPERM else ""
+            raise MountError(f"mount(2) of {mountpoint} failed: {os.strerror(e)}{hint}")
+    except BaseException:
+        os.close(fd)
+        raise
+    mine = [m for m in mount_entries(mountpoint) if m[2] == FSTYPE]
+    watchdog, watch = None, None
+    if mine:
+        mount_id, dev, _ = mine[-1]
+        r, watch = os.pipe()
+        try:
+            watchdog = subprocess.Popen(
+                [sys.executable, "-m", "mithrilfs.kernel.watchdog", mountpoint, str(mount_id), dev],
+                stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/", close_fds=True)
+        except OSError:
+            os.close(watch)
+            watch = None
+        finally:
+            os.close(r)
+    return FuseMount(fd, mountpoint, False, watch, watchdog)
+
+
+def _mount_fusermount(mountpoint: str, allow_other: bool, read_only: bool) -> FuseMount:
+    exe = shutil.which("fusermount3")
+    if exe is None:
+        raise MountError("fusermount3 is not installed (it comes with the fuse3 package); it is needed to mount "
+                         "without root")
+    opts = f"fsname={FSNAME},subtype={FSNAME},default_permissions,nosuid,nodev,auto_unmount"
+    opts += ",allow_other" if allow_other else ""
+    opts += ",ro" if read_only else ""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        proc = subprocess.Popen([exe, "-o", opts, "--", mountpoint], env=dict(os.environ, _FUSE_COMMFD=str(
+            theirs.fileno())), pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            cwd="/")
+    except OSError as e:
+        ours.close()
+        raise MountError(f"cannot run fusermount3: {e.strerror}") from None
+    finally:
+        theirs.close()
+    fds: list[int] = []
+    try:
+        _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+    except OSError:
+        pass
+    if not fds:
+        err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
+        proc.wait()
+        ours.close()
+        raise MountError(_fusermount_hint(err or f"fusermount3 exited with status {proc.returncode}"))
+    os.set_inheritable(fds[0], False)
+    if proc.stderr is not None:
+        proc.stderr.close()
+    # with auto_unmount fusermount3 stays, waiting for our end of the socket to close
+    return FuseMount(fds[0], mountpoint, True, ours, proc)
+
+
+def _fusermount_hint(message: str) -> str:
+    line = message.splitlines()[-1] if message else message
+    if "user_allow_other" in line:
+        return line + " (add user_allow_other to /etc/fuse.conf, or mount without --allow-other)"
+    if "Permission denied" in line or "Operation not permitted" in line:
+        return line + " (non-root mounts need a mount point you own and a setuid fusermount3)"
+    return line

@@ -1,0 +1,491 @@
+"""One FUSE session on an open /dev/fuse fd: INIT, the request loop, replies, notifications.
+
+Workers are trio tasks that each own a request buffer.  A worker reads one
+request (non-blocking; only when none is pending does it wait for the fd
+under a lock, since trio lets one task at a time wait on an fd), decodes it,
+awaits the filesystem's handler and writes the reply.  While a handler
+awaits (a worker thread, Redis), the next idle worker takes the next
+request; a new worker is started whenever none is idle, up to
+``MAX_WORKERS``, and surplus idle workers end.  A request that is pending
+when a worker finishes is read at once, without going through trio's I/O
+wait, which is what keeps one round trip short.
+
+Errors: a handler's ``FUSEError`` is its answer; any other exception is
+logged and answered EIO; a request we cannot decode gets EIO and an unknown
+opcode ENOSYS.  Nothing a request does ends the loop.  The loop ends when
+the kernel says the mount is gone (ENODEV on read, or DESTROY) or on
+``stop()``; handlers in progress finish first.
+
+Notifications (invalidate an entry, an inode, tell of a deletion) are
+written by a thread of their own: the kernel takes the directory's lock to
+apply them, so writing one from the event loop while a request in that
+directory waits on us would deadlock.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Any, Awaitable, Callable
+
+import trio
+
+from . import abi
+from .api import DirBuffer, EntryAttributes, FUSEError, Operations, RequestContext, SetattrFields, pack_attr, pack_entry
+
+log = logging.getLogger(__name__)
+
+MAX_WORKERS = 32
+#: Idle workers beyond this many end after their request.
+MAX_IDLE = 4
+#: Requests served back to back before a worker yields to other trio tasks.
+_YIELD_EVERY = 8
+_HDR = abi.IN_HEADER.size
+_NO_REPLY = frozenset({abi.FORGET, abi.BATCH_FORGET, abi.INTERRUPT})
+#: Requests that may wait on something slow (the shared tier) and can be
+#: abandoned safely when the caller is interrupted: they change no local
+#: state before their last await.
+_INTERRUPTIBLE = frozenset({abi.LOOKUP, abi.OPENDIR, abi.READDIR, abi.READDIRPLUS})
+
+
+class ProtocolError(Exception):
+    """The kernel speaks a protocol this session cannot serve (said in one line)."""
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _cstr(buf: Any, start: int, end: int) -> tuple[bytes, int]:
+    """The NUL-terminated name at *start*; and where the next field begins."""
+    i = buf.find(b"\0", start, end)
+    if i < 0:
+        raise _Malformed("name without its terminating NUL")
+    return bytes(buf[start:i]), i + 1
+
+
+class Session:
+    """Serve *ops* on the FUSE device *fd* (already mounted) until the mount goes away."""
+
+    def __init__(self, fd: int, ops: Operations, *, max_write: int = 1 << 20, max_readahead: int = 1 << 20,
+                 readdirplus: bool = True, debug: bool = False) -> None:
+        self.fd = fd
+        self.ops = ops
+        self.max_write = max_write
+        self.max_readahead = max_readahead
+        self.readdirplus = readdirplus
+        self.debug = debug
+        #: Capabilities both sides agreed on at INIT (abi flag bits), and the protocol minor.
+        self.capabilities = 0
+        self.proto_minor = 0
+        self.initialized = trio.Event()
+        self._bufsize = max(abi.MIN_READ_BUFFER, max_write + 4096)
+        self._stopping = False
+        self._workers = 0
+        self._idle = 0
+        self._nursery: trio.Nursery | None = None
+        self._read_lock = trio.Lock()
+        self._waiting: set[trio.CancelScope] = set()
+        self._inflight: dict[int, trio.CancelScope] = {}
+        self._notify_q: queue.SimpleQueue[tuple[int, list[bytes]] | None] = queue.SimpleQueue()
+        self._notifier = threading.Thread(target=self._notify_loop, name="fuse-notify", daemon=True)
+        self._notifier.start()
+        self.error: ProtocolError | None = None
+        self._handlers: dict[int, Callable[..., Awaitable[bytes | None]]] = {
+            abi.INIT: self._init, abi.DESTROY: self._destroy, abi.INTERRUPT: self._interrupt,
+            abi.LOOKUP: self._lookup, abi.FORGET: self._forget, abi.BATCH_FORGET: self._batch_forget,
+            abi.GETATTR: self._getattr, abi.SETATTR: self._setattr, abi.READLINK: self._readlink,
+            abi.SYMLINK: self._symlink, abi.MKNOD: self._mknod, abi.MKDIR: self._mkdir,
+            abi.UNLINK: self._unlink, abi.RMDIR: self._rmdir, abi.RENAME: self._rename, abi.RENAME2: self._rename2,
+            abi.LINK: self._link, abi.OPEN: self._open, abi.READ: self._read, abi.WRITE: self._write,
+            abi.STATFS: self._statfs, abi.RELEASE: self._release, abi.FSYNC: self._fsync, abi.FLUSH: self._flush,
+            abi.OPENDIR: self._opendir, abi.READDIR: self._readdir, abi.READDIRPLUS: self._readdirplus,
+            abi.RELEASEDIR: self._releasedir, abi.FSYNCDIR: self._fsyncdir, abi.CREATE: self._create,
+        }
+
+    # ------------------------------------------------------------------
+    # the loop
+    # ------------------------------------------------------------------
+    async def serve(self) -> None:
+        """Answer requests until the mount is gone or ``stop()``; raises ProtocolError for a kernel we cannot serve."""
+        os.set_blocking(self.fd, False)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self._spawn_worker()
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        """End the loop: workers waiting for a request leave, handlers in progress finish."""
+        self._stopping = True
+        for scope in list(self._waiting):
+            scope.cancel()
+
+    def close(self) -> None:
+        """Stop the notification thread (the fd belongs to whoever mounted)."""
+        self._notify_q.put(None)
+        self._notifier.join(timeout=5)
+
+    def _spawn_worker(self) -> None:
+        assert self._nursery is not None
+        self._workers += 1
+        self._idle += 1
+        self._nursery.start_soon(self._worker)
+
+    async def _worker(self) -> None:
+        buf = bytearray(self._bufsize)
+        view = memoryview(buf)
+        streak = 0
+        try:
+            while True:
+                n = await self._next_request(buf)
+                if n is None:
+                    return
+                self._idle -= 1
+                if self._idle == 0 and self._workers < MAX_WORKERS and not self._stopping:
+                    self._spawn_worker()
+                try:
+                    await self._handle(buf, view, n)
+                finally:
+                    self._idle += 1
+                if self._idle > MAX_IDLE:
+                    return
+                streak += 1
+                if streak >= _YIELD_EVERY:
+                    streak = 0
+                    await trio.lowlevel.checkpoint()
+        finally:
+            self._workers -= 1
+            self._idle -= 1
+
+    async def _next_request(self, buf: bytearray) -> int | None:
+        """Read one request into *buf*; None once the session is over."""
+        while not self._stopping:
+            try:
+                return os.readv(self.fd, [buf])
+            except BlockingIOError:
+                pass
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.EINTR):
+                    continue  # the request was interrupted before we read it
+                if e.errno == errno.ENODEV:
+                    log.debug("the kernel ended the session (unmounted)")
+                    self.stop()
+                    return None
+                raise
+            with trio.CancelScope() as scope:
+                self._waiting.add(scope)
+                try:
+                    async with self._read_lock:
+                        if not self._stopping:
+                            await trio.lowlevel.wait_readable(self.fd)
+                finally:
+                    self._waiting.discard(scope)
+        return None
+
+    async def _handle(self, buf: bytearray, view: memoryview, n: int) -> None:
+        try:
+            length, opcode, unique, nodeid, uid, gid, pid, extlen, _ = abi.IN_HEADER.unpack_from(buf)
+        except Exception:
+            log.error("short request from the kernel (%d bytes): ignored", n)
+            return
+        end = min(length, n) - 8 * extlen
+        if self.debug:
+            log.debug("request %d: %s node %d (%d bytes)", unique, abi.OPCODE_NAMES.get(opcode, opcode), nodeid,
+                      length)
+        handler = self._handlers.get(opcode)
+        if handler is None:
+            self._reply_error(unique, errno.ENOSYS)
+            return
+        if not self.initialized.is_set() and opcode != abi.INIT:
+            self._reply_error(unique, errno.EIO)
+            return
+        ctx = RequestContext(uid, gid, pid)
+        scope = None
+        try:
+            if opcode in _INTERRUPTIBLE:
+                with trio.CancelScope() as scope:
+                    self._inflight[unique] = scope
+                    payload = await handler(nodeid, ctx, buf, view, _HDR, end)
+                if scope.cancelled_caught:
+                    raise FUSEError(errno.EINTR)
+            else:
+                payload = await handler(nodeid, ctx, buf, view, _HDR, end)
+        except FUSEError as e:
+            if opcode not in _NO_REPLY:
+                self._reply_error(unique, e.errno)
+            return
+        except (_Malformed, ValueError, IndexError) as e:
+            log.error("malformed %s request: %s", abi.OPCODE_NAMES.get(opcode, opcode), e)
+            if opcode not in _NO_REPLY:
+                self._reply_error(unique, errno.EIO)
+            return
+        except Exception:
+            log.exception("%s failed", abi.OPCODE_NAMES.get(opcode, opcode))
+            if opcode not in _NO_REPLY:
+                self._reply_error(unique, errno.EIO)
+            return
+        finally:
+            if scope is not None:
+                self._inflight.pop(unique, None)
+        if opcode not in _NO_REPLY:
+            self._reply(unique, payload)
+
+    # ------------------------------------------------------------------
+    # replies and notifications
+    # ------------------------------------------------------------------
+    def _send(self, parts: list[Any]) -> None:
+        try:
+            os.writev(self.fd, parts)
+        except OSError as e:
+            # ENOENT: the request was interrupted and is gone; ENODEV: unmounted meanwhile
+            if e.errno not in (errno.ENOENT, errno.ENODEV):
+                log.error("cannot write a reply to the kernel: %s", e)
+
+    def _reply(self, unique: int, payload: bytes | memoryview | None) -> None:
+        if not payload:
+            self._send([abi.OUT_HEADER.pack(16, 0, unique)])
+        else:
+            self._send([abi.OUT_HEADER.pack(16 + len(payload), 0, unique), payload])
+
+    def _reply_error(self, unique: int, code: int) -> None:
+        self._send([abi.OUT_HEADER.pack(16, -code, unique)])
+
+    def _notify(self, code: int, parts: list[bytes]) -> None:
+        if self.initialized.is_set() and not self._stopping:
+            self._notify_q.put((code, parts))
+
+    def _notify_loop(self) -> None:
+        while (item := self._notify_q.get()) is not None:
+            code, parts = item
+            size = 16 + sum(len(p) for p in parts)
+            try:
+                os.writev(self.fd, [abi.OUT_HEADER.pack(size, code, 0), *parts])
+            except OSError as e:
+                # ENOENT: the kernel had nothing cached for it; EBADF/ENODEV: the session ended
+                if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ENODEV):
+                    log.warning("notification %d failed: %s", code, e)
+
+    def notify_delete(self, parent: int, child: int, name: bytes) -> None:
+        """The daemon removed *name* from *parent* on its own: drop the kernel's dentry (and child's cache)."""
+        self._notify(abi.NOTIFY_DELETE, [abi.NOTIFY_DELETE_OUT.pack(parent, child, len(name), 0), name, b"\0"])
+
+    def invalidate_entry(self, parent: int, name: bytes) -> None:
+        """Make the kernel look *name* up again (it appeared, or points elsewhere now)."""
+        self._notify(abi.NOTIFY_INVAL_ENTRY, [abi.NOTIFY_INVAL_ENTRY_OUT.pack(parent, len(name), 0), name, b"\0"])
+
+    def invalidate_inode(self, inode: int, off: int = 0, length: int = 0) -> None:
+        """Drop the kernel's cached attributes and pages of *inode* (length 0: to the end)."""
+        self._notify(abi.NOTIFY_INVAL_INODE, [abi.NOTIFY_INVAL_INODE_OUT.pack(inode, off, length)])
+
+    # ------------------------------------------------------------------
+    # session management
+    # ------------------------------------------------------------------
+    async def _init(self, nodeid: int, ctx: RequestContext, buf: bytearray, view: memoryview, off: int,
+                    end: int) -> bytes:
+        major, minor, max_readahead, flags = abi.INIT_IN.unpack_from(buf, off)[:4]
+        if major > abi.KERNEL_VERSION:
+            # the kernel retries INIT with our major
+            return abi.INIT_OUT.pack(abi.KERNEL_VERSION, abi.KERNEL_MINOR_VERSION, *((0,) * 11))
+        if major < abi.KERNEL_VERSION or minor < abi.MIN_KERNEL_MINOR:
+            self.error = ProtocolError(
+                f"the kernel speaks FUSE {major}.{minor}; mithrilfs needs 7.{abi.MIN_KERNEL_MINOR} or newer")
+            self.stop()
+            raise FUSEError(errno.EPROTO)
+        kernel_caps = flags
+        if flags & abi.INIT_EXT and end - off >= abi.INIT_IN.size:
+            kernel_caps |= abi.INIT_IN.unpack_from(buf, off)[4] << 32
+        want = (abi.ASYNC_READ | abi.ATOMIC_O_TRUNC | abi.BIG_WRITES | abi.AUTO_INVAL_DATA | abi.PARALLEL_DIROPS
+                | abi.MAX_PAGES | abi.CACHE_SYMLINKS | abi.INIT_EXT)
+        if self.readdirplus:
+            want |= abi.DO_READDIRPLUS | abi.READDIRPLUS_AUTO
+        caps = want & kernel_caps
+        self.capabilities = caps
+        self.proto_minor = min(minor, abi.KERNEL_MINOR_VERSION)
+        max_pages = max(1, self.max_write // 4096)
+        log.info("FUSE %d.%d (kernel %d.%d): max_write %d, parallel dirops %s, readdirplus %s",
+                 abi.KERNEL_VERSION, self.proto_minor, major, minor, self.max_write,
+                 bool(caps & abi.PARALLEL_DIROPS), bool(caps & abi.DO_READDIRPLUS))
+        await self.ops.init()
+        self.initialized.set()
+        return abi.INIT_OUT.pack(
+            abi.KERNEL_VERSION, self.proto_minor, min(max_readahead, self.max_readahead), caps & 0xFFFFFFFF,
+            64, 48, self.max_write, 1, max_pages, 0, caps >> 32, 0, 0)
+
+    async def _destroy(self, nodeid: int, ctx: RequestContext, buf: bytearray, view: memoryview, off: int,
+                       end: int) -> None:
+        await self.ops.destroy()
+        self.stop()
+        return None
+
+    async def _interrupt(self, nodeid: int, ctx: RequestContext, buf: bytearray, view: memoryview, off: int,
+                         end: int) -> None:
+        (target,) = abi.INTERRUPT_IN.unpack_from(buf, off)
+        scope = self._inflight.get(target)
+        if scope is not None:
+            scope.cancel()
+        return None
+
+    # ------------------------------------------------------------------
+    # names
+    # ------------------------------------------------------------------
+    async def _lookup(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        name, _ = _cstr(buf, off, end)
+        return pack_entry(await self.ops.lookup(nodeid, name, ctx))
+
+    async def _forget(self, nodeid, ctx, buf, view, off, end) -> None:
+        (n,) = abi.FORGET_IN.unpack_from(buf, off)
+        await self.ops.forget([(nodeid, n)])
+
+    async def _batch_forget(self, nodeid, ctx, buf, view, off, end) -> None:
+        (count, _) = abi.BATCH_FORGET_IN.unpack_from(buf, off)
+        off += abi.BATCH_FORGET_IN.size
+        count = min(count, (end - off) // abi.FORGET_ONE.size)
+        await self.ops.forget([abi.FORGET_ONE.unpack_from(buf, off + i * abi.FORGET_ONE.size) for i in range(count)])
+
+    async def _getattr(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        return pack_attr(await self.ops.getattr(nodeid, ctx))
+
+    async def _setattr(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        (valid, _, fh, size, _lock_owner, atime, mtime, ctime, atimensec, mtimensec, ctimensec, mode, _, uid, gid,
+         _) = abi.SETATTR_IN.unpack_from(buf, off)
+        attr = EntryAttributes()
+        fields = SetattrFields()
+        now = time.time_ns()
+        if valid & abi.FATTR_MODE:
+            fields.update_mode, attr.st_mode = True, mode
+        if valid & abi.FATTR_UID:
+            fields.update_uid, attr.st_uid = True, uid
+        if valid & abi.FATTR_GID:
+            fields.update_gid, attr.st_gid = True, gid
+        if valid & abi.FATTR_SIZE:
+            fields.update_size, attr.st_size = True, size
+        if valid & (abi.FATTR_ATIME | abi.FATTR_ATIME_NOW):
+            fields.update_atime = True
+            attr.st_atime_ns = now if valid & abi.FATTR_ATIME_NOW else atime * 1_000_000_000 + atimensec
+        if valid & (abi.FATTR_MTIME | abi.FATTR_MTIME_NOW):
+            fields.update_mtime = True
+            attr.st_mtime_ns = now if valid & abi.FATTR_MTIME_NOW else mtime * 1_000_000_000 + mtimensec
+        if valid & abi.FATTR_CTIME:
+            fields.update_ctime, attr.st_ctime_ns = True, ctime * 1_000_000_000 + ctimensec
+        handle = fh if valid & abi.FATTR_FH else None
+        return pack_attr(await self.ops.setattr(nodeid, attr, fields, handle, ctx))
+
+    async def _readlink(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        return await self.ops.readlink(nodeid, ctx)
+
+    async def _symlink(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        name, off = _cstr(buf, off, end)
+        target, _ = _cstr(buf, off, end)
+        return pack_entry(await self.ops.symlink(nodeid, name, target, ctx))
+
+    async def _mknod(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        mode, rdev, umask, _ = abi.MKNOD_IN.unpack_from(buf, off)
+        name, _ = _cstr(buf, off + abi.MKNOD_IN.size, end)
+        ctx.umask = umask
+        return pack_entry(await self.ops.mknod(nodeid, name, mode, rdev, ctx))
+
+    async def _mkdir(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        mode, umask = abi.MKDIR_IN.unpack_from(buf, off)
+        name, _ = _cstr(buf, off + abi.MKDIR_IN.size, end)
+        ctx.umask = umask
+        return pack_entry(await self.ops.mkdir(nodeid, name, mode, ctx))
+
+    async def _unlink(self, nodeid, ctx, buf, view, off, end) -> None:
+        name, _ = _cstr(buf, off, end)
+        await self.ops.unlink(nodeid, name, ctx)
+
+    async def _rmdir(self, nodeid, ctx, buf, view, off, end) -> None:
+        name, _ = _cstr(buf, off, end)
+        await self.ops.rmdir(nodeid, name, ctx)
+
+    async def _rename(self, nodeid, ctx, buf, view, off, end) -> None:
+        (newdir,) = abi.RENAME_IN.unpack_from(buf, off)
+        old, off = _cstr(buf, off + abi.RENAME_IN.size, end)
+        new, _ = _cstr(buf, off, end)
+        await self.ops.rename(nodeid, old, newdir, new, 0, ctx)
+
+    async def _rename2(self, nodeid, ctx, buf, view, off, end) -> None:
+        newdir, flags, _ = abi.RENAME2_IN.unpack_from(buf, off)
+        old, off = _cstr(buf, off + abi.RENAME2_IN.size, end)
+        new, _ = _cstr(buf, off, end)
+        if flags & ~(abi.RENAME_NOREPLACE | abi.RENAME_EXCHANGE):
+            raise FUSEError(errno.EINVAL)  # RENAME_WHITEOUT: no overlay upper layers here
+        await self.ops.rename(nodeid, old, newdir, new, flags, ctx)
+
+    async def _link(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        (old,) = abi.LINK_IN.unpack_from(buf, off)
+        name, _ = _cstr(buf, off + abi.LINK_IN.size, end)
+        return pack_entry(await self.ops.link(old, nodeid, name, ctx))
+
+    # ------------------------------------------------------------------
+    # files
+    # ------------------------------------------------------------------
+    async def _open(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        flags, _ = abi.OPEN_IN.unpack_from(buf, off)
+        fi = await self.ops.open(nodeid, flags, ctx)
+        return abi.OPEN_OUT.pack(fi.fh, fi.open_flags(), 0)
+
+    async def _create(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        flags, mode, umask, _ = abi.CREATE_IN.unpack_from(buf, off)
+        name, _ = _cstr(buf, off + abi.CREATE_IN.size, end)
+        ctx.umask = umask
+        fi, attr = await self.ops.create(nodeid, name, mode, flags, ctx)
+        return pack_entry(attr) + abi.OPEN_OUT.pack(fi.fh, fi.open_flags(), 0)
+
+    async def _read(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        fh, offset, size, *_ = abi.READ_IN.unpack_from(buf, off)
+        return await self.ops.read(fh, offset, size)
+
+    async def _write(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        fh, offset, size, *_ = abi.WRITE_IN.unpack_from(buf, off)
+        start = off + abi.WRITE_IN.size
+        if start + size > end:
+            raise _Malformed(f"write of {size} bytes carries {end - start}")
+        n = await self.ops.write(fh, offset, view[start : start + size])
+        return abi.WRITE_OUT.pack(n, 0)
+
+    async def _flush(self, nodeid, ctx, buf, view, off, end) -> None:
+        (fh, *_) = abi.FLUSH_IN.unpack_from(buf, off)
+        await self.ops.flush(fh)
+
+    async def _release(self, nodeid, ctx, buf, view, off, end) -> None:
+        (fh, *_) = abi.RELEASE_IN.unpack_from(buf, off)
+        await self.ops.release(fh)
+
+    async def _fsync(self, nodeid, ctx, buf, view, off, end) -> None:
+        fh, flags, _ = abi.FSYNC_IN.unpack_from(buf, off)
+        await self.ops.fsync(fh, bool(flags & abi.FSYNC_FDATASYNC))
+
+    async def _statfs(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        s = await self.ops.statfs(ctx)
+        return abi.STATFS_OUT.pack(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_bsize, s.f_namemax,
+                                   s.f_frsize, 0)
+
+    # ------------------------------------------------------------------
+    # directories
+    # ------------------------------------------------------------------
+    async def _opendir(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        fh = await self.ops.opendir(nodeid, ctx)
+        return abi.OPEN_OUT.pack(fh, 0, 0)
+
+    async def _readdir(self, nodeid, ctx, buf, view, off, end, plus: bool = False) -> bytes:
+        fh, offset, size, *_ = abi.READ_IN.unpack_from(buf, off)
+        out = DirBuffer(size, plus)
+        await self.ops.readdir(fh, offset, out)
+        return out.payload()
+
+    async def _readdirplus(self, nodeid, ctx, buf, view, off, end) -> bytes:
+        return await self._readdir(nodeid, ctx, buf, view, off, end, plus=True)
+
+    async def _releasedir(self, nodeid, ctx, buf, view, off, end) -> None:
+        (fh, *_) = abi.RELEASE_IN.unpack_from(buf, off)
+        await self.ops.releasedir(fh)
+
+    async def _fsyncdir(self, nodeid, ctx, buf, view, off, end) -> None:
+        fh, flags, _ = abi.FSYNC_IN.unpack_from(buf, off)
+        await self.ops.fsyncdir(fh, bool(flags & abi.FSYNC_FDATASYNC))
