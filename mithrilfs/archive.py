@@ -203,13 +203,11 @@ def _import_blobs(tar: tarfile.TarFile, store: Store, report: dict[str, int], pr
                 digest = bytes.fromhex(digest_hex)
             except ValueError:
                 digest = b""
-            if hash_file(staging) != digest:
+            size = store.blobs.add_checked(staging, digest) if digest else None
+            if size is None:
                 report["corrupt_blobs"] += 1
                 continue
-            with store.ns.txn():
-                store.ns.blob_intent(digest, member.size)
-            store.cas.adopt(staging, digest, trust_existing=False)
-            good[digest_hex] = member.size
+            good[digest_hex] = size
             report["blobs"] += 1
         finally:
             os.unlink(staging)

@@ -10,7 +10,6 @@ work in ``staging/`` and a finished staging file becomes a blob by one
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from pathlib import Path
 
@@ -19,7 +18,6 @@ import blake3
 DIGEST_SIZE = 32
 #: Files at least this large are hashed with blake3's threads over an mmap.
 _MMAP_HASH_MIN = 1 << 20
-_CHUNK = 1 << 20
 
 EMPTY_DIGEST = blake3.blake3(b"").digest()
 
@@ -117,30 +115,6 @@ class CAS:
         except FileNotFoundError:
             return None
         return target
-
-    def put_bytes(self, data: bytes) -> tuple[bytes, bool]:
-        """Store *data*; returns (digest, whether it was new)."""
-        digest = hash_bytes(data)
-        if self.exists(digest):
-            return digest, False
-        fd, path = self.new_staging()
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            return digest, self.adopt(path, digest)
-        finally:
-            os.unlink(path)
-
-    def put_file(self, path: str | os.PathLike[str]) -> tuple[bytes, bool]:
-        """Store a copy of an outside file; returns (digest, whether it was new)."""
-        fd, tmp = self.new_staging()
-        try:
-            with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
-                shutil.copyfileobj(src, out, _CHUNK)
-            digest = hash_file(tmp)
-            return digest, self.adopt(tmp, digest)
-        finally:
-            os.unlink(tmp)
 
     # -- staging ---------------------------------------------------------
     def new_staging(self) -> tuple[int, str]:

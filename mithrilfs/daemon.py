@@ -245,7 +245,7 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
         session = kernel.Session(fuse.fd, ops, debug=opts.debug)
         log.info("serving %s (store %s%s, pid %d, budget %d bytes)", opts.mountpoint, opts.store,
                  ", read-only" if store.read_only else "", os.getpid(), opts.policy.max_bytes)
-        ops.invalidate_entry = lambda parent, name, ino: session.notify_delete(parent, ino, name)
+        ops.lifetimes.notify_removed = lambda parent, name, ino: session.notify_delete(parent, ino, name)
         ops.stats_snapshot()
         if metrics is not None:
             metrics.start()

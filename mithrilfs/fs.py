@@ -1,51 +1,43 @@
-"""The filesystem's answers to kernel requests, over the namespace and the CAS: translates FUSE requests, nothing else.
+"""The filesystem's answers to kernel requests: it translates requests, nothing else.
 
-Everything runs on one trio event loop, so namespace access needs no locks.
-Only work that can take long (hashing or copying large files, writes of
-``WRITE_OFFLOAD_MIN`` and more) leaves the loop, and the code re-checks what
-it relies on after every ``await``.  A file's own lock orders what touches
-its staging file from a worker thread against truncates and commits, and
-keeps its writes (and so the running hash) in arrival order.
+Each handler looks things up in the namespace, hands content to the write
+path (``writepath``: staging and commits), inode lifetimes to ``lifetime``
+(kernel references, names removed, content freed), blobs to ``blobs``, and
+records what happened in ``stats``.  Everything runs on one trio event
+loop, so namespace access needs no locks; the code re-checks what it relies
+on after every ``await``.
 
-Content of a regular file is either a committed blob (``Inode.hash``; None
-means empty) or, while it is being written, a staging file shared by every
-handle of that inode.  Staging is created lazily on the first write or
-truncate (a copy of the blob unless the write starts from empty) and
-committed on ``flush`` (every ``close``), ``fsync`` and the last ``release``:
-hash, rename into ``objects/`` (or drop it when the blob exists), then one
-transaction points the inode at the hash.  Until that transaction the inode
-keeps its last committed content, so a crash never exposes a torn file.
+Commit points: ``flush`` (every ``close`` of a writable handle), ``fsync``
+and the last ``release``.  Read-only handles are opened with NOFLUSH, so
+their ``close`` costs no round trip.
 """
-
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import json
 import logging
 import os
-import signal
 import sqlite3
 import stat
 import time
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, TypeVar
 
-import blake3
 import trio
 
-from .cas import hash_file
 from . import kernel
-from .kernel import DirBuffer, EntryAttributes, FileInfo, FUSEError, RequestContext, SetattrFields, StatvfsData
+from .kernel import DirBuffer, EntryAttributes, FileInfo, FUSEError, SetattrFields, StatvfsData
 from .control import CONTROL_DIR_INODE, CONTROL_NAME, ControlFiles
 from .eviction import EvictionPolicy, EvictionResult, Evictor, Recency, Unit
 from . import sharing
-from .namespace import ROOT_INODE, Inode
+from .lifetime import Lifetimes, Removed
+from .namespace import ROOT_INODE, DirPaths, Inode
 from .remote import RemoteTier
 from .stats import ROOT_KEY, EventLog, Stats
-from .store import Store
+from .store import Store, is_disk_full
 from .units import parse_size
+from .writepath import OFFLOAD_MIN, OpenFile, WritePath
 
 log = logging.getLogger(__name__)
 
@@ -55,32 +47,12 @@ log = logging.getLogger(__name__)
 ENTRY_TIMEOUT = 300.0
 ATTR_TIMEOUT = 300.0
 NEGATIVE_TIMEOUT = 300.0
-#: Files at least this large are hashed and copied off the event loop.
-OFFLOAD_MIN = 1 << 20
-#: Writes this big copy and hash off the event loop.
-WRITE_OFFLOAD_MIN = 256 << 10
 _BLKSIZE = 128 * 1024
 RECENCY_FLUSH_SECONDS = 5.0
 SNAPSHOT_SECONDS = 1.0
 SUMMARY_SECONDS = 60.0
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
-
-#: Crash-safety tests set MITHRILFS_TEST_CRASH_AT=POINT:N to SIGKILL the
-#: daemon the Nth time the write path reaches POINT.
-_CRASH_AT = os.environ.get("MITHRILFS_TEST_CRASH_AT")
-_crash_hits: dict[str, int] = {}
-
-
-def _crash_point(name: str) -> None:
-    if _CRASH_AT is None:
-        return
-    point, _, nth = _CRASH_AT.partition(":")
-    if point == name:
-        _crash_hits[name] = _crash_hits.get(name, 0) + 1
-        if _crash_hits[name] >= int(nth or 1):
-            os.kill(os.getpid(), signal.SIGKILL)
-
 
 def _sqlite_errno(e: sqlite3.Error) -> int:
     """The errno a failed index operation means for the caller."""
@@ -92,56 +64,73 @@ def _sqlite_errno(e: sqlite3.Error) -> int:
     return errno.EIO
 
 
-def _is_disk_full(e: BaseException) -> bool:
-    if isinstance(e, OSError):
-        return e.errno in (errno.ENOSPC, errno.EDQUOT)
-    return isinstance(e, sqlite3.OperationalError) and "full" in str(e)
+async def _retry_when_full(ops: "Operations", attempt: Callable[[], Awaitable[Any]], *, data: bool = False) -> Any:
+    """Run *attempt*; if the disk is full, make room and run it once more.
 
-
-async def _retry_when_full(ops: "Operations", attempt: Callable[[], Awaitable[Any]]) -> Any:
+    The reserve (``Store.ensure_reserve``) is room for the index alone: an
+    index-only retry (a commit, unlink, rename, a delete at FORGET) may use
+    it, and it is taken back afterwards when there is room again; a retry
+    that writes file data (*data*) runs with the reserve in place, on what
+    eviction freed, so written bytes can never take the index's last room.
+    """
     try:
         return await attempt()
     except (OSError, sqlite3.OperationalError) as e:
-        if not _is_disk_full(e):
+        if not is_disk_full(e):
             raise
     await ops.make_room()
-    return await attempt()
+    if data:
+        ops.store.ensure_reserve()
+        return await attempt()
+    try:
+        return await attempt()
+    finally:
+        ops.store.ensure_reserve()
 
 
-def _request(fn: F) -> F:
-    """Error policy of every request handler.
+def _error_policy(*, data: bool) -> Callable[[F], F]:
+    """Error policy of the request handlers.
 
     A full backing disk gets one eviction pass to make room and one retry
-    (handlers are written so that a failed attempt changes nothing).  Stray
+    (handlers are written so that a failed attempt changes nothing); *data*
+    says the handler writes file data (see ``_retry_when_full``).  Stray
     OSErrors become their errno and anything else EIO, logged here with
     the operation's name and counted in the event log.
     """
 
-    @functools.wraps(fn)
-    async def wrapper(self: "Operations", *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await _retry_when_full(self, lambda: fn(self, *args, **kwargs))
-        except FUSEError:
-            raise
-        except OSError as e:
-            if e.errno in (None, errno.EIO, errno.ENOSPC, errno.EROFS):
-                log.warning("%s failed: %s", fn.__name__, e)
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        async def wrapper(self: "Operations", *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await _retry_when_full(self, lambda: fn(self, *args, **kwargs), data=data)
+            except FUSEError:
+                raise
+            except OSError as e:
+                if e.errno in (None, errno.EIO, errno.ENOSPC, errno.EROFS):
+                    log.warning("%s failed: %s", fn.__name__, e)
+                    self.events.emit("error", op=fn.__name__, error=str(e))
+                raise FUSEError(e.errno or errno.EIO) from None
+            except sqlite3.Error as e:
+                code = _sqlite_errno(e)
+                if code == errno.EIO:
+                    log.exception("%s failed", fn.__name__)
+                else:
+                    log.warning("%s failed: %s", fn.__name__, e)
                 self.events.emit("error", op=fn.__name__, error=str(e))
-            raise FUSEError(e.errno or errno.EIO) from None
-        except sqlite3.Error as e:
-            code = _sqlite_errno(e)
-            if code == errno.EIO:
+                raise FUSEError(code) from None
+            except Exception as e:
                 log.exception("%s failed", fn.__name__)
-            else:
-                log.warning("%s failed: %s", fn.__name__, e)
-            self.events.emit("error", op=fn.__name__, error=str(e))
-            raise FUSEError(code) from None
-        except Exception as e:
-            log.exception("%s failed", fn.__name__)
-            self.events.emit("error", op=fn.__name__, error=repr(e))
-            raise FUSEError(errno.EIO) from None
+                self.events.emit("error", op=fn.__name__, error=repr(e))
+                raise FUSEError(errno.EIO) from None
 
-    return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]
+
+    return wrap
+
+
+_request = _error_policy(data=False)
+#: Handlers that write file data into staging: ``write``, and ``setattr`` (a truncate copies the blob).
+_data_request = _error_policy(data=True)
 
 
 def _timed(op: str) -> Callable[[F], F]:
@@ -163,30 +152,6 @@ def _timed(op: str) -> Callable[[F], F]:
 
 def _err(code: int) -> FUSEError:
     return FUSEError(code)
-
-
-@dataclass(eq=False)
-class OpenFile:
-    """Per-inode state while at least one handle on it is open."""
-
-    inode: Inode
-    #: Top-level directory the file lives under, for per-directory stats.
-    top: str = ROOT_KEY
-    handles: int = 0
-    size: int = 0
-    mtime_ns: int = 0
-    staging_fd: int | None = None
-    staging_path: str | None = None
-    dirty: bool = False
-    #: Bumped by every change to staging; a commit whose hash was computed
-    #: before the latest change is abandoned.
-    write_gen: int = 0
-    #: blake3 of the staging content while it is written strictly in
-    #: sequence from offset 0 (``hashed`` bytes so far), so a commit need not
-    #: read it back; None once a write or truncate lands anywhere else.
-    hasher: Any = None
-    hashed: int = 0
-    lock: trio.Lock = field(default_factory=trio.Lock)
 
 
 @dataclass(eq=False, slots=True)
@@ -213,33 +178,27 @@ class Operations(kernel.Operations):
         self.control = ControlFiles()
         self.control.add_json(b"stats.json", self.stats_snapshot)
         self.control.add_command(b"gc", self._gc_command)
-        self._lookups: dict[int, int] = {}
-        self._open: dict[int, OpenFile] = {}
+        self.blobs = store.blobs
         self._handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._offload = trio.CapacityLimiter(2)
-        #: Bytes of blobs on disk; staging bytes are added on demand (physical()).
-        self.blob_bytes = self.ns.physical_bytes()
         self.stats = Stats()
         self.evicted_files = 0
         self.events = EventLog(None if store.read_only else store.root / "events.jsonl")
-        #: Path of directory inodes from the mount root (filled lazily).
-        self._dir_path: dict[int, str] = {ROOT_INODE: ""}
+        self.paths = DirPaths(self.ns)
         #: What the last background refresh saw; served to Prometheus from its own thread.
         self.cached_snapshot: dict[str, Any] = {}
-        self.shared = sharing.SharedTier(self, remote) if remote is not None else None
+        self.writes = WritePath(self.ns, self.blobs, self.stats, self._offload, self._committed)
+        self.recency = Recency(self.ns)
+        self.lifetimes = Lifetimes(self.ns, self.blobs, self.recency, self.writes.open.__contains__)
+        self.shared = (sharing.SharedTier(self.ns, self.blobs, self.paths, self.events, remote)
+                       if remote is not None else None)
         self.negative_timeout = sharing.NEGATIVE_TIMEOUT if remote is not None else NEGATIVE_TIMEOUT
         if self.shared is not None:
             self.control.add_command(b"push", self._push_command)
-        #: Blobs whose content was hashed and found right during this mount.
-        self._verified: set[bytes] = set()
         self._room_lock = trio.Lock()
         self._room_made = 0
-        self.recency = Recency(self.ns)
         self.evictor = Evictor(self.policy, self.ns, self.recency, self.physical, self.evict_unit, self._evicted)
-        #: Set by the daemon once a kernel session exists: tells the kernel
-        #: to drop names the daemon removes on its own (eviction).
-        self.invalidate_entry: Callable[[int, bytes, int], None] | None = None
 
     # ------------------------------------------------------------------
     # attributes
@@ -256,7 +215,7 @@ class Operations(kernel.Operations):
         e.st_gid = ino.gid
         e.st_rdev = 0
         size, mtime = ino.size, ino.mtime_ns
-        of = self._open.get(ino.id)
+        of = self.writes.open.get(ino.id)
         if of is not None:
             size, mtime = of.size, of.mtime_ns
         e.st_size = size
@@ -285,30 +244,9 @@ class Operations(kernel.Operations):
             e.st_size = len(self.control.produce(ino))
         return e
 
-    def path_of_dir(self, d: int) -> str | None:
-        """The directory's path from the mount root ("" for the root); None once it has no name.
-
-        Cached per directory (a directory has exactly one name); a directory
-        rename clears the cache.  Used for per-directory stats and as the
-        shared tier's key.
-        """
-        chain: list[tuple[int, bytes]] = []
-        while (path := self._dir_path.get(d)) is None:
-            names = self.ns.names_of(d)
-            if not names:
-                return None
-            parent, name = names[0]
-            chain.append((d, name))
-            d = parent
-        for child, name in reversed(chain):
-            part = name.decode(errors="surrogateescape")
-            path = f"{path}/{part}" if path else part
-            self._dir_path[child] = path
-        return path
-
     def _top_of_dir(self, d: int) -> str:
         """Which top-level directory *d* is, or is under ("/" for the root itself)."""
-        path = self.path_of_dir(d)
+        path = self.paths.of_dir(d)
         if not path:
             return ROOT_KEY
         return path.split("/", 1)[0].encode(errors="surrogateescape").decode(errors="replace")
@@ -323,16 +261,13 @@ class Operations(kernel.Operations):
         return self._top_of_child(names[0][0], False, names[0][1]) if names else ROOT_KEY
 
     def _inode(self, ino: int) -> Inode:
-        of = self._open.get(ino)
+        of = self.writes.open.get(ino)
         if of is not None:
             return of.inode
         inode = self.ns.get(ino)
         if inode is None:
             raise _err(errno.ENOENT)
         return inode
-
-    def _ref(self, ino: int) -> None:
-        self._lookups[ino] = self._lookups.get(ino, 0) + 1
 
     def _touch_dir(self, parent: int) -> None:
         now = time.time_ns()
@@ -374,50 +309,29 @@ class Operations(kernel.Operations):
         if not inode.is_dir:
             self.stats.add(self._top_of_child(parent_inode, False, name), "hits")
         attr = self._attr(inode)
-        self._ref(ino)
+        self.lifetimes.ref(ino)
         return attr
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, n in inode_list:
-            left = self._lookups.get(ino, 0) - n
-            if left > 0:
-                self._lookups[ino] = left
-                continue
-            self._lookups.pop(ino, None)
-            try:
-                self._maybe_delete(ino)
-            except Exception:
-                log.exception("forget of inode %d failed", ino)
+            if self.lifetimes.unref(ino, n):
+                await self._delete_if_unused(ino)
 
-    def _maybe_delete(self, ino: int) -> None:
-        """Drop an inode once it has no names, no kernel references and no handles."""
-        if ino in self._open or self._lookups.get(ino, 0) > 0:
-            return
-        inode = self.ns.get(ino)
-        if inode is None or inode.nlink > 0:
-            return
-        with self.ns.txn():
-            self.ns.delete_inode(ino)
-        self.recency.forget(ino)
-        self._collect(inode.hash)
+    async def _delete_if_unused(self, ino: int) -> None:
+        """Drop an inode nothing holds any more; on failure (disk full even after making room) retry later."""
 
-    def _collect(self, digest: bytes | None) -> int:
-        """Delete a blob whose last reference just went; returns the bytes freed."""
-        if digest is None:
-            return 0
-        info = self.ns.blob_info(digest)
-        if info is None or info[0] > 0:
-            return 0
-        self._verified.discard(digest)
-        self.cas.delete(digest)
-        with self.ns.txn():
-            self.ns.forget_blob(digest)
-        self.blob_bytes -= info[1]
-        return info[1]
+        async def attempt() -> None:
+            self.lifetimes.delete_if_unused(ino)
+
+        try:
+            await _retry_when_full(self, attempt)
+        except (sqlite3.Error, OSError) as e:
+            log.warning("cannot delete inode %d yet: %s", ino, e)
+            self.lifetimes.doomed.add(ino)
 
     def physical(self) -> int:
         """Bytes the store holds on disk: unique blobs plus staging files."""
-        return self.blob_bytes + sum(of.size for of in self._open.values() if of.staging_fd is not None)
+        return self.blobs.bytes + self.writes.staging_bytes()
 
     @_request
     async def getattr(self, inode: int, ctx: Any = None) -> EntryAttributes:
@@ -425,7 +339,7 @@ class Operations(kernel.Operations):
             return self._control_attr(inode)
         return self._attr(self._inode(inode))
 
-    @_request
+    @_data_request
     async def setattr(
         self, inode: int, attr: EntryAttributes, fields: SetattrFields, fh: int | None, ctx: Any
     ) -> EntryAttributes:
@@ -438,17 +352,17 @@ class Operations(kernel.Operations):
                 raise _err(errno.EISDIR)
             if not ino.is_reg:
                 raise _err(errno.EINVAL)
-            of = self._open.get(inode)
+            of = self.writes.open.get(inode)
             transient = of is None
             if of is None:
                 of = self._open_file(ino)
             try:
-                await self._truncate(of, attr.st_size)
+                await self.writes.truncate(of, attr.st_size)
                 if transient:
-                    await self._commit(of)
+                    await self.writes.commit(of)
             finally:
                 if transient:
-                    self._close_open_file(of)
+                    await self._close_open_file(of)
         changes: dict[str, int] = {}
         if fields.update_mode:
             changes["mode"] = stat.S_IFMT(ino.mode) | stat.S_IMODE(attr.st_mode)
@@ -460,7 +374,7 @@ class Operations(kernel.Operations):
             changes["atime_ns"] = attr.st_atime_ns
         if fields.update_mtime:
             changes["mtime_ns"] = attr.st_mtime_ns
-            of = self._open.get(inode)
+            of = self.writes.open.get(inode)
             if of is not None:
                 of.mtime_ns = attr.st_mtime_ns
         changes["ctime_ns"] = now
@@ -492,7 +406,7 @@ class Operations(kernel.Operations):
             if is_dir:
                 self.ns.add_link(parent_ino, +1)
             self._touch_dir(parent)
-        self._ref(ino.id)
+        self.lifetimes.ref(ino.id)
         return ino
 
     @_request
@@ -526,7 +440,7 @@ class Operations(kernel.Operations):
             self.ns.link(new_parent_inode, new_name, inode)
             self.ns.add_link(ino, +1)
             self._touch_dir(new_parent_inode)
-        self._ref(inode)
+        self.lifetimes.ref(inode)
         return self._attr(ino)
 
     def _lookup_existing(self, parent: int, name: bytes) -> Inode:
@@ -536,24 +450,15 @@ class Operations(kernel.Operations):
             raise _err(errno.ENOENT)
         return self._inode(ino)
 
-    def _drop_name(self, parent: int, name: bytes, ino: Inode) -> None:
-        """Remove one name of *ino* (inside a transaction)."""
-        self.ns.unlink(parent, name)
-        if ino.is_dir:
-            self.ns.update_attrs(ino, nlink=0, ctime_ns=time.time_ns())
-            self.ns.add_link(self._inode(parent), -1)
-        else:
-            self.ns.add_link(ino, -1)
-
     @_request
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         ino = self._lookup_existing(parent_inode, name)
         if ino.is_dir:
             raise _err(errno.EISDIR)
         with self.ns.txn():
-            self._drop_name(parent_inode, name, ino)
+            self.lifetimes.drop_name(self._inode(parent_inode), name, ino)
             self._touch_dir(parent_inode)
-        self._maybe_delete(ino.id)
+        await self._delete_if_unused(ino.id)
 
     @_request
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -563,9 +468,9 @@ class Operations(kernel.Operations):
         if self.ns.has_children(ino.id):
             raise _err(errno.ENOTEMPTY)
         with self.ns.txn():
-            self._drop_name(parent_inode, name, ino)
+            self.lifetimes.drop_name(self._inode(parent_inode), name, ino)
             self._touch_dir(parent_inode)
-        self._maybe_delete(ino.id)
+        await self._delete_if_unused(ino.id)
 
     def _is_ancestor(self, ancestor: int, ino: int) -> bool:
         while ino != ROOT_INODE:
@@ -608,7 +513,7 @@ class Operations(kernel.Operations):
                 raise _err(errno.ENOTDIR)
         with self.ns.txn():
             if dst is not None:
-                self._drop_name(parent_inode_new, name_new, dst)
+                self.lifetimes.drop_name(self._inode(parent_inode_new), name_new, dst)
             self.ns.move(parent_inode_old, name_old, parent_inode_new, name_new)
             if src.is_dir and parent_inode_old != parent_inode_new:
                 self.ns.add_link(self._inode(parent_inode_old), -1)
@@ -618,11 +523,11 @@ class Operations(kernel.Operations):
             if parent_inode_new != parent_inode_old:
                 self._touch_dir(parent_inode_new)
         if src.is_dir:
-            self._dir_path = {ROOT_INODE: ""}  # a subtree moved: recompute lazily
+            self.paths.clear()  # a subtree moved: recompute lazily
         elif self.shared is not None:
             self.shared.queue_upload(src.id)
         if dst is not None:
-            self._maybe_delete(dst.id)
+            await self._delete_if_unused(dst.id)
 
     def _exchange(self, p_a: int, n_a: bytes, a: Inode, p_b: int, n_b: bytes, b: Inode) -> None:
         with self.ns.txn():
@@ -640,72 +545,21 @@ class Operations(kernel.Operations):
     # file content
     # ------------------------------------------------------------------
     def _open_file(self, ino: Inode) -> OpenFile:
-        of = self._open.get(ino.id)
-        if of is None:
-            of = OpenFile(inode=ino, top=self._top_of_file(ino.id), size=ino.size, mtime_ns=ino.mtime_ns)
-            self._open[ino.id] = of
-        return of
+        of = self.writes.open.get(ino.id)
+        return of if of is not None else self.writes.open_file(ino, self._top_of_file(ino.id))
 
-    def _close_open_file(self, of: OpenFile) -> None:
-        """Forget an inode's open state once no handle remains (uncommitted staging is dropped)."""
-        if of.handles > 0:
-            return
-        self._drop_staging(of)
-        self._open.pop(of.inode.id, None)
-        self._maybe_delete(of.inode.id)
-
-    def _drop_staging(self, of: OpenFile) -> None:
-        """Forget uncommitted content: size and mtime fall back to the committed ones."""
-        self._drop_staging_file(of)
-        of.dirty = False
-        of.size, of.mtime_ns = of.inode.size, of.inode.mtime_ns
-
-    @staticmethod
-    def _drop_staging_file(of: OpenFile) -> None:
-        of.hasher = None
-        if of.staging_fd is not None:
-            os.close(of.staging_fd)
-            try:
-                os.unlink(of.staging_path)  # type: ignore[arg-type]
-            except FileNotFoundError:
-                pass
-        of.staging_fd = of.staging_path = None
-
-    async def _ensure_staging(self, of: OpenFile, *, empty: bool = False) -> int:
-        """The inode's staging fd, starting as a copy of its blob unless *empty*."""
-        if of.staging_fd is not None:
-            return of.staging_fd
-        async with of.lock:
-            if of.staging_fd is not None:
-                return of.staging_fd
-            digest, size = of.inode.hash, of.inode.size
-            copy = digest is not None and size > 0 and not empty
-            fd, path = self.cas.new_staging()
-            try:
-                if copy:
-                    src = self.cas.open(digest)  # type: ignore[arg-type]
-                    try:
-                        if size >= OFFLOAD_MIN:
-                            await trio.to_thread.run_sync(_copy_fd, src, fd, size, limiter=self._offload)
-                        else:
-                            _copy_fd(src, fd, size)
-                    finally:
-                        os.close(src)
-            except BaseException:
-                os.close(fd)
-                os.unlink(path)
-                raise
-            of.staging_fd, of.staging_path = fd, path
-            of.size = size if copy else 0
-            of.hasher = None if copy else blake3.blake3(max_threads=blake3.blake3.AUTO)
-            of.hashed = 0
-            return fd
+    async def _close_open_file(self, of: OpenFile) -> None:
+        """Forget an inode's open state once no handle remains; an unlinked inode may go with it."""
+        if self.writes.close_file(of):
+            await self._delete_if_unused(of.inode.id)
 
     async def make_room(self) -> None:
         """The backing disk is full before the budget is: evict a slice of the cache now.
 
-        The reserve file gives the index room to record the evictions;
-        requests that hit the full disk together make room once.
+        The reserve file is released first: it gives the index room to
+        record the evictions (and an index-only retry room, see
+        ``_retry_when_full``, which takes the reserve back).  Requests that
+        hit the full disk together make room once.
         """
         seen = self._room_made
         async with self._room_lock:
@@ -718,80 +572,11 @@ class Operations(kernel.Operations):
                 self.ns.shrink_wal()
             finally:
                 self._room_made += 1
-                self.store.ensure_reserve()
 
-    @contextlib.asynccontextmanager
-    async def _staging_locked(self, of: OpenFile, *, empty: bool = False) -> AsyncIterator[int]:
-        """Hold the file lock with a staging file in place (a commit may drop it while we wait)."""
-        while True:
-            await self._ensure_staging(of, empty=empty)
-            await of.lock.acquire()
-            if of.staging_fd is not None:
-                break
-            of.lock.release()
-        try:
-            yield of.staging_fd
-        finally:
-            of.lock.release()
-
-    async def _truncate(self, of: OpenFile, size: int) -> None:
-        if size == of.size and of.staging_fd is None:
-            return  # no change (O_TRUNC of an empty lock file): nothing to commit
-        async with self._staging_locked(of, empty=size == 0) as fd:
-            os.ftruncate(fd, size)
-            if size == 0:
-                of.hasher, of.hashed = blake3.blake3(max_threads=blake3.blake3.AUTO), 0
-            elif size != of.hashed:
-                of.hasher = None
-            of.size = size
-            of.mtime_ns = time.time_ns()
-            of.dirty = True
-            of.write_gen += 1
-
-    async def _commit(self, of: OpenFile) -> None:
-        """Make the staging content the inode's committed content (see module doc)."""
-        if not of.dirty or of.staging_fd is None:
-            return
-        if of.inode.nlink == 0:
-            return  # no name can ever show it; dropped with the last handle
-        async with of.lock:
-            if not of.dirty or of.staging_fd is None or of.inode.nlink == 0:
-                return
-            gen, size, path = of.write_gen, of.size, of.staging_path
-            assert path is not None
-            if of.hasher is not None and of.hashed == size:
-                digest = of.hasher.digest()
-            elif size >= OFFLOAD_MIN:
-                digest = await trio.to_thread.run_sync(hash_file, path, limiter=self._offload)
-                if of.write_gen != gen or of.staging_path != path or of.inode.nlink == 0:
-                    return  # changed meanwhile: a later flush commits the newer content
-            else:
-                digest = hash_file(path)
-            _crash_point("before_intent")
-            with self.ns.txn():
-                self.ns.blob_intent(digest, size)
-            _crash_point("after_intent")
-            # an existing blob not verified this mount is replaced by these
-            # bytes, known good, rather than trusted
-            if self.cas.adopt(path, digest, trust_existing=digest in self._verified):
-                self.blob_bytes += size
-            else:
-                self.stats.add(of.top, "dedup_hits")
-            self._verified.add(digest)
-            _crash_point("after_adopt")
-            old = of.inode.hash
-            # until this transaction succeeds the staging file stays, so a
-            # failed attempt (disk full) can simply be retried
-            with self.ns.txn():
-                self.ns.set_content(of.inode, digest, size, of.mtime_ns)
-            _crash_point("after_set_content")
-            self.stats.add(of.top, "commits")
-            if self.shared is not None:
-                self.shared.queue_upload(of.inode.id)
-            self._drop_staging_file(of)
-            of.dirty = False
-            if old != digest:
-                self._collect(old)
+    async def _committed(self, of: OpenFile) -> None:
+        """After every commit: publish it to the shared tier, and keep to the budget."""
+        if self.shared is not None:
+            self.shared.queue_upload(of.inode.id)
         await self._enforce_budget()
 
     async def _enforce_budget(self) -> None:
@@ -817,12 +602,12 @@ class Operations(kernel.Operations):
         ino = self._inode(inode)
         if not ino.is_reg:
             raise _err(errno.EINVAL)
-        if ino.nlink == 0 and inode not in self._open:
+        if ino.nlink == 0 and inode not in self.writes.open:
             # evicted (or unlinked) and not open: only a stale kernel dentry
             # can lead here, and its content is gone
             raise _err(errno.ENOENT)
         truncating = flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY
-        if inode not in self._open and not truncating:
+        if inode not in self.writes.open and not truncating:
             await self._verify(ino)
         self.recency.touch(inode)
         of = self._open_file(ino)
@@ -831,7 +616,7 @@ class Operations(kernel.Operations):
         fh = self._new_handle(of, flags)
         try:
             if flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY:
-                await self._truncate(of, 0)
+                await self.writes.truncate(of, 0)
         except BaseException:
             await self.release(fh)
             raise
@@ -846,59 +631,30 @@ class Operations(kernel.Operations):
         ENOENT so the framework recompiles.
         """
         digest = ino.hash
-        if digest is None or digest in self._verified:
+        if digest is None or digest in self.blobs.verified:
             return
-        path = self.cas.path(digest)
-        try:
-            if ino.size >= OFFLOAD_MIN:
-                actual = await trio.to_thread.run_sync(hash_file, path, limiter=self._offload)
-            else:
-                actual = hash_file(path)
-        except FileNotFoundError:
-            actual = None
-        if actual == digest:
-            self._verified.add(digest)
+        if ino.size >= OFFLOAD_MIN:
+            ok = await trio.to_thread.run_sync(self.blobs.verify, digest, limiter=self._offload)
+        else:
+            ok = self.blobs.verify(digest)
+        if ok:
             return
-        if actual is None and self.shared is not None:
+        if ok is None and self.shared is not None:
             if await self.shared.fetch(ino):
                 await self._enforce_budget()
                 return
             # the shared tier lost it (or is down): a miss, not corruption
-            self._forget_content(digest, self._inodes_of(digest))
+            self.lifetimes.forget_content(digest, self._inodes_of(digest))
             raise _err(errno.ENOENT)
-        self.quarantine(digest, "missing" if actual is None else "content does not match its hash")
+        self.quarantine(digest, "missing" if ok is None else "content does not match its hash")
         raise _err(errno.ENOENT)
-
-    def add_blob(self, digest: bytes, data: bytes) -> None:
-        """Store verified bytes fetched from elsewhere as the blob *digest*."""
-        fd, path = self.cas.new_staging()
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            with self.ns.txn():
-                self.ns.blob_intent(digest, len(data))
-            if self.cas.adopt(path, digest):
-                self.blob_bytes += len(data)
-            with self.ns.txn():
-                self.ns.set_blob_size(digest, len(data))
-        finally:
-            os.unlink(path)
-        self._verified.add(digest)
 
     def _inodes_of(self, digest: bytes) -> list[Inode]:
         return [self._inode(i) for i in self.ns.inodes_with_hash(digest)]
 
-    def _forget_content(self, digest: bytes, inodes: list[Inode]) -> None:
-        """Remove every name of a blob that must not or cannot be served (*inodes*: those pointing at it)."""
-        removed: list[tuple[int, bytes, int]] = []
-        with self.ns.txn():
-            self._remove_all_names(inodes, removed)
-        self._collect(digest)
-        self._tell_kernel_removed(removed)
-
     def quarantine(self, digest: bytes, why: str) -> None:
         """Move a bad blob aside and remove every name that pointed at it."""
-        if digest in self._verified:
+        if digest in self.blobs.verified:
             return
         inodes = self._inodes_of(digest)
         top = self._top_of_file(inodes[0].id) if inodes else ROOT_KEY
@@ -908,8 +664,8 @@ class Operations(kernel.Operations):
             log.error("blob %s is corrupt (%s); read-only store: refusing to serve it", digest.hex(), why)
             return
         log.error("blob %s is corrupt (%s): quarantined, its names removed", digest.hex(), why)
-        self.cas.quarantine_blob(digest)
-        self._forget_content(digest, inodes)
+        self.blobs.quarantine(digest)
+        self.lifetimes.forget_content(digest, inodes)
 
     def _open_control(self, inode: int, flags: int) -> FileInfo:
         if inode == CONTROL_DIR_INODE:
@@ -945,7 +701,7 @@ class Operations(kernel.Operations):
         return data
 
     def _read(self, h: Handle, off: int, size: int) -> bytes:
-        of = self._open[h.ino]
+        of = self.writes.open[h.ino]
         if of.staging_fd is not None:
             return os.pread(of.staging_fd, size, off)
         digest = of.inode.hash
@@ -963,7 +719,7 @@ class Operations(kernel.Operations):
             h.digest = digest
         return os.pread(h.fd, size, off)  # type: ignore[arg-type]
 
-    @_request
+    @_data_request
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self._handles[fh]
         if not h.writable:
@@ -972,70 +728,40 @@ class Operations(kernel.Operations):
             # a command: run it now; its answer is what this handle reads back
             h.control = await self.control.run_command(h.ino, bytes(buf))
             return len(buf)
-        of = self._open[h.ino]
-        if of.staging_fd is None:
-            await self._ensure_staging(of)
-        offload = len(buf) >= WRITE_OFFLOAD_MIN
-        if offload or of.lock.locked():
-            # big writes copy and hash in a worker thread, so the event loop
-            # takes the next request meanwhile; the file lock keeps this
-            # file's writes, truncates and commits (and the running hash) in order
-            async with self._staging_locked(of):
-                return await self._write_staging(of, h, off, buf, offload=offload)
-        return await self._write_staging(of, h, off, buf, offload=False)
-
-    async def _write_staging(self, of: OpenFile, h: Handle, off: int, buf: bytes, *, offload: bool) -> int:
-        fd = of.staging_fd
-        assert fd is not None
-        if h.append:
-            off = of.size
-        hasher = of.hasher if of.hasher is not None and off == of.hashed else None
-        if hasher is None:
-            of.hasher = None
-        if offload:
-            n = await trio.to_thread.run_sync(_pwrite_hash, fd, buf, off, hasher)
-        else:
-            n = _pwrite_hash(fd, buf, off, hasher)
-        if hasher is not None and of.hasher is hasher:
-            of.hashed += n
+        n = await self.writes.write(self.writes.open[h.ino], off, buf, append=h.append)
         counters = self.stats.by_dir[h.top]
         counters["writes"] += 1
         counters["write_bytes"] += n
-        if off + n > of.size:
-            of.size = off + n
-        of.mtime_ns = time.time_ns()
-        of.dirty = True
-        of.write_gen += 1
         return n
 
     @_request
     async def flush(self, fh: int) -> None:
         h = self._handles[fh]
         if h.writable and h.control is None:
-            await self._commit(self._open[h.ino])
+            await self.writes.commit(self.writes.open[h.ino])
 
     @_request
     async def fsync(self, fh: int, datasync: bool) -> None:
         h = self._handles[fh]
         if h.writable and h.control is None:
-            await self._commit(self._open[h.ino])
+            await self.writes.commit(self.writes.open[h.ino])
 
     @_request
     async def release(self, fh: int) -> None:
         h = self._handles.get(fh)
         if h is None:
             return  # a retried release whose first attempt already tore down
-        of = None if h.control is not None else self._open.get(h.ino)
+        of = None if h.control is not None else self.writes.open.get(h.ino)
         try:
             if of is not None and of.handles == 1:
-                await _retry_when_full(self, lambda: self._commit(of))
+                await _retry_when_full(self, lambda: self.writes.commit(of))
         finally:
             del self._handles[fh]
             if h.fd is not None:
                 os.close(h.fd)
             if of is not None:
                 of.handles -= 1
-                self._close_open_file(of)
+                await self._close_open_file(of)
 
     # ------------------------------------------------------------------
     # directories
@@ -1069,7 +795,7 @@ class Operations(kernel.Operations):
                 if not token.add(entry.name, self._attr(ino), entry.offset):
                     return
                 if token.plus:  # the kernel counts each entry of a READDIRPLUS as a lookup
-                    self._ref(entry.inode)
+                    self.lifetimes.ref(entry.inode)
                 after = entry.offset
 
     async def releasedir(self, fh: int) -> None:
@@ -1122,7 +848,7 @@ class Operations(kernel.Operations):
         """
         inodes = []
         for ino_id in unit.inodes:
-            if ino_id in self._open:
+            if ino_id in self.writes.open:
                 return None
             ino = self.ns.get(ino_id)
             if ino is None:
@@ -1130,56 +856,27 @@ class Operations(kernel.Operations):
             if ino.ctime_ns > young_cutoff_ns or ino.mtime_ns > young_cutoff_ns:
                 return None
             inodes.append(ino)
-        removed_names: list[tuple[int, bytes, int]] = []
+        removed_names: list[Removed] = []
         with self.ns.txn():
-            dropped = self._remove_all_names(inodes, removed_names)
+            dropped = self.lifetimes.remove_all_names(inodes, removed_names)
             group = unit.group_dir
             if group is not None and not self.ns.has_children(group):
                 dir_ino = self.ns.get(group)
                 names = self.ns.names_of(group)
                 if dir_ino is not None and names:
                     parent, name = names[0]
-                    self._drop_name(parent, name, dir_ino)
+                    self.lifetimes.drop_name(self._inode(parent), name, dir_ino)
                     removed_names.append((parent, name, group))
-        freed = sum(self._collect(d) for d in dropped)
+        freed = sum(self.blobs.collect(d) for d in dropped)
         if group is not None and not self.ns.has_children(group):
-            self._maybe_delete(group)
-        self._tell_kernel_removed(removed_names)
+            self.lifetimes.delete_if_unused(group)
+        self.lifetimes.tell_kernel(removed_names)
         if removed_names:
             parent, name, ino_id = removed_names[0]
             top = self._top_of_child(parent, ino_id == group, name)
             self.stats.add(top, "evictions")
             self.stats.add(top, "evicted_bytes", freed)
         return freed
-
-    def _remove_all_names(self, inodes: list[Inode], removed: list[tuple[int, bytes, int]]) -> set[bytes]:
-        """Unlink every name of *inodes* (inside a transaction); returns the blobs they held.
-
-        An inode the kernel still references keeps its row until ``forget``
-        but loses its content at once (``open`` refuses nlink-0 inodes that
-        are not open); one that is open keeps both until its last release.
-        """
-        dropped: set[bytes] = set()
-        for ino in inodes:
-            for parent, name in self.ns.names_of(ino.id):
-                self.ns.unlink(parent, name)
-                removed.append((parent, name, ino.id))
-            self.ns.update_attrs(ino, nlink=0, ctime_ns=time.time_ns())
-            if ino.id in self._open:
-                continue
-            if ino.hash is not None:
-                dropped.add(ino.hash)
-            if self._lookups.get(ino.id, 0) > 0:
-                self.ns.drop_content(ino)
-            else:
-                self.ns.delete_inode(ino.id)
-                self.recency.forget(ino.id)
-        return dropped
-
-    def _tell_kernel_removed(self, removed: list[tuple[int, bytes, int]]) -> None:
-        if self.invalidate_entry is not None:
-            for parent, name, ino_id in removed:
-                self.invalidate_entry(parent, name, ino_id)
 
     def _evicted(self, result: EvictionResult) -> None:
         self.evicted_files += result.files
@@ -1207,7 +904,7 @@ class Operations(kernel.Operations):
         return (json.dumps({"queued": self.shared.queue_all()}) + "\n").encode()
 
     async def background(self) -> None:
-        """Long-running duties of a live mount: eviction, and writing recency out in batches."""
+        """Long-running duties of a live mount: eviction, recency written out in batches, deferred deletes."""
         if self.store.read_only:
             return
         async with trio.open_nursery() as nursery:
@@ -1221,6 +918,8 @@ class Operations(kernel.Operations):
                     self.recency.flush()
                 except (sqlite3.Error, OSError) as e:
                     log.warning("could not write recency to the index: %s", e)
+                self.lifetimes.retry_doomed()
+                self.store.ensure_reserve()  # taken back once a full disk has room again
 
     async def _summaries(self) -> None:
         """Refresh the snapshot Prometheus serves; write a summary event now and then."""
@@ -1263,14 +962,12 @@ class Operations(kernel.Operations):
 
     def shutdown(self) -> None:
         """Drop uncommitted staging (a writer that never closed did not finish) and mark clean."""
-        for of in list(self._open.values()):
-            self._drop_staging(of)
-        self._open.clear()
+        self.writes.shutdown()
         for h in self._handles.values():
             if h.fd is not None:
                 os.close(h.fd)
         self._handles.clear()
-        self._lookups.clear()
+        self.lifetimes.clear()
         if self.store.read_only:
             return
         try:
@@ -1282,19 +979,3 @@ class Operations(kernel.Operations):
             # e.g. the store went read-only: the next mount repairs what this could not
             log.error("could not tidy the store at unmount: %s", e)
 
-
-def _pwrite_hash(fd: int, buf: bytes, off: int, hasher: Any) -> int:
-    """Write *buf* at *off* and feed what was written to the running *hasher* (if any)."""
-    n = os.pwrite(fd, buf, off)
-    if hasher is not None:
-        hasher.update(buf if n == len(buf) else memoryview(buf)[:n])
-    return n
-
-
-def _copy_fd(src: int, dst: int, size: int) -> None:
-    off = 0
-    while off < size:
-        n = os.copy_file_range(src, dst, size - off, off, off)
-        if n == 0:
-            break
-        off += n

@@ -228,17 +228,20 @@ class Namespace:
 
     # -- content ---------------------------------------------------------
     def blob_intent(self, digest: bytes, size: int) -> None:
-        """Record a blob about to appear on disk (refcount 0 until pointed at)."""
+        """Record a blob about to appear on disk (refcount 0 until pointed at).
+
+        A row that exists keeps its refcount; a placeholder's size 0 (content
+        still remote) becomes the real size.
+        """
         self.db.execute(
-            "INSERT OR IGNORE INTO blobs (hash, size, refcount) VALUES (?, ?, 0)", (digest, size)
+            "INSERT INTO blobs (hash, size, refcount) VALUES (?, ?, 0)"
+            " ON CONFLICT (hash) DO UPDATE SET size = excluded.size",
+            (digest, size),
         )
 
-    def set_blob_size(self, digest: bytes, size: int) -> None:
-        """A placeholder row (size 0, content still remote) got its content."""
-        self.db.execute("UPDATE blobs SET size = ? WHERE hash = ?", (size, digest))
-
-    def blob_known(self, digest: bytes) -> bool:
-        return self.db.execute("SELECT 1 FROM blobs WHERE hash = ?", (digest,)).fetchone() is not None
+    def add_placeholder(self, digest: bytes) -> None:
+        """A blob known by name only (its content is elsewhere, fetched on first use): size 0."""
+        self.db.execute("INSERT OR IGNORE INTO blobs (hash, size, refcount) VALUES (?, 0, 0)", (digest,))
 
     def set_content(self, ino: Inode, digest: bytes, size: int, mtime_ns: int) -> None:
         """Point *ino* at blob *digest* (which must already have a row)."""
@@ -402,3 +405,35 @@ class Namespace:
     def mark_clean(self) -> None:
         with self.txn():
             self.set_meta("clean", "1")
+
+
+class DirPaths:
+    """Each directory's path from the mount root ("" for the root), cached.
+
+    A directory has exactly one name, so the path is a walk up its parents;
+    a directory rename clears the cache (``clear``).  Used for per-directory
+    stats and as the shared tier's key.
+    """
+
+    def __init__(self, ns: Namespace) -> None:
+        self.ns = ns
+        self._paths: dict[int, str] = {ROOT_INODE: ""}
+
+    def clear(self) -> None:
+        self._paths = {ROOT_INODE: ""}
+
+    def of_dir(self, d: int) -> str | None:
+        """The directory's path; None once it has no name."""
+        chain: list[tuple[int, bytes]] = []
+        while (path := self._paths.get(d)) is None:
+            names = self.ns.names_of(d)
+            if not names:
+                return None
+            parent, name = names[0]
+            chain.append((d, name))
+            d = parent
+        for child, name in reversed(chain):
+            part = name.decode(errors="surrogateescape")
+            path = f"{path}/{part}" if path else part
+            self._paths[child] = path
+        return path

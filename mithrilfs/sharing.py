@@ -19,16 +19,15 @@ import logging
 import os
 import stat
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import trio
 
+from .blobs import Blobs
 from .cas import EMPTY_DIGEST, hash_bytes
-from .namespace import Inode
+from .namespace import DirPaths, Inode, Namespace
 from .remote import RemoteEntry, RemoteError, RemoteTier
-
-if TYPE_CHECKING:
-    from .fs import Operations
+from .stats import EventLog
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +39,13 @@ NEGATIVE_TIMEOUT = 2.0
 
 
 class SharedTier:
-    def __init__(self, ops: "Operations", remote: RemoteTier) -> None:
-        self.ops = ops
-        self.ns = ops.ns
+    """The local store's view of the remote tier; knows the namespace and blobs, never the filesystem."""
+
+    def __init__(self, ns: Namespace, blobs: Blobs, paths: DirPaths, events: EventLog, remote: RemoteTier) -> None:
+        self.ns = ns
+        self.blobs = blobs
+        self.paths = paths
+        self.events = events
         self.remote = remote
         self.limiter = trio.CapacityLimiter(4)
         self.queue: dict[int, None] = {}
@@ -60,7 +63,7 @@ class SharedTier:
     # -- read-through ------------------------------------------------------
     async def lookup(self, parent: int, name: bytes) -> int | None:
         """Materialize *name* from the remote tier if it exists there; its inode or None."""
-        dir_path = self.ops.path_of_dir(parent)
+        dir_path = self.paths.of_dir(parent)
         if dir_path is None:
             return None
         entry = await self._call(self.remote.get_entry, dir_path, name.decode(errors="surrogateescape"))
@@ -77,7 +80,7 @@ class SharedTier:
         if now - self._dir_synced.get(d, -1e9) < DIR_SYNC_SECONDS:
             return
         self._dir_synced[d] = now
-        dir_path = self.ops.path_of_dir(d)
+        dir_path = self.paths.of_dir(d)
         if dir_path is None:
             return
         entries = await self._call(self.remote.list_dir, dir_path)
@@ -102,8 +105,7 @@ class SharedTier:
             else:
                 node = self.ns.create_inode(stat.S_IFREG | mode, uid, gid)
                 digest = bytes.fromhex(e.hash)  # type: ignore[arg-type]
-                if not self.ns.blob_known(digest):
-                    self.ns.blob_intent(digest, 0)  # placeholder: fetched on first open
+                self.ns.add_placeholder(digest)  # fetched on first open
                 self.ns.set_content(node, digest, e.size, e.mtime_ns or time.time_ns())
             self.ns.link(parent, name, node.id)
         return node.id
@@ -118,9 +120,9 @@ class SharedTier:
         if hash_bytes(data) != digest:
             self.remote.counters["remote_verify_failures"] += 1
             log.error("remote blob %s does not match its hash: rejected", digest.hex())
-            self.ops.events.emit("corruption", blob=digest.hex(), why="remote blob does not match its hash")
+            self.events.emit("corruption", blob=digest.hex(), why="remote blob does not match its hash")
             return False
-        self.ops.add_blob(digest, data)
+        self.blobs.add_bytes(data, digest)
         return True
 
     # -- write-behind ------------------------------------------------------
@@ -144,7 +146,7 @@ class SharedTier:
             return []
         items: list[tuple[str, RemoteEntry, str | None]] = []
         for parent, name in self.ns.names_of(ino):
-            dir_path = self.ops.path_of_dir(parent)
+            dir_path = self.paths.of_dir(parent)
             if dir_path is None:
                 continue
             parts = dir_path.split("/") if dir_path else []
@@ -160,7 +162,7 @@ class SharedTier:
                                                 target=(node.target or b"").decode(errors="surrogateescape")), None))
             elif node.is_reg:
                 digest = node.hash or EMPTY_DIGEST
-                blob = str(self.ops.cas.path(digest)) if node.hash else ""
+                blob = str(self.blobs.cas.path(digest)) if node.hash else ""
                 items.append((path, RemoteEntry("f", digest.hex(), node.size, stat.S_IMODE(node.mode),
                                                 node.mtime_ns), blob))
         return items

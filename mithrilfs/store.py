@@ -17,6 +17,7 @@ from pathlib import Path
 
 import platformdirs
 
+from .blobs import Blobs
 from .cas import CAS
 from .namespace import Namespace
 
@@ -27,6 +28,13 @@ _RESERVE_FILE = "reserve"
 #: Space held back on the backing disk so that, when it fills up, the index
 #: still has room to record the evictions that free space.
 RESERVE_BYTES = 1 << 20
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """The store's disk (or the index's room on it) ran out."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(e, sqlite3.OperationalError) and "full" in str(e)
 
 
 class StoreError(Exception):
@@ -42,6 +50,7 @@ class Store:
     root: Path
     cas: CAS
     ns: Namespace
+    blobs: Blobs
     lock_fd: int
     #: The store's filesystem is read-only: served as a read-only mount.
     read_only: bool = False
@@ -145,4 +154,4 @@ def open_store(path: str | os.PathLike[str] | None = None) -> Store:
     except (OSError, sqlite3.Error) as e:
         os.close(lock_fd)
         raise StoreError(f"{root}: cannot open store: {getattr(e, 'strerror', None) or e}") from None
-    return Store(root, cas, ns, lock_fd, read_only)
+    return Store(root, cas, ns, Blobs(ns, cas), lock_fd, read_only)

@@ -191,11 +191,10 @@ def million(base: Path, n: int = 1_000_000) -> dict:
     store_dir, mp = root / "store", root / "mnt"
     mp.mkdir()
     store = open_store(store_dir)
-    digest, _ = store.cas.put_bytes(b"x" * 100)
+    digest, _ = store.blobs.add_bytes(b"x" * 100)
     ns, db = store.ns, store.ns.db
     now = time.time_ns()
     with ns.txn():
-        ns.blob_intent(digest, 100)
         dirs = []
         for d in range(1000):
             node = ns.create_inode(stat_mod.S_IFDIR | 0o755, 0, 0, nlink=2)

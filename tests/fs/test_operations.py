@@ -13,7 +13,8 @@ import trio
 from mithrilfs import kernel
 from mithrilfs.cas import hash_bytes
 from mithrilfs.control import CONTROL_NAME
-from mithrilfs.fs import OFFLOAD_MIN, Operations
+from mithrilfs.fs import Operations
+from mithrilfs.writepath import OFFLOAD_MIN
 from mithrilfs.namespace import ROOT_INODE
 from mithrilfs.store import open_store
 

@@ -248,6 +248,8 @@ def small_disk(tmpfs):
 
 def test_disk_full_with_nothing_evictable(mount_factory: MountFactory, small_disk: Path):
     m = mount_factory("enospc", "--min-age", "1h", store=small_disk / "store")
+    filler = small_disk / "filler"  # created now: a full disk may refuse to create it later
+    filler.touch()
     committed = {}
     err = None
     for i in range(100):
@@ -264,13 +266,28 @@ def test_disk_full_with_nothing_evictable(mount_factory: MountFactory, small_dis
     for name, data in committed.items():  # nothing committed was lost or damaged, reads still work
         assert (m.mountpoint / name).read_bytes() == data
     full = m.stats()["physical_bytes"]
+    # Hold the victims open across the unlink: the kernel keeps referencing them, so their
+    # rows are deleted only at the last release and FORGET.  Before those, take every byte
+    # left on the disk: the deferred delete then meets a disk with no room at all for the
+    # index.  It used to fail there and never be retried (the suite hit it only when some
+    # other index write, such as the recency flush, had just taken the last free bytes).
+    held = [os.open(m.mountpoint / name, os.O_RDONLY) for name in list(committed)[:6]]
     for name in list(committed)[:6]:
         os.unlink(m.mountpoint / name)
         del committed[name]
+    with open(filler, "ab", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    for fd in held:
+        os.close(fd)
     deadline = time.monotonic() + 10
     while m.stats()["physical_bytes"] > full - 6 * 256 * 1024:  # the kernel's forgets arrive asynchronously
         assert time.monotonic() < deadline, "unlinked files were never freed"
         time.sleep(0.05)
+    filler.unlink()
     (m.mountpoint / "after").write_bytes(b"room again")
     assert (m.mountpoint / "after").read_bytes() == b"room again"
     m.umount()

@@ -1,4 +1,4 @@
-"""The blob store alone: put, open, exists, dedup, verify, staging."""
+"""The blob store: blobs added through the one blob API (index row + file), open, exists, dedup, verify, staging."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import stat
 import blake3
 import pytest
 
+from mithrilfs.blobs import Blobs
 from mithrilfs.cas import CAS, EMPTY_DIGEST, hash_file
+from mithrilfs.namespace import Namespace
 
 
 @pytest.fixture
@@ -16,8 +18,13 @@ def cas(tmp_path):
     return CAS(tmp_path / "store")
 
 
-def test_put_bytes_names_blob_by_blake3(cas):
-    digest, new = cas.put_bytes(b"kernel code")
+@pytest.fixture
+def blobs(cas, tmp_path):
+    return Blobs(Namespace(str(tmp_path / "index.sqlite3")), cas)
+
+
+def test_added_blob_is_named_by_blake3(cas, blobs):
+    digest, new = blobs.add_bytes(b"kernel code")
     assert new
     assert digest == blake3.blake3(b"kernel code").digest()
     assert cas.path(digest).name == digest.hex()
@@ -26,14 +33,14 @@ def test_put_bytes_names_blob_by_blake3(cas):
     assert cas.exists(digest)
 
 
-def test_blobs_are_read_only(cas):
-    digest, _ = cas.put_bytes(b"x")
+def test_blobs_are_read_only(cas, blobs):
+    digest, _ = blobs.add_bytes(b"x")
     assert stat.S_IMODE(os.stat(cas.path(digest)).st_mode) == 0o444
 
 
-def test_identical_content_is_stored_once(cas):
-    d1, new1 = cas.put_bytes(b"same")
-    d2, new2 = cas.put_bytes(b"same")
+def test_identical_content_is_stored_once(cas, blobs):
+    d1, new1 = blobs.add_bytes(b"same")
+    d2, new2 = blobs.add_bytes(b"same")
     assert d1 == d2 and new1 and not new2
     assert list(cas.iter_digests()) == [d1]
     assert os.listdir(cas.staging) == []
@@ -55,8 +62,8 @@ def test_adopt_links_staging_or_reports_duplicate(cas):
     assert cas.read(digest) == b"payload"
 
 
-def test_open_and_missing_blob(cas):
-    digest, _ = cas.put_bytes(b"abc")
+def test_open_and_missing_blob(cas, blobs):
+    digest, _ = blobs.add_bytes(b"abc")
     fd = cas.open(digest)
     try:
         assert os.pread(fd, 10, 1) == b"bc"
@@ -68,8 +75,8 @@ def test_open_and_missing_blob(cas):
         cas.open(digest)
 
 
-def test_verify_detects_altered_blob(cas):
-    digest, _ = cas.put_bytes(b"good bytes")
+def test_verify_detects_altered_blob(cas, blobs):
+    digest, _ = blobs.add_bytes(b"good bytes")
     assert cas.verify(digest)
     p = cas.path(digest)
     os.chmod(p, 0o644)
@@ -79,12 +86,12 @@ def test_verify_detects_altered_blob(cas):
     assert not cas.verify(digest)
 
 
-def test_large_file_hash_matches_streaming_hash(cas, tmp_path):
+def test_large_file_hash_matches_streaming_hash(cas, blobs, tmp_path):
     data = os.urandom(3 << 20)
     src = tmp_path / "big"
     src.write_bytes(data)
     assert hash_file(src) == blake3.blake3(data).digest()
-    digest, new = cas.put_file(src)
+    digest, new = blobs.add_bytes(src.read_bytes())
     assert new and cas.read(digest) == data
 
 

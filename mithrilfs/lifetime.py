@@ -1,0 +1,141 @@
+"""Inode lifetime: kernel references, names removed, content freed.
+
+An inode lives while it has a name, while the kernel holds references to it
+(every positive LOOKUP, CREATE, MKNOD, MKDIR, SYMLINK, LINK reply and every
+READDIRPLUS entry counts one; FORGET gives them back), or while a handle on
+it is open.  Removing the last name of an inode still referenced keeps its
+row until the last FORGET (or release), so open files and mmapped ``.so``
+files keep working; only then are its row and blob reference dropped.
+
+Deleting at FORGET writes to the index.  On a full disk that write can fail
+(the SQLite WAL cannot grow) where the request that removed the name did
+not, and FORGET has no reply to carry an error.  Then the content, which
+nothing can reach any more, is freed first (``Blobs.free_early``) so the
+index has room; should it still fail, the inode is kept in ``doomed`` and
+retried, and a clean unmount or the next mount's recovery removes whatever
+is still left.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from typing import Callable
+
+from .blobs import Blobs
+from .eviction import Recency
+from .namespace import Inode, Namespace
+from .store import is_disk_full
+
+log = logging.getLogger(__name__)
+
+#: (parent, name, inode) of a name the daemon removed on its own.
+Removed = tuple[int, bytes, int]
+
+
+class Lifetimes:
+    def __init__(self, ns: Namespace, blobs: Blobs, recency: Recency, is_open: Callable[[int], bool]) -> None:
+        self.ns = ns
+        self.blobs = blobs
+        self.recency = recency
+        self.is_open = is_open
+        #: Kernel references per inode.
+        self.lookups: dict[int, int] = {}
+        #: Inodes due for deletion whose index write failed (disk full): retried later.
+        self.doomed: set[int] = set()
+        #: Tells the kernel a name the daemon removed on its own is gone (set once a session exists).
+        self.notify_removed: Callable[[int, bytes, int], None] | None = None
+
+    def ref(self, ino: int) -> None:
+        self.lookups[ino] = self.lookups.get(ino, 0) + 1
+
+    def referenced(self, ino: int) -> bool:
+        return self.lookups.get(ino, 0) > 0
+
+    def unref(self, ino: int, n: int) -> bool:
+        """The kernel dropped *n* references; True when none is left."""
+        left = self.lookups.get(ino, 0) - n
+        if left > 0:
+            self.lookups[ino] = left
+            return False
+        self.lookups.pop(ino, None)
+        return True
+
+    def delete_if_unused(self, ino: int) -> int:
+        """Drop an inode that has no names, no kernel references and no handles; returns blob bytes freed."""
+        if self.is_open(ino) or self.referenced(ino):
+            return 0
+        inode = self.ns.get(ino)
+        if inode is None or inode.nlink > 0:
+            self.doomed.discard(ino)
+            return 0
+        try:
+            with self.ns.txn():
+                self.ns.delete_inode(ino)
+        except (sqlite3.Error, OSError) as e:
+            # a full disk: free the unreachable content first, then the index has room to say so
+            if not (is_disk_full(e) and inode.hash is not None and self.blobs.free_early(inode.hash)):
+                raise
+            with self.ns.txn():
+                self.ns.delete_inode(ino)
+        self.doomed.discard(ino)
+        self.recency.forget(ino)
+        return self.blobs.collect(inode.hash)
+
+    def retry_doomed(self) -> None:
+        for ino in list(self.doomed):
+            try:
+                self.delete_if_unused(ino)
+            except (sqlite3.Error, OSError) as e:
+                log.debug("inode %d still cannot be deleted: %s", ino, e)
+                return
+
+    def drop_name(self, parent: Inode, name: bytes, ino: Inode) -> None:
+        """Remove one name of *ino* from the directory *parent* (inside a transaction)."""
+        self.ns.unlink(parent.id, name)
+        if ino.is_dir:
+            self.ns.update_attrs(ino, nlink=0, ctime_ns=time.time_ns())
+            self.ns.add_link(parent, -1)
+        else:
+            self.ns.add_link(ino, -1)
+
+    def remove_all_names(self, inodes: list[Inode], removed: list[Removed]) -> set[bytes]:
+        """Unlink every name of *inodes* (inside a transaction); returns the blobs they held.
+
+        An inode the kernel still references keeps its row until ``forget``
+        but loses its content at once (``open`` refuses nlink-0 inodes that
+        are not open); one that is open keeps both until its last release.
+        """
+        dropped: set[bytes] = set()
+        for ino in inodes:
+            for parent, name in self.ns.names_of(ino.id):
+                self.ns.unlink(parent, name)
+                removed.append((parent, name, ino.id))
+            self.ns.update_attrs(ino, nlink=0, ctime_ns=time.time_ns())
+            if self.is_open(ino.id):
+                continue
+            if ino.hash is not None:
+                dropped.add(ino.hash)
+            if self.referenced(ino.id):
+                self.ns.drop_content(ino)
+            else:
+                self.ns.delete_inode(ino.id)
+                self.recency.forget(ino.id)
+        return dropped
+
+    def forget_content(self, digest: bytes, inodes: list[Inode]) -> None:
+        """Remove every name of a blob that must not or cannot be served (*inodes*: those pointing at it)."""
+        removed: list[Removed] = []
+        with self.ns.txn():
+            self.remove_all_names(inodes, removed)
+        self.blobs.collect(digest)
+        self.tell_kernel(removed)
+
+    def tell_kernel(self, removed: list[Removed]) -> None:
+        if self.notify_removed is not None:
+            for parent, name, ino_id in removed:
+                self.notify_removed(parent, name, ino_id)
+
+    def clear(self) -> None:
+        self.lookups.clear()

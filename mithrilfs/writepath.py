@@ -1,0 +1,279 @@
+"""Staging and commit: how written bytes become an inode's committed content, crash-safely.
+
+Content of a regular file is either a committed blob (``Inode.hash``; None
+means empty) or, while it is being written, a staging file shared by every
+handle of that inode.  Staging is created lazily on the first write or
+truncate (a copy of the blob unless the write starts from empty).  A commit
+hashes it (a running blake3 while writes arrive in sequence; off the event
+loop for large files), records a refcount-0 intent row, hard-links it into
+``objects/`` (``Blobs.add``), and only then points the inode at the hash in
+one transaction.  Until that transaction the inode keeps its last committed
+content, so a crash never exposes a torn file.
+
+Writes of ``WRITE_OFFLOAD_MIN`` and more copy and hash in a worker thread;
+a file's own lock orders them against truncates and commits and keeps the
+running hash in arrival order.  The code re-checks what it relies on after
+every ``await``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import blake3
+import trio
+
+from .blobs import Blobs
+from .cas import hash_file
+from .namespace import Inode, Namespace
+from .stats import ROOT_KEY, Stats
+
+#: Files at least this large are hashed and copied off the event loop.
+OFFLOAD_MIN = 1 << 20
+#: Writes this big copy and hash off the event loop.
+WRITE_OFFLOAD_MIN = 256 << 10
+
+#: Crash-safety tests set MITHRILFS_TEST_CRASH_AT=POINT:N to SIGKILL the
+#: daemon the Nth time the write path reaches POINT.
+_CRASH_AT = os.environ.get("MITHRILFS_TEST_CRASH_AT")
+_crash_hits: dict[str, int] = {}
+
+
+def crash_point(name: str) -> None:
+    if _CRASH_AT is None:
+        return
+    point, _, nth = _CRASH_AT.partition(":")
+    if point == name:
+        _crash_hits[name] = _crash_hits.get(name, 0) + 1
+        if _crash_hits[name] >= int(nth or 1):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(eq=False)
+class OpenFile:
+    """Per-inode state while at least one handle on it is open."""
+
+    inode: Inode
+    #: Top-level directory the file lives under, for per-directory stats.
+    top: str = ROOT_KEY
+    handles: int = 0
+    size: int = 0
+    mtime_ns: int = 0
+    staging_fd: int | None = None
+    staging_path: str | None = None
+    dirty: bool = False
+    #: Bumped by every change to staging; a commit whose hash was computed
+    #: before the latest change is abandoned.
+    write_gen: int = 0
+    #: blake3 of the staging content while it is written strictly in
+    #: sequence from offset 0 (``hashed`` bytes so far), so a commit need not
+    #: read it back; None once a write or truncate lands anywhere else.
+    hasher: Any = None
+    hashed: int = 0
+    lock: trio.Lock = field(default_factory=trio.Lock)
+
+
+class WritePath:
+    """Open files, their staging files, and commits."""
+
+    def __init__(self, ns: Namespace, blobs: Blobs, stats: Stats, limiter: trio.CapacityLimiter,
+                 committed: Callable[[OpenFile], Awaitable[None]]) -> None:
+        self.ns = ns
+        self.blobs = blobs
+        self.cas = blobs.cas
+        self.stats = stats
+        self._limiter = limiter
+        #: Called after every commit (shared-tier upload, budget check).
+        self._committed = committed
+        self.open: dict[int, OpenFile] = {}
+
+    def open_file(self, ino: Inode, top: str) -> OpenFile:
+        of = self.open.get(ino.id)
+        if of is None:
+            of = OpenFile(inode=ino, top=top, size=ino.size, mtime_ns=ino.mtime_ns)
+            self.open[ino.id] = of
+        return of
+
+    def close_file(self, of: OpenFile) -> bool:
+        """Forget an inode's open state once no handle remains (uncommitted staging is dropped); True if gone."""
+        if of.handles > 0:
+            return False
+        self.drop_staging(of)
+        self.open.pop(of.inode.id, None)
+        return True
+
+    def staging_bytes(self) -> int:
+        return sum(of.size for of in self.open.values() if of.staging_fd is not None)
+
+    def drop_staging(self, of: OpenFile) -> None:
+        """Forget uncommitted content: size and mtime fall back to the committed ones."""
+        self._drop_staging_file(of)
+        of.dirty = False
+        of.size, of.mtime_ns = of.inode.size, of.inode.mtime_ns
+
+    @staticmethod
+    def _drop_staging_file(of: OpenFile) -> None:
+        of.hasher = None
+        if of.staging_fd is not None:
+            os.close(of.staging_fd)
+            try:
+                os.unlink(of.staging_path)  # type: ignore[arg-type]
+            except FileNotFoundError:
+                pass
+        of.staging_fd = of.staging_path = None
+
+    async def ensure_staging(self, of: OpenFile, *, empty: bool = False) -> int:
+        """The inode's staging fd, starting as a copy of its blob unless *empty*."""
+        if of.staging_fd is not None:
+            return of.staging_fd
+        async with of.lock:
+            if of.staging_fd is not None:
+                return of.staging_fd
+            digest, size = of.inode.hash, of.inode.size
+            copy = digest is not None and size > 0 and not empty
+            fd, path = self.cas.new_staging()
+            try:
+                if copy:
+                    src = self.cas.open(digest)  # type: ignore[arg-type]
+                    try:
+                        if size >= OFFLOAD_MIN:
+                            await trio.to_thread.run_sync(_copy_fd, src, fd, size, limiter=self._limiter)
+                        else:
+                            _copy_fd(src, fd, size)
+                    finally:
+                        os.close(src)
+            except BaseException:
+                os.close(fd)
+                os.unlink(path)
+                raise
+            of.staging_fd, of.staging_path = fd, path
+            of.size = size if copy else 0
+            of.hasher = None if copy else blake3.blake3(max_threads=blake3.blake3.AUTO)
+            of.hashed = 0
+            return fd
+
+    @contextlib.asynccontextmanager
+    async def staging_locked(self, of: OpenFile, *, empty: bool = False) -> AsyncIterator[int]:
+        """Hold the file lock with a staging file in place (a commit may drop it while we wait)."""
+        while True:
+            await self.ensure_staging(of, empty=empty)
+            await of.lock.acquire()
+            if of.staging_fd is not None:
+                break
+            of.lock.release()
+        try:
+            yield of.staging_fd
+        finally:
+            of.lock.release()
+
+    async def write(self, of: OpenFile, off: int, buf: Any, *, append: bool) -> int:
+        """Write *buf* at *off* (at the end with *append*) into the inode's staging file."""
+        if of.staging_fd is None:
+            await self.ensure_staging(of)
+        offload = len(buf) >= WRITE_OFFLOAD_MIN
+        if offload or of.lock.locked():
+            # big writes copy and hash in a worker thread, so the event loop
+            # takes the next request meanwhile; the file lock keeps this
+            # file's writes, truncates and commits (and the running hash) in order
+            async with self.staging_locked(of):
+                return await self._write_staging(of, off, buf, append=append, offload=offload)
+        return await self._write_staging(of, off, buf, append=append, offload=False)
+
+    async def _write_staging(self, of: OpenFile, off: int, buf: Any, *, append: bool, offload: bool) -> int:
+        fd = of.staging_fd
+        assert fd is not None
+        if append:
+            off = of.size
+        hasher = of.hasher if of.hasher is not None and off == of.hashed else None
+        if hasher is None:
+            of.hasher = None
+        if offload:
+            n = await trio.to_thread.run_sync(_pwrite_hash, fd, buf, off, hasher)
+        else:
+            n = _pwrite_hash(fd, buf, off, hasher)
+        if hasher is not None and of.hasher is hasher:
+            of.hashed += n
+        if off + n > of.size:
+            of.size = off + n
+        of.mtime_ns = time.time_ns()
+        of.dirty = True
+        of.write_gen += 1
+        return n
+
+    async def truncate(self, of: OpenFile, size: int) -> None:
+        if size == of.size and of.staging_fd is None:
+            return  # no change (O_TRUNC of an empty lock file): nothing to commit
+        async with self.staging_locked(of, empty=size == 0) as fd:
+            os.ftruncate(fd, size)
+            if size == 0:
+                of.hasher, of.hashed = blake3.blake3(max_threads=blake3.blake3.AUTO), 0
+            elif size != of.hashed:
+                of.hasher = None
+            of.size = size
+            of.mtime_ns = time.time_ns()
+            of.dirty = True
+            of.write_gen += 1
+
+    async def commit(self, of: OpenFile) -> None:
+        """Make the staging content the inode's committed content (see module doc)."""
+        if not of.dirty or of.staging_fd is None:
+            return
+        if of.inode.nlink == 0:
+            return  # no name can ever show it; dropped with the last handle
+        async with of.lock:
+            if not of.dirty or of.staging_fd is None or of.inode.nlink == 0:
+                return
+            gen, size, path = of.write_gen, of.size, of.staging_path
+            assert path is not None
+            if of.hasher is not None and of.hashed == size:
+                digest = of.hasher.digest()
+            elif size >= OFFLOAD_MIN:
+                digest = await trio.to_thread.run_sync(hash_file, path, limiter=self._limiter)
+                if of.write_gen != gen or of.staging_path != path or of.inode.nlink == 0:
+                    return  # changed meanwhile: a later flush commits the newer content
+            else:
+                digest = hash_file(path)
+            crash_point("before_intent")
+            if not self.blobs.add(path, digest, size, between=crash_point):
+                self.stats.add(of.top, "dedup_hits")
+            crash_point("after_adopt")
+            old = of.inode.hash
+            # until this transaction succeeds the staging file stays, so a
+            # failed attempt (disk full) can simply be retried
+            with self.ns.txn():
+                self.ns.set_content(of.inode, digest, size, of.mtime_ns)
+            crash_point("after_set_content")
+            self.stats.add(of.top, "commits")
+            self._drop_staging_file(of)
+            of.dirty = False
+            if old != digest:
+                self.blobs.collect(old)
+        await self._committed(of)
+
+    def shutdown(self) -> None:
+        """Drop uncommitted staging (a writer that never closed did not finish)."""
+        for of in list(self.open.values()):
+            self.drop_staging(of)
+        self.open.clear()
+
+
+def _pwrite_hash(fd: int, buf: Any, off: int, hasher: Any) -> int:
+    """Write *buf* at *off* and feed what was written to the running *hasher* (if any)."""
+    n = os.pwrite(fd, buf, off)
+    if hasher is not None:
+        hasher.update(buf if n == len(buf) else memoryview(buf)[:n])
+    return n
+
+
+def _copy_fd(src: int, dst: int, size: int) -> None:
+    off = 0
+    while off < size:
+        n = os.copy_file_range(src, dst, size - off, off, off)
+        if n == 0:
+            break
+        off += n
