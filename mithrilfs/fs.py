@@ -48,6 +48,8 @@ ENTRY_TIMEOUT = 300.0
 ATTR_TIMEOUT = 300.0
 NEGATIVE_TIMEOUT = 300.0
 _BLKSIZE = 128 * 1024
+#: Longest name in a directory, as on ext4 (statfs reports it; longer ones get ENAMETOOLONG).
+NAME_MAX = 255
 RECENCY_FLUSH_SECONDS = 5.0
 SNAPSHOT_SECONDS = 1.0
 SUMMARY_SECONDS = 60.0
@@ -154,6 +156,11 @@ def _err(code: int) -> FUSEError:
     return FUSEError(code)
 
 
+def _check_name_length(name: bytes) -> None:
+    if len(name) > NAME_MAX:
+        raise _err(errno.ENAMETOOLONG)
+
+
 @dataclass(eq=False, slots=True)
 class Handle:
     ino: int
@@ -213,7 +220,7 @@ class Operations(kernel.Operations):
         e.st_nlink = ino.nlink
         e.st_uid = ino.uid
         e.st_gid = ino.gid
-        e.st_rdev = 0
+        e.st_rdev = ino.rdev
         size, mtime = ino.size, ino.mtime_ns
         of = self.writes.open.get(ino.id)
         if of is not None:
@@ -274,6 +281,7 @@ class Operations(kernel.Operations):
         self.ns.update_attrs(self._inode(parent), mtime_ns=now, ctime_ns=now)
 
     def _check_not_control(self, parent: int, name: bytes) -> None:
+        _check_name_length(name)
         if self.control.is_control(parent) or (parent == ROOT_INODE and name == CONTROL_NAME):
             raise _err(errno.EPERM)
 
@@ -283,6 +291,7 @@ class Operations(kernel.Operations):
     @_timed("lookup")
     @_request
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> EntryAttributes:
+        _check_name_length(name)
         if self.control.is_control(parent_inode):
             ino = self.control.lookup(name) if parent_inode == CONTROL_DIR_INODE else None
             if ino is None:
@@ -392,7 +401,8 @@ class Operations(kernel.Operations):
     # ------------------------------------------------------------------
     # creating and removing names
     # ------------------------------------------------------------------
-    def _new_entry(self, parent: int, name: bytes, mode: int, ctx: Any, *, target: bytes | None = None) -> Inode:
+    def _new_entry(self, parent: int, name: bytes, mode: int, ctx: Any, *, target: bytes | None = None,
+                   rdev: int = 0) -> Inode:
         self._check_not_control(parent, name)
         if self.ns.lookup(parent, name) is not None:
             raise _err(errno.EEXIST)
@@ -400,8 +410,14 @@ class Operations(kernel.Operations):
         if not parent_ino.is_dir:
             raise _err(errno.ENOTDIR)
         is_dir = stat.S_ISDIR(mode)
+        gid = ctx.gid
+        if parent_ino.mode & stat.S_ISGID:
+            # a setgid directory: new entries take its group, new subdirectories its setgid bit
+            gid = parent_ino.gid
+            if is_dir:
+                mode |= stat.S_ISGID
         with self.ns.txn():
-            ino = self.ns.create_inode(mode, ctx.uid, ctx.gid, target=target, nlink=2 if is_dir else 1)
+            ino = self.ns.create_inode(mode, ctx.uid, gid, target=target, nlink=2 if is_dir else 1, rdev=rdev)
             self.ns.link(parent, name, ino.id)
             if is_dir:
                 self.ns.add_link(parent_ino, +1)
@@ -411,9 +427,12 @@ class Operations(kernel.Operations):
 
     @_request
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> EntryAttributes:
-        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
-            raise _err(errno.EPERM)
-        return self._attr(self._new_entry(parent_inode, name, mode, ctx))
+        # device nodes are stored with their device number; the mount is nodev, so none can be opened
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
+                or stat.S_ISBLK(mode)):
+            raise _err(errno.EINVAL)
+        dev = rdev if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else 0
+        return self._attr(self._new_entry(parent_inode, name, mode, ctx, rdev=dev))
 
     @_request
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> EntryAttributes:
@@ -816,7 +835,7 @@ class Operations(kernel.Operations):
         s.f_files = st.f_files
         s.f_ffree = st.f_ffree
         s.f_favail = st.f_favail
-        s.f_namemax = 255
+        s.f_namemax = NAME_MAX
         return s
 
     # xattrs are not stored.  ENOSYS makes the kernel answer ENOTSUP itself

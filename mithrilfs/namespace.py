@@ -45,7 +45,8 @@ CREATE TABLE IF NOT EXISTS inodes (
     mtime_ns INTEGER NOT NULL,
     ctime_ns INTEGER NOT NULL,
     hash BLOB,
-    target BLOB
+    target BLOB,
+    rdev INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS inodes_unlinked ON inodes(id) WHERE nlink = 0;
 CREATE INDEX IF NOT EXISTS inodes_hash ON inodes(hash) WHERE hash IS NOT NULL;
@@ -61,7 +62,7 @@ CREATE INDEX IF NOT EXISTS dentries_readdir ON dentries(parent, id);
 CREATE INDEX IF NOT EXISTS dentries_inode ON dentries(inode);
 """
 
-_INODE_COLS = "id, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, hash, target"
+_INODE_COLS = "id, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, hash, target, rdev"
 
 
 @dataclass(slots=True)
@@ -77,6 +78,8 @@ class Inode:
     ctime_ns: int
     hash: bytes | None
     target: bytes | None
+    #: Device number of a character or block device node (0 for everything else).
+    rdev: int = 0
 
     @property
     def is_dir(self) -> bool:
@@ -124,6 +127,9 @@ class Namespace:
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     self.db.execute(stmt)
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(inodes)")}
+            if "rdev" not in columns:  # an index made before device nodes were stored
+                self.db.execute("ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0")
         if self.get(ROOT_INODE) is None:
             now = time.time_ns()
             with self.txn():
@@ -190,16 +196,16 @@ class Namespace:
         return Inode(*row) if row else None
 
     def create_inode(
-        self, mode: int, uid: int, gid: int, *, target: bytes | None = None, nlink: int = 1
+        self, mode: int, uid: int, gid: int, *, target: bytes | None = None, nlink: int = 1, rdev: int = 0
     ) -> Inode:
         now = time.time_ns()
         size = len(target) if target is not None else 0
         cur = self.db.execute(
-            "INSERT INTO inodes (mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, target)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (mode, uid, gid, nlink, size, now, now, now, target),
+            "INSERT INTO inodes (mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, target, rdev)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (mode, uid, gid, nlink, size, now, now, now, target, rdev),
         )
-        return Inode(cur.lastrowid, mode, uid, gid, nlink, size, now, now, now, None, target)
+        return Inode(cur.lastrowid, mode, uid, gid, nlink, size, now, now, now, None, target, rdev)
 
     def update_attrs(self, ino: Inode, **fields: int) -> None:
         """Write changed attribute columns of *ino* (and set them on the object)."""

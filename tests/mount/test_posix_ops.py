@@ -270,3 +270,77 @@ def test_large_file_roundtrip(d):
     data = os.urandom(8 << 20)
     (d / "big").write_bytes(data)
     assert (d / "big").read_bytes() == data
+
+
+# -- gaps a POSIX conformance run found ---------------------------------------
+NAME_MAX = 255
+
+
+def test_device_nodes_are_stored_with_their_rdev_and_never_opened(mount_factory):
+    m = mount_factory("dev")
+    chr_path, blk_path = m.mountpoint / "null-like", m.mountpoint / "loop-like"
+    os.mknod(chr_path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    os.mknod(blk_path, stat.S_IFBLK | 0o640, os.makedev(7, 0))
+    fifo = m.mountpoint / "fifo"
+    os.mkfifo(fifo, 0o644)
+    for _ in range(2):  # the same after a remount: type and device number are in the index
+        st = os.lstat(chr_path)
+        assert stat.S_ISCHR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_rdev == os.makedev(1, 3)
+        st = os.lstat(blk_path)
+        assert stat.S_ISBLK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o640 and st.st_rdev == os.makedev(7, 0)
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+        assert sorted(os.listdir(m.mountpoint)) == ["fifo", "loop-like", "null-like"]
+        # the mount is nodev: a device node in a cache must never reach a real device
+        with pytest.raises(PermissionError):
+            os.open(chr_path, os.O_RDONLY)
+        m.remount()
+    os.unlink(chr_path)
+    os.unlink(blk_path)
+    assert sorted(os.listdir(m.mountpoint)) == ["fifo"]
+
+
+@pytest.mark.parametrize("op", ["create", "mkdir", "mknod", "symlink", "link", "rename", "stat", "unlink",
+                                "rmdir"])
+def test_names_longer_than_name_max_are_refused(d, op):
+    long = d / ("n" * (NAME_MAX + 1))
+    ok = d / ("n" * NAME_MAX)
+    (d / "src").write_bytes(b"x")
+    ok.write_bytes(b"fits")  # the longest legal name works
+    assert ok.read_bytes() == b"fits"
+    attempt = {
+        "create": lambda: long.write_bytes(b"x"),
+        "mkdir": lambda: long.mkdir(),
+        "mknod": lambda: os.mkfifo(long),
+        "symlink": lambda: os.symlink("src", long),
+        "link": lambda: os.link(d / "src", long),
+        "rename": lambda: os.rename(d / "src", long),
+        "stat": lambda: os.stat(long),
+        "unlink": lambda: os.unlink(long),
+        "rmdir": lambda: os.rmdir(long),
+    }[op]
+    with pytest.raises(OSError) as e:
+        attempt()
+    assert e.value.errno == errno.ENAMETOOLONG
+    assert sorted(os.listdir(d)) == sorted(["src", ok.name])
+
+
+def test_setgid_directory_passes_its_group_on(d):
+    top = d / "shared"
+    top.mkdir()
+    os.chown(top, -1, 4242)
+    os.chmod(top, 0o2775)
+    (top / "file").write_bytes(b"x")
+    (top / "sub").mkdir()
+    os.symlink("file", top / "link")
+    assert os.stat(top / "file").st_gid == 4242  # not the creator's group (root's 0)
+    assert os.lstat(top / "link").st_gid == 4242
+    sub = os.stat(top / "sub")
+    assert sub.st_gid == 4242 and sub.st_mode & stat.S_ISGID  # subdirectories keep the bit
+    assert not os.stat(top / "file").st_mode & stat.S_ISGID
+    (top / "sub" / "deeper").write_bytes(b"y")
+    assert os.stat(top / "sub" / "deeper").st_gid == 4242
+    plain = d / "plain"
+    plain.mkdir()
+    os.chown(plain, -1, 4242)
+    (plain / "f").write_bytes(b"z")
+    assert os.stat(plain / "f").st_gid == 0  # without the bit, the creator's group

@@ -136,3 +136,25 @@ def test_store_format_stamp_and_lock(tmp_path):
     (other / "something").write_text("x")
     with pytest.raises(StoreError, match="not a mithrilfs store"):
         open_store(other)
+
+
+def test_index_from_before_device_numbers_gains_the_column(tmp_path):
+    import sqlite3
+
+    path = str(tmp_path / "old.sqlite3")
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE inodes (id INTEGER PRIMARY KEY AUTOINCREMENT, mode INTEGER NOT NULL, uid INTEGER NOT NULL,
+            gid INTEGER NOT NULL, nlink INTEGER NOT NULL, size INTEGER NOT NULL DEFAULT 0, atime_ns INTEGER NOT NULL,
+            mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, hash BLOB, target BLOB);
+        INSERT INTO inodes VALUES (1, 16877, 0, 0, 2, 0, 1, 1, 1, NULL, NULL);
+        INSERT INTO inodes VALUES (2, 33188, 0, 0, 1, 5, 1, 1, 1, NULL, NULL);
+    """)
+    db.commit()
+    db.close()
+    ns = Namespace(path)
+    assert ns.get(2).rdev == 0 and ns.get(2).size == 5
+    with ns.txn():
+        dev = ns.create_inode(stat.S_IFCHR | 0o600, 0, 0, rdev=259)
+    assert ns.get(dev.id).rdev == 259
+    ns.close()
