@@ -16,6 +16,7 @@ startup collects, never an untracked file.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
 import time
@@ -133,10 +134,11 @@ class Namespace:
         if self.get(ROOT_INODE) is None:
             now = time.time_ns()
             with self.txn():
+                # the mount root belongs to whoever made the store (a non-root user's own cache)
                 self.db.execute(
                     "INSERT INTO inodes (id, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns)"
-                    " VALUES (?, ?, 0, 0, 2, 0, ?, ?, ?)",
-                    (ROOT_INODE, stat.S_IFDIR | 0o755, now, now, now),
+                    " VALUES (?, ?, ?, ?, 2, 0, ?, ?, ?)",
+                    (ROOT_INODE, stat.S_IFDIR | 0o755, os.getuid(), os.getgid(), now, now, now),
                 )
 
     def close(self) -> None:

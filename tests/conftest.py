@@ -42,11 +42,15 @@ class Mount:
     store: Path
     pid: int | None = None
     extra: tuple[str, ...] = ()
+    #: Extra variables for the daemon, kept for remounts.
+    env: dict[str, str] | None = None
 
     def mount(self, env: dict[str, str] | None = None) -> "Mount":
-        """Mount with the real CLI (*env*: extra variables for the daemon)."""
+        """Mount with the real CLI (*env*: extra variables for the daemon, also used by later remounts)."""
+        if env is not None:
+            self.env = env
         run_cli("mount", str(self.mountpoint), "--store", str(self.store), *self.extra, check=True,
-                env=dict(os.environ, **env) if env else None)
+                env=dict(os.environ, **self.env) if self.env else None)
         assert is_mounted(self.mountpoint)
         self.pid = daemon_pid(self.mountpoint)
         assert self.pid is not None

@@ -2,14 +2,15 @@
 
 As root: open /dev/fuse and call mount(2) with ``fd=``, ``rootmode``,
 ``user_id``/``group_id`` and ``default_permissions`` (the kernel checks
-permissions; ``allow_other`` when asked).  A small watchdog process
-(``kernel.watchdog``) holds a pipe to the daemon and detaches the mount if
-the daemon dies without unmounting, so a killed daemon leaves no dead
-mount behind.
+permissions; ``allow_other`` when asked).  As anyone else: ``fusermount3``
+(setuid root) opens /dev/fuse, mounts, and passes the fd back over the
+``_FUSE_COMMFD`` socket.
 
-As anyone else: ``fusermount3`` (setuid root) opens /dev/fuse, mounts, and
-passes the fd back over the ``_FUSE_COMMFD`` socket; with ``auto_unmount``
-it stays behind as the same kind of watchdog.
+Either way a small watchdog process (``kernel.watchdog``) holds a pipe to
+the daemon and detaches the mount if the daemon dies without unmounting,
+so a killed daemon leaves no dead mount behind.  (fusermount3's own
+``auto_unmount`` is not used: the 3.14 one probes the dead mount as root,
+which a mount without ``allow_other`` refuses, so it never unmounts.)
 
 Mounts are always ``nosuid,nodev``: device nodes can be created and listed,
 never opened.
@@ -26,6 +27,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 
 FSNAME = "mithrilfs"
@@ -69,6 +71,18 @@ def umount_path(path: str, *, lazy: bool = True) -> None:
         raise OSError(e, os.strerror(e), path)
 
 
+def detach(mountpoint: str, *, via_fusermount: bool) -> None:
+    """Lazily unmount: umount2(2) as root, ``fusermount3 -u -z`` for a user's own mount."""
+    if via_fusermount:
+        subprocess.run(["fusermount3", "-u", "-z", "-q", "--", mountpoint], capture_output=True, cwd="/")
+        return
+    try:
+        umount_path(mountpoint)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOENT):
+            raise
+
+
 @dataclass
 class FuseMount:
     """A live mount: the /dev/fuse fd the session serves, and how to take the mount down."""
@@ -76,22 +90,15 @@ class FuseMount:
     fd: int
     mountpoint: str
     via_fusermount: bool
-    #: The daemon's end of the watchdog's pipe (root) or of fusermount3's socket.
-    _watch: object = None
+    #: The daemon's end of the watchdog's pipe: when it closes, the watchdog looks.
+    _watch: int | None = None
     _watchdog: subprocess.Popen | None = field(default=None, repr=False)
 
     def unmount(self) -> None:
         """Detach the mount (lazily: open files keep working until closed) and close the fd."""
         try:
             if any(fstype == FSTYPE for _, _, fstype in mount_entries(self.mountpoint)):
-                if self.via_fusermount:
-                    subprocess.run(["fusermount3", "-u", "-z", "-q", "--", self.mountpoint], capture_output=True)
-                else:
-                    try:
-                        umount_path(self.mountpoint)
-                    except OSError as e:
-                        if e.errno not in (errno.EINVAL, errno.ENOENT):
-                            raise
+                detach(self.mountpoint, via_fusermount=self.via_fusermount)
         finally:
             self.close()
 
@@ -99,9 +106,7 @@ class FuseMount:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        if isinstance(self._watch, socket.socket):
-            self._watch.close()
-        elif isinstance(self._watch, int):
+        if self._watch is not None:
             os.close(self._watch)
         self._watch = None
         if self._watchdog is not None:
@@ -146,21 +151,27 @@ def _mount_root(mountpoint: str, allow_other: bool, read_only: bool) -> FuseMoun
     except BaseException:
         os.close(fd)
         raise
-    mine = [m for m in mount_entries(mountpoint) if m[2] == FSTYPE]
-    watchdog, watch = None, None
-    if mine:
-        mount_id, dev, _ = mine[-1]
-        r, watch = os.pipe()
-        try:
-            watchdog = subprocess.Popen(
-                [sys.executable, "-m", "mithrilfs.kernel.watchdog", mountpoint, str(mount_id), dev],
-                stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/", close_fds=True)
-        except OSError:
-            os.close(watch)
-            watch = None
-        finally:
-            os.close(r)
-    return FuseMount(fd, mountpoint, False, watch, watchdog)
+    return _watched(FuseMount(fd, mountpoint, False))
+
+
+def _watched(m: FuseMount) -> FuseMount:
+    """Start the watchdog of a new mount (best effort: without one, the next mount cleans up)."""
+    mine = [e for e in mount_entries(m.mountpoint) if e[2] == FSTYPE]
+    if not mine:
+        return m
+    mount_id, dev, _ = mine[-1]
+    r, w = os.pipe()
+    try:
+        m._watchdog = subprocess.Popen(
+            [sys.executable, "-m", "mithrilfs.kernel.watchdog", m.mountpoint, str(mount_id), dev,
+             "fusermount3" if m.via_fusermount else "umount2"],
+            stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/", close_fds=True)
+        m._watch = w
+    except OSError:
+        os.close(w)
+    finally:
+        os.close(r)
+    return m
 
 
 def _mount_fusermount(mountpoint: str, allow_other: bool, read_only: bool) -> FuseMount:
@@ -168,16 +179,17 @@ def _mount_fusermount(mountpoint: str, allow_other: bool, read_only: bool) -> Fu
     if exe is None:
         raise MountError("fusermount3 is not installed (it comes with the fuse3 package); it is needed to mount "
                          "without root")
-    opts = f"fsname={FSNAME},subtype={FSNAME},default_permissions,nosuid,nodev,auto_unmount"
+    opts = f"fsname={FSNAME},subtype={FSNAME},default_permissions,nosuid,nodev"
     opts += ",allow_other" if allow_other else ""
     opts += ",ro" if read_only else ""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    errors = tempfile.TemporaryFile()
     try:
         proc = subprocess.Popen([exe, "-o", opts, "--", mountpoint], env=dict(os.environ, _FUSE_COMMFD=str(
-            theirs.fileno())), pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            cwd="/")
+            theirs.fileno())), pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL, stderr=errors, cwd="/")
     except OSError as e:
         ours.close()
+        errors.close()
         raise MountError(f"cannot run fusermount3: {e.strerror}") from None
     finally:
         theirs.close()
@@ -186,20 +198,22 @@ def _mount_fusermount(mountpoint: str, allow_other: bool, read_only: bool) -> Fu
         _, fds, _, _ = socket.recv_fds(ours, 1, 1)
     except OSError:
         pass
-    if not fds:
-        err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
-        proc.wait()
+    finally:
         ours.close()
+    proc.wait()
+    errors.seek(0)
+    err = errors.read().decode(errors="replace").strip()
+    errors.close()
+    if not fds:
         raise MountError(_fusermount_hint(err or f"fusermount3 exited with status {proc.returncode}"))
     os.set_inheritable(fds[0], False)
-    if proc.stderr is not None:
-        proc.stderr.close()
-    # with auto_unmount fusermount3 stays, waiting for our end of the socket to close
-    return FuseMount(fds[0], mountpoint, True, ours, proc)
+    return _watched(FuseMount(fds[0], mountpoint, True))
 
 
 def _fusermount_hint(message: str) -> str:
     line = message.splitlines()[-1] if message else message
+    if "/dev/fuse" in line:
+        return line + " (this user may not use /dev/fuse: it is usually mode 0666; in a container, pass the device)"
     if "user_allow_other" in line:
         return line + " (add user_allow_other to /etc/fuse.conf, or mount without --allow-other)"
     if "Permission denied" in line or "Operation not permitted" in line:

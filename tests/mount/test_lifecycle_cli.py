@@ -169,3 +169,23 @@ def test_unknown_option_and_missing_argument(tmp_path):
 
 def test_umount_of_something_not_mounted(tmp_path):
     _one_line_error(run_cli("umount", str(tmp_path)), 2, "not mounted")
+
+
+def test_mount_through_fusermount3(mount_factory):
+    # the path a non-root user takes: fusermount3 mounts and passes the /dev/fuse fd back over
+    # _FUSE_COMMFD; forced here as root (this machine's /dev/fuse is 0600 root)
+    m = mount_factory("fm", env={"MITHRILFS_MOUNT_VIA": "fusermount3"})
+    (m.mountpoint / "d").mkdir()
+    (m.mountpoint / "d" / "f").write_bytes(b"through fusermount3")
+    assert (m.mountpoint / "d" / "f").read_bytes() == b"through fusermount3"
+    with open("/proc/self/mounts") as f:
+        line = next(x for x in f if f" {m.mountpoint} " in x)
+    assert "fuse.mithrilfs" in line and "nodev" in line and "nosuid" in line
+    m.remount()  # a clean unmount through fusermount3, then again
+    assert (m.mountpoint / "d" / "f").read_bytes() == b"through fusermount3"
+    # the watchdog detaches a killed daemon's mount with fusermount3 -u too
+    assert watchdog_pid(m.mountpoint) is not None
+    os.kill(m.pid, signal.SIGKILL)
+    assert _wait_gone(m.pid)
+    wait_unmounted(m.mountpoint)
+    m.pid = None
