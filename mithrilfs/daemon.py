@@ -92,7 +92,8 @@ def probe_mount(mountpoint: Path, timeout: float = 1.0) -> str:
             os.statvfs(mountpoint)
             outcome.append("live")
         except OSError as e:
-            outcome.append("dead" if e.errno == errno.ENOTCONN else "live")
+            # ENOTCONN, or ECONNABORTED for a request that was queued as the daemon died
+            outcome.append("dead" if e.errno in (errno.ENOTCONN, errno.ECONNABORTED) else "live")
 
     t = threading.Thread(target=ask, daemon=True)
     t.start()
@@ -242,7 +243,7 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
         except kernel.MountError as e:
             announce(f"cannot mount {opts.mountpoint}: {e}")
             return 1
-        session = kernel.Session(fuse.fd, ops, debug=opts.debug)
+        session = kernel.Session(fuse.fd, ops, interruptible=remote is not None, debug=opts.debug)
         log.info("serving %s (store %s%s, pid %d, budget %d bytes)", opts.mountpoint, opts.store,
                  ", read-only" if store.read_only else "", os.getpid(), opts.policy.max_bytes)
         ops.lifetimes.notify_removed = lambda parent, name, ino: session.notify_delete(parent, ino, name)

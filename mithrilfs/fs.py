@@ -67,7 +67,17 @@ def _sqlite_errno(e: sqlite3.Error) -> int:
 
 
 async def _retry_when_full(ops: "Operations", attempt: Callable[[], Awaitable[Any]], *, data: bool = False) -> Any:
-    """Run *attempt*; if the disk is full, make room and run it once more.
+    """Run *attempt*; if the disk is full, make room and run it once more (see ``_retry_after_room``)."""
+    try:
+        return await attempt()
+    except (OSError, sqlite3.OperationalError) as e:
+        if not is_disk_full(e):
+            raise
+    return await _retry_after_room(ops, attempt, data=data)
+
+
+async def _retry_after_room(ops: "Operations", attempt: Callable[[], Awaitable[Any]], *, data: bool) -> Any:
+    """The disk was full: make room, then run *attempt* once more.
 
     The reserve (``Store.ensure_reserve``) is room for the index alone: an
     index-only retry (a commit, unlink, rename, a delete at FORGET) may use
@@ -75,11 +85,6 @@ async def _retry_when_full(ops: "Operations", attempt: Callable[[], Awaitable[An
     that writes file data (*data*) runs with the reserve in place, on what
     eviction freed, so written bytes can never take the index's last room.
     """
-    try:
-        return await attempt()
-    except (OSError, sqlite3.OperationalError) as e:
-        if not is_disk_full(e):
-            raise
     await ops.make_room()
     if data:
         ops.store.ensure_reserve()
@@ -104,7 +109,12 @@ def _error_policy(*, data: bool) -> Callable[[F], F]:
         @functools.wraps(fn)
         async def wrapper(self: "Operations", *args: Any, **kwargs: Any) -> Any:
             try:
-                return await _retry_when_full(self, lambda: fn(self, *args, **kwargs), data=data)
+                try:
+                    return await fn(self, *args, **kwargs)
+                except (OSError, sqlite3.OperationalError) as e:
+                    if not is_disk_full(e):
+                        raise
+                return await _retry_after_room(self, lambda: fn(self, *args, **kwargs), data=data)
             except FUSEError:
                 raise
             except OSError as e:
@@ -193,6 +203,8 @@ class Operations(kernel.Operations):
         self.evicted_files = 0
         self.events = EventLog(None if store.read_only else store.root / "events.jsonl")
         self.paths = DirPaths(self.ns)
+        #: Top-level directory of files the kernel looked up (stats attribution without a query per open).
+        self._tops: dict[int, str] = {}
         #: What the last background refresh saw; served to Prometheus from its own thread.
         self.cached_snapshot: dict[str, Any] = {}
         self.writes = WritePath(self.ns, self.blobs, self.stats, self._offload, self._committed)
@@ -316,7 +328,9 @@ class Operations(kernel.Operations):
         self.recency.touch(ino)
         inode = self._inode(ino)
         if not inode.is_dir:
-            self.stats.add(self._top_of_child(parent_inode, False, name), "hits")
+            top = self._top_of_child(parent_inode, False, name)
+            self._tops[ino] = top
+            self.stats.add(top, "hits")
         attr = self._attr(inode)
         self.lifetimes.ref(ino)
         return attr
@@ -324,6 +338,7 @@ class Operations(kernel.Operations):
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, n in inode_list:
             if self.lifetimes.unref(ino, n):
+                self._tops.pop(ino, None)
                 await self._delete_if_unused(ino)
 
     async def _delete_if_unused(self, ino: int) -> None:
@@ -541,8 +556,10 @@ class Operations(kernel.Operations):
             self._touch_dir(parent_inode_old)
             if parent_inode_new != parent_inode_old:
                 self._touch_dir(parent_inode_new)
+        self._tops.pop(src.id, None)
         if src.is_dir:
             self.paths.clear()  # a subtree moved: recompute lazily
+            self._tops.clear()
         elif self.shared is not None:
             self.shared.queue_upload(src.id)
         if dst is not None:
@@ -565,11 +582,14 @@ class Operations(kernel.Operations):
     # ------------------------------------------------------------------
     def _open_file(self, ino: Inode) -> OpenFile:
         of = self.writes.open.get(ino.id)
-        return of if of is not None else self.writes.open_file(ino, self._top_of_file(ino.id))
+        if of is not None:
+            return of
+        top = self._tops.get(ino.id)
+        return self.writes.open_file(ino, top if top is not None else self._top_of_file(ino.id))
 
     async def _close_open_file(self, of: OpenFile) -> None:
         """Forget an inode's open state once no handle remains; an unlinked inode may go with it."""
-        if self.writes.close_file(of):
+        if self.writes.close_file(of) and of.inode.nlink == 0:
             await self._delete_if_unused(of.inode.id)
 
     async def make_room(self) -> None:

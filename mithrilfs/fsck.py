@@ -196,6 +196,7 @@ def repair(store: Store, report: FsckReport) -> None:
         except (FileNotFoundError, IsADirectoryError):
             pass
     store.cas.clear_staging()
+    store.ns.forget_cached()  # rows changed by SQL alone above
     store.ns.mark_clean()
 
 

@@ -21,6 +21,8 @@ import sqlite3
 import stat
 import time
 import urllib.parse
+import weakref
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Iterator
@@ -63,10 +65,13 @@ CREATE INDEX IF NOT EXISTS dentries_readdir ON dentries(parent, id);
 CREATE INDEX IF NOT EXISTS dentries_inode ON dentries(inode);
 """
 
+#: Inodes loaded most recently are kept in memory (beyond those still in use elsewhere).
+INODE_CACHE_SIZE = 65536
+
 _INODE_COLS = "id, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, hash, target, rdev"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class Inode:
     id: int
     mode: int
@@ -102,8 +107,23 @@ class Dentry:
 
 
 class Namespace:
+    """The index.  ``get`` answers from an identity map of inodes before asking SQLite.
+
+    Every Inode object in use (an open file holds one) is the one object
+    for its id, so a change made through any caller is seen by all, and the
+    same cached rows answer repeated lookups without a query (s3ql's inode
+    cache is the model).  The map holds inodes weakly; a ring of the most
+    recently loaded keeps the hot ones alive.  Changes go through the
+    methods below, which update the object and the row together; a rolled
+    back transaction restores the objects it changed and forgets the ones
+    it created.
+    """
+
     def __init__(self, path: str, *, read_only: bool = False, immutable: bool = True) -> None:
         self.read_only = read_only
+        self._inodes: weakref.WeakValueDictionary[int, Inode] = weakref.WeakValueDictionary()
+        self._recent: deque[Inode] = deque(maxlen=INODE_CACHE_SIZE)
+        self._created: list[int] = []
         if read_only:
             # immutable (a read-only filesystem: nothing can change it under
             # us) needs neither locks nor a writable -shm
@@ -175,10 +195,13 @@ class Namespace:
             for ino, old in self._undo.values():
                 for name, value in zip(_INODE_FIELDS, old):
                     setattr(ino, name, value)
+            for ino_id in self._created:  # the id will be handed out again
+                self._inodes.pop(ino_id, None)
             raise
         finally:
             self._depth = 0
             self._undo.clear()
+            self._created.clear()
 
     def _changing(self, ino: Inode) -> None:
         if self._depth and id(ino) not in self._undo:
@@ -194,8 +217,21 @@ class Namespace:
 
     # -- inodes ----------------------------------------------------------
     def get(self, ino: int) -> Inode | None:
+        node = self._inodes.get(ino)
+        if node is not None:
+            return node
         row = self.db.execute(f"SELECT {_INODE_COLS} FROM inodes WHERE id = ?", (ino,)).fetchone()
-        return Inode(*row) if row else None
+        return self._remember(Inode(*row)) if row else None
+
+    def _remember(self, node: Inode) -> Inode:
+        self._inodes[node.id] = node
+        self._recent.append(node)
+        return node
+
+    def forget_cached(self) -> None:
+        """Drop the in-memory inodes (after changes made by SQL alone, such as ``recover``)."""
+        self._inodes = weakref.WeakValueDictionary()
+        self._recent.clear()
 
     def create_inode(
         self, mode: int, uid: int, gid: int, *, target: bytes | None = None, nlink: int = 1, rdev: int = 0
@@ -207,7 +243,9 @@ class Namespace:
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (mode, uid, gid, nlink, size, now, now, now, target, rdev),
         )
-        return Inode(cur.lastrowid, mode, uid, gid, nlink, size, now, now, now, None, target, rdev)
+        if self._depth:
+            self._created.append(cur.lastrowid)
+        return self._remember(Inode(cur.lastrowid, mode, uid, gid, nlink, size, now, now, now, None, target, rdev))
 
     def update_attrs(self, ino: Inode, **fields: int) -> None:
         """Write changed attribute columns of *ino* (and set them on the object)."""
@@ -231,6 +269,7 @@ class Namespace:
         if row is None:
             return
         self.db.execute("DELETE FROM inodes WHERE id = ?", (ino,))
+        self._inodes.pop(ino, None)
         if row[0] is not None:
             self._decref(row[0])
 
@@ -373,6 +412,10 @@ class Namespace:
     def set_atimes(self, items: list[tuple[int, int]]) -> None:
         """Write a batch of (atime_ns, inode) recency updates."""
         self.db.executemany("UPDATE inodes SET atime_ns = ? WHERE id = ?", items)
+        for atime, ino in items:
+            node = self._inodes.get(ino)
+            if node is not None:
+                node.atime_ns = atime
 
     def count_content_files(self) -> int:
         return self.db.execute("SELECT count(*) FROM inodes WHERE hash IS NOT NULL AND nlink > 0").fetchone()[0]
@@ -408,6 +451,7 @@ class Namespace:
                     " SELECT hash, size, count(*) FROM inodes WHERE hash IS NOT NULL GROUP BY hash"
                 )
             self.set_meta("clean", "0")
+        self.forget_cached()
         return {"dangling_entries": dangling, "unlinked_inodes": unlinked}
 
     def mark_clean(self) -> None:

@@ -26,7 +26,7 @@ COUNTERS = (
 )
 TIMED_OPS = ("lookup", "open", "read")
 ROOT_KEY = "/"
-_SAMPLES = 4096
+_SAMPLES = 1024
 
 
 class Stats:

@@ -22,7 +22,7 @@ import contextlib
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import blake3
@@ -75,7 +75,17 @@ class OpenFile:
     #: read it back; None once a write or truncate lands anywhere else.
     hasher: Any = None
     hashed: int = 0
-    lock: trio.Lock = field(default_factory=trio.Lock)
+    _lock: trio.Lock | None = None
+
+    @property
+    def lock(self) -> trio.Lock:
+        """Orders staging changes made from worker threads; made on first use (most opens only read)."""
+        if self._lock is None:
+            self._lock = trio.Lock()
+        return self._lock
+
+    def busy(self) -> bool:
+        return self._lock is not None and self._lock.locked()
 
 
 class WritePath:
@@ -176,7 +186,7 @@ class WritePath:
         if of.staging_fd is None:
             await self.ensure_staging(of)
         offload = len(buf) >= WRITE_OFFLOAD_MIN
-        if offload or of.lock.locked():
+        if offload or of.busy():
             # big writes copy and hash in a worker thread, so the event loop
             # takes the next request meanwhile; the file lock keeps this
             # file's writes, truncates and commits (and the running hash) in order

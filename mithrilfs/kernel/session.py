@@ -1,14 +1,16 @@
 """One FUSE session on an open /dev/fuse fd: INIT, the request loop, replies, notifications.
 
-Workers are trio tasks that each own a request buffer.  A worker reads one
-request (non-blocking; only when none is pending does it wait for the fd
-under a lock, since trio lets one task at a time wait on an fd), decodes it,
-awaits the filesystem's handler and writes the reply.  While a handler
-awaits (a worker thread, Redis), the next idle worker takes the next
-request; a new worker is started whenever none is idle, up to
-``MAX_WORKERS``, and surplus idle workers end.  A request that is pending
-when a worker finishes is read at once, without going through trio's I/O
-wait, which is what keeps one round trip short.
+One worker at a time holds the reader role: it reads a request
+(non-blocking; only when none is pending does it wait for the fd), decodes
+it and runs the filesystem's handler one step, synchronously.  Most
+handlers finish in that step (the namespace is in memory or SQLite, nothing
+to wait for), and the worker writes the reply and reads on: no trio
+scheduling, no lock, no task switch per request, which is what keeps one
+round trip short.  A handler that really suspends (a worker thread, Redis)
+makes its worker hand the reader role to a new worker first and then finish
+the handler as an ordinary trio task; at most ``MAX_WORKERS`` handlers are
+suspended at once (beyond that the reader finishes its handler before
+reading more).
 
 Errors: a handler's ``FUSEError`` is its answer; any other exception is
 logged and answered EIO; a request we cannot decode gets EIO and an unknown
@@ -30,6 +32,7 @@ import os
 import queue
 import threading
 import time
+import types
 from typing import Any, Awaitable, Callable
 
 import trio
@@ -40,10 +43,12 @@ from .api import DirBuffer, EntryAttributes, FUSEError, Operations, RequestConte
 log = logging.getLogger(__name__)
 
 MAX_WORKERS = 32
-#: Idle workers beyond this many end after their request.
-MAX_IDLE = 4
-#: Requests served back to back before a worker yields to other trio tasks.
+#: Requests served back to back before the reader yields to other trio tasks.
 _YIELD_EVERY = 8
+#: After answering, how long the reader keeps polling the fd before it sleeps in
+#: epoll: a client's next request (its close after an open, its next open) comes
+#: within microseconds, and catching it awake saves a sleep and a wake-up.
+SPIN_SECONDS = 50e-6
 _HDR = abi.IN_HEADER.size
 _NO_REPLY = frozenset({abi.FORGET, abi.BATCH_FORGET, abi.INTERRUPT})
 #: Requests that may wait on something slow (the shared tier) and can be
@@ -72,24 +77,26 @@ class Session:
     """Serve *ops* on the FUSE device *fd* (already mounted) until the mount goes away."""
 
     def __init__(self, fd: int, ops: Operations, *, max_write: int = 1 << 20, max_readahead: int = 1 << 20,
-                 readdirplus: bool = True, debug: bool = False) -> None:
+                 readdirplus: bool = True, interruptible: bool = False, debug: bool = False) -> None:
         self.fd = fd
         self.ops = ops
         self.max_write = max_write
         self.max_readahead = max_readahead
         self.readdirplus = readdirplus
+        #: Whether handlers can wait on something slow (the shared tier): then
+        #: lookups and directory reads run in a cancel scope an INTERRUPT can cancel.
+        self.interruptible = interruptible
         self.debug = debug
+        self.spin = SPIN_SECONDS
         #: Capabilities both sides agreed on at INIT (abi flag bits), and the protocol minor.
         self.capabilities = 0
         self.proto_minor = 0
         self.initialized = trio.Event()
         self._bufsize = max(abi.MIN_READ_BUFFER, max_write + 4096)
         self._stopping = False
-        self._workers = 0
-        self._idle = 0
+        #: Handlers suspended in tasks of their own.
+        self._suspended = 0
         self._nursery: trio.Nursery | None = None
-        self._read_lock = trio.Lock()
-        self._waiting: set[trio.CancelScope] = set()
         self._inflight: dict[int, trio.CancelScope] = {}
         self._notify_q: queue.SimpleQueue[tuple[int, list[bytes]] | None] = queue.SimpleQueue()
         self._notifier = threading.Thread(target=self._notify_loop, name="fuse-notify", daemon=True)
@@ -115,60 +122,67 @@ class Session:
         os.set_blocking(self.fd, False)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            self._spawn_worker()
+            nursery.start_soon(self._reader)
         if self.error is not None:
             raise self.error
 
     def stop(self) -> None:
-        """End the loop: workers waiting for a request leave, handlers in progress finish."""
+        """End the loop: the reader stops waiting for requests, handlers in progress finish."""
+        if self._stopping:
+            return
         self._stopping = True
-        for scope in list(self._waiting):
-            scope.cancel()
+        try:
+            trio.lowlevel.notify_closing(self.fd)  # wakes the reader out of its wait
+        except RuntimeError:
+            pass  # called outside the loop: the reader sees the flag at its next request
 
     def close(self) -> None:
         """Stop the notification thread (the fd belongs to whoever mounted)."""
         self._notify_q.put(None)
         self._notifier.join(timeout=5)
 
-    def _spawn_worker(self) -> None:
-        assert self._nursery is not None
-        self._workers += 1
-        self._idle += 1
-        self._nursery.start_soon(self._worker)
-
-    async def _worker(self) -> None:
+    async def _reader(self) -> None:
+        """Read and answer requests until the session ends or a handler suspends (see module doc)."""
         buf = bytearray(self._bufsize)
         view = memoryview(buf)
         streak = 0
-        try:
-            while True:
-                n = await self._next_request(buf)
-                if n is None:
-                    return
-                self._idle -= 1
-                if self._idle == 0 and self._workers < MAX_WORKERS and not self._stopping:
-                    self._spawn_worker()
-                try:
-                    await self._handle(buf, view, n)
-                finally:
-                    self._idle += 1
-                if self._idle > MAX_IDLE:
-                    return
+        while True:
+            n = await self._next_request(buf)
+            if n is None:
+                return
+            coro = self._handle(buf, view, n)
+            try:
+                step = coro.send(None)
+            except StopIteration:
                 streak += 1
                 if streak >= _YIELD_EVERY:
                     streak = 0
                     await trio.lowlevel.checkpoint()
-        finally:
-            self._workers -= 1
-            self._idle -= 1
+                continue
+            except BaseException:
+                coro.close()
+                raise
+            # the handler waits on something: finish it here and let a new reader go on
+            assert self._nursery is not None
+            if self._suspended < MAX_WORKERS:
+                self._suspended += 1
+                self._nursery.start_soon(self._reader)
+                try:
+                    await _resume(coro, step)
+                finally:
+                    self._suspended -= 1
+                return
+            await _resume(coro, step)  # too many suspended: finish this one before reading more
 
     async def _next_request(self, buf: bytearray) -> int | None:
         """Read one request into *buf*; None once the session is over."""
+        spin_until = time.perf_counter() + self.spin
         while not self._stopping:
             try:
                 return os.readv(self.fd, [buf])
             except BlockingIOError:
-                pass
+                if time.perf_counter() < spin_until:
+                    continue
             except OSError as e:
                 if e.errno in (errno.ENOENT, errno.EINTR):
                     continue  # the request was interrupted before we read it
@@ -177,14 +191,10 @@ class Session:
                     self.stop()
                     return None
                 raise
-            with trio.CancelScope() as scope:
-                self._waiting.add(scope)
-                try:
-                    async with self._read_lock:
-                        if not self._stopping:
-                            await trio.lowlevel.wait_readable(self.fd)
-                finally:
-                    self._waiting.discard(scope)
+            try:
+                await trio.lowlevel.wait_readable(self.fd)
+            except trio.ClosedResourceError:
+                return None  # stop()
         return None
 
     async def _handle(self, buf: bytearray, view: memoryview, n: int) -> None:
@@ -207,7 +217,7 @@ class Session:
         ctx = RequestContext(uid, gid, pid)
         scope = None
         try:
-            if opcode in _INTERRUPTIBLE:
+            if self.interruptible and opcode in _INTERRUPTIBLE:
                 with trio.CancelScope() as scope:
                     self._inflight[unique] = scope
                     payload = await handler(nodeid, ctx, buf, view, _HDR, end)
@@ -489,3 +499,25 @@ class Session:
     async def _fsyncdir(self, nodeid, ctx, buf, view, off, end) -> None:
         fh, flags, _ = abi.FSYNC_IN.unpack_from(buf, off)
         await self.ops.fsyncdir(fh, bool(flags & abi.FSYNC_FDATASYNC))
+
+
+@types.coroutine
+def _resume(coro: Any, step: Any) -> Any:
+    """Go on running a coroutine that already yielded *step* to trio, as part of the current task.
+
+    ``yield from`` from its second step on: what trio sends or throws in
+    goes to *coro*, what *coro* yields goes to trio.
+    """
+    while True:
+        try:
+            sent = yield step
+        except BaseException as e:
+            try:
+                step = coro.throw(e)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                step = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value

@@ -66,7 +66,8 @@ def test_stale_mount_after_kill9_is_cleaned_by_next_mount(mnt: Mount):
     assert _wait_gone(mnt.pid)
     with pytest.raises(OSError) as e:
         os.statvfs(mnt.mountpoint)  # statfs always reaches the (dead) daemon
-    assert e.value.errno == errno.ENOTCONN  # the kernel still has the dead mount
+    # the kernel still has the dead mount (ECONNABORTED if the call was queued as the daemon died)
+    assert e.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     res = run_cli("mount", str(mnt.mountpoint), "--store", str(mnt.store))
     assert res.returncode == 0, res.stderr
     assert "stale mount" in res.stderr

@@ -1,0 +1,160 @@
+"""Warm start of many Triton kernels: the mount against a plain directory, ABBA order.
+
+A model with many Triton kernels warm-starts by asking Triton's cache for
+each kernel: ``FileCacheManager(key).get_group(...)`` stats the group file,
+reads it, stats every child it lists, and then every child file is read
+(what ``triton.compiler.compile`` and ``CompiledKernel`` do on a hit).  This
+script writes N kernels in Triton's own layout with Triton's own
+``FileCacheManager`` (source, ttir, ttgir, llir, ptx and cubin of 20-70 KB,
+the metadata json and the group file: 8 files a kernel), then loads them in
+a fresh process, the same way, on both sides:
+
+- first load after a remount (the plain side: dentries, inodes and their
+  pages dropped with ``drop_caches``, which needs root),
+- a second load right after.
+
+Prints the median seconds per side, the ratio mount/plain and the spread.
+
+    .venv/bin/python scripts/bench_warmstart.py [--kernels 1500] [--reps 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _benchlib import CLI, abba, median, quartiles  # noqa: E402
+
+SUFFIXES = ("source", "ttir", "ttgir", "llir", "ptx", "cubin")
+
+POPULATE = r"""
+import json, os, random, sys
+from triton.runtime.cache import FileCacheManager
+n, seed = int(sys.argv[1]), int(sys.argv[2])
+rnd = random.Random(seed)
+keys = []
+for i in range(n):
+    key = format(rnd.getrandbits(256), "064x")
+    mgr = FileCacheManager(key)
+    group = {}
+    for suffix in %(suffixes)r:
+        size = rnd.randrange(20_000, 70_000)
+        data = rnd.randbytes(size)
+        group[f"kernel.{suffix}"] = mgr.put(data if suffix == "cubin" else data.hex()[:size], f"kernel.{suffix}")
+    meta = {"name": f"kernel_{i}", "num_warps": 4, "num_stages": 3, "shared": 1024 * (i %% 64), "hash": key}
+    group["kernel.json"] = mgr.put(json.dumps(meta), "kernel.json", binary=False)
+    mgr.put_group("kernel.json", group)
+    keys.append(key)
+print(json.dumps(keys))
+""" % {"suffixes": SUFFIXES}
+
+LOAD = r"""
+import json, sys, time
+from triton.runtime.cache import FileCacheManager
+keys = json.load(open(sys.argv[1]))
+t = time.perf_counter()
+total = 0
+for key in keys:
+    group = FileCacheManager(key).get_group("kernel.json")
+    if group is None:
+        sys.exit(f"kernel {key} is not in the cache")
+    for name, path in group.items():
+        with open(path, "rb") as f:
+            total += len(f.read())
+print(json.dumps({"seconds": time.perf_counter() - t, "bytes": total, "files": len(keys) * 8}))
+"""
+
+
+def run_json(code: str, args: list[str], cache: Path) -> dict:
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache))
+    res = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=3600)
+    if res.returncode != 0:
+        sys.exit(f"benchmark step failed:\n{res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def drop_plain_caches() -> None:
+    """Forget cached dentries, inodes and their pages, as a remount does for the mount."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2\n")
+    except OSError as e:
+        sys.exit(f"cannot drop the kernel's caches ({e.strerror}): run as root")
+
+
+def mount(mp: Path, store: Path) -> None:
+    subprocess.run([*CLI, "mount", str(mp), "--store", str(store)], check=True)
+
+
+def umount(mp: Path) -> None:
+    subprocess.run([*CLI, "umount", str(mp)], check=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", type=int, default=1500)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="mithrilfs-warmstart-"))
+    mp, store, plain = root / "mnt", root / "store", root / "plain"
+    mp.mkdir()
+    plain.mkdir()
+    mount(mp, store)
+    times: dict[str, dict[str, list[float]]] = {s: {"first": [], "second": []} for s in ("plain", "mount")}
+    try:
+        caches = {"plain": plain / "triton", "mount": mp / "triton"}
+        keys_file = root / "keys.json"
+        seed = random.randrange(1 << 30)
+        for side, cache in caches.items():
+            keys = run_json(POPULATE, [str(args.kernels), str(seed)], cache)
+            keys_file.write_text(json.dumps(keys))
+        if not args.json:
+            print(f"{args.kernels} kernels ({args.kernels * 8} files) written on both sides", flush=True)
+        for rep, order in enumerate(abba(args.reps)):
+            for side in order:
+                if side == "mount":
+                    umount(mp)
+                    mount(mp, store)
+                else:
+                    drop_plain_caches()
+                for phase in ("first", "second"):
+                    run = run_json(LOAD, [str(keys_file)], caches[side])
+                    times[side][phase].append(run["seconds"])
+                    if not args.json:
+                        print(f"rep {rep} {side:5s} {phase:6s} load {run['seconds']:7.3f} s", flush=True)
+    finally:
+        if subprocess.run([*CLI, "umount", str(mp)], capture_output=True).returncode != 0:
+            subprocess.run(["fusermount3", "-u", "-z", str(mp)])
+        subprocess.run(["rm", "-rf", str(root)])
+
+    result = {}
+    for phase in ("first", "second"):
+        p, m = median(times["plain"][phase]), median(times["mount"][phase])
+        result[phase] = {"plain_s": round(p, 3), "mount_s": round(m, 3), "ratio": round(m / p, 2),
+                         "plain_iqr_s": quartiles(times["plain"][phase]),
+                         "mount_iqr_s": quartiles(times["mount"][phase]), "runs": len(times["plain"][phase])}
+    if args.json:
+        print(json.dumps({"kernels": args.kernels, **result}))
+        return 0
+    print(f"\n{args.kernels} kernels, {args.kernels * 8} files")
+    print(f"{'load':22s} {'runs':>4s} {'plain (s)':>10s} {'mount (s)':>10s} {'mount/plain':>12s}   quartiles plain | mount")
+    for phase, label in (("first", "first after remount"), ("second", "second")):
+        r = result[phase]
+        (p1, p3), (m1, m3) = r["plain_iqr_s"], r["mount_iqr_s"]
+        print(f"{label:22s} {r['runs']:4d} {r['plain_s']:10.3f} {r['mount_s']:10.3f} {r['ratio']:11.2f}x"
+              f"   {p1:.3f}-{p3:.3f} | {m1:.3f}-{m3:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
