@@ -723,6 +723,7 @@ class Operations(kernel.Operations):
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[FileInfo, EntryAttributes]:
         ino = self._new_entry(parent_inode, name, stat.S_IFREG | stat.S_IMODE(mode), ctx)
+        self._tops[ino.id] = self._top_of_child(parent_inode, False, name)
         of = self._open_file(ino)
         fh = self._new_handle(of, flags)
         return FileInfo(fh=fh, keep_cache=True), self._attr(ino)

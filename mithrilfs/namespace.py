@@ -282,7 +282,7 @@ class Namespace:
         """
         self.db.execute(
             "INSERT INTO blobs (hash, size, refcount) VALUES (?, ?, 0)"
-            " ON CONFLICT (hash) DO UPDATE SET size = excluded.size",
+            " ON CONFLICT (hash) DO UPDATE SET size = excluded.size WHERE size != excluded.size",
             (digest, size),
         )
 
