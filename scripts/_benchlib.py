@@ -91,10 +91,11 @@ def cold_warm_abba(workload: Sequence[str], mp: Path, plain: Path, reps: int, re
     return times, warm_runs
 
 
-def ratios(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+def ratios(times: dict[str, dict[str, list[float]]],
+           phases: Sequence[str] = ("cold", "warm")) -> dict[str, dict[str, float]]:
     """Medians per side, their quartiles (the spread) and the mount/plain ratio, per phase."""
     out = {}
-    for phase in ("cold", "warm"):
+    for phase in phases:
         p, m = median(times["plain"][phase]), median(times["mount"][phase])
         out[phase] = {"plain_s": round(p, 3), "mount_s": round(m, 3), "ratio": round(m / p, 3),
                       "runs": len(times["plain"][phase]),

@@ -26,11 +26,10 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _benchlib import CLI, abba, median, quartiles  # noqa: E402
+from _benchlib import CLI, abba, ratios, temp_mount  # noqa: E402
 
 SUFFIXES = ("source", "ttir", "ttgir", "llir", "ptx", "cubin")
 
@@ -90,12 +89,10 @@ def drop_plain_caches() -> None:
         sys.exit(f"cannot drop the kernel's caches ({e.strerror}): run as root")
 
 
-def mount(mp: Path, store: Path) -> None:
-    subprocess.run([*CLI, "mount", str(mp), "--store", str(store)], check=True)
-
-
-def umount(mp: Path) -> None:
+def remount(mp: Path) -> None:
+    """Unmount and mount again (``temp_mount`` keeps the store beside the mount point)."""
     subprocess.run([*CLI, "umount", str(mp)], check=True)
+    subprocess.run([*CLI, "mount", str(mp), "--store", str(mp.parent / "store")], check=True)
 
 
 def main() -> int:
@@ -105,15 +102,10 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    root = Path(tempfile.mkdtemp(prefix="mithrilfs-warmstart-"))
-    mp, store, plain = root / "mnt", root / "store", root / "plain"
-    mp.mkdir()
-    plain.mkdir()
-    mount(mp, store)
     times: dict[str, dict[str, list[float]]] = {s: {"first": [], "second": []} for s in ("plain", "mount")}
-    try:
+    with temp_mount() as (mp, plain):
         caches = {"plain": plain / "triton", "mount": mp / "triton"}
-        keys_file = root / "keys.json"
+        keys_file = mp.parent / "keys.json"
         seed = random.randrange(1 << 30)
         for side, cache in caches.items():
             keys = run_json(POPULATE, [str(args.kernels), str(seed)], cache)
@@ -123,8 +115,7 @@ def main() -> int:
         for rep, order in enumerate(abba(args.reps)):
             for side in order:
                 if side == "mount":
-                    umount(mp)
-                    mount(mp, store)
+                    remount(mp)
                 else:
                     drop_plain_caches()
                 for phase in ("first", "second"):
@@ -132,17 +123,7 @@ def main() -> int:
                     times[side][phase].append(run["seconds"])
                     if not args.json:
                         print(f"rep {rep} {side:5s} {phase:6s} load {run['seconds']:7.3f} s", flush=True)
-    finally:
-        if subprocess.run([*CLI, "umount", str(mp)], capture_output=True).returncode != 0:
-            subprocess.run(["fusermount3", "-u", "-z", str(mp)])
-        subprocess.run(["rm", "-rf", str(root)])
-
-    result = {}
-    for phase in ("first", "second"):
-        p, m = median(times["plain"][phase]), median(times["mount"][phase])
-        result[phase] = {"plain_s": round(p, 3), "mount_s": round(m, 3), "ratio": round(m / p, 2),
-                         "plain_iqr_s": quartiles(times["plain"][phase]),
-                         "mount_iqr_s": quartiles(times["mount"][phase]), "runs": len(times["plain"][phase])}
+    result = ratios(times, ("first", "second"))
     if args.json:
         print(json.dumps({"kernels": args.kernels, **result}))
         return 0
