@@ -164,3 +164,13 @@ NOTIFY_DELETE_OUT = struct.Struct("<QQII")  # parent child namelen padding
 
 assert ENTRY_OUT.size == 128 and ATTR_OUT.size == 104 and STATFS_OUT.size == 80 and INIT_OUT.size == 64
 assert SETATTR_IN.size == 88 and READ_IN.size == 40 and WRITE_IN.size == 40 and IN_HEADER.size == 40
+
+#: Size of the fixed part of each request's body (what a handler unpacks before any names).
+MIN_BODY = {
+    INIT: 16, FORGET: FORGET_IN.size, BATCH_FORGET: BATCH_FORGET_IN.size, GETATTR: GETATTR_IN.size,
+    SETATTR: SETATTR_IN.size, MKNOD: MKNOD_IN.size, MKDIR: MKDIR_IN.size, RENAME: RENAME_IN.size,
+    RENAME2: RENAME2_IN.size, LINK: LINK_IN.size, OPEN: OPEN_IN.size, CREATE: CREATE_IN.size, READ: READ_IN.size,
+    WRITE: WRITE_IN.size, RELEASE: RELEASE_IN.size, FLUSH: FLUSH_IN.size, FSYNC: FSYNC_IN.size,
+    OPENDIR: OPEN_IN.size, READDIR: READ_IN.size, READDIRPLUS: READ_IN.size, RELEASEDIR: RELEASE_IN.size,
+    FSYNCDIR: FSYNC_IN.size, INTERRUPT: INTERRUPT_IN.size,
+}

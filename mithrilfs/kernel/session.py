@@ -179,7 +179,11 @@ class Session:
         spin_until = time.perf_counter() + self.spin
         while not self._stopping:
             try:
-                return os.readv(self.fd, [buf])
+                n = os.readv(self.fd, [buf])
+                if n == 0:  # end of file: the other side is gone (never happens on /dev/fuse)
+                    self.stop()
+                    return None
+                return n
             except BlockingIOError:
                 if time.perf_counter() < spin_until:
                     continue
@@ -198,18 +202,26 @@ class Session:
         return None
 
     async def _handle(self, buf: bytearray, view: memoryview, n: int) -> None:
-        try:
-            length, opcode, unique, nodeid, uid, gid, pid, extlen, _ = abi.IN_HEADER.unpack_from(buf)
-        except Exception:
+        if n < _HDR:
             log.error("short request from the kernel (%d bytes): ignored", n)
             return
+        length, opcode, unique, nodeid, uid, gid, pid, extlen, _ = abi.IN_HEADER.unpack_from(buf)
         end = min(length, n) - 8 * extlen
+        if end < _HDR:
+            self._reply_error(unique, errno.EIO)
+            return
         if self.debug:
             log.debug("request %d: %s node %d (%d bytes)", unique, abi.OPCODE_NAMES.get(opcode, opcode), nodeid,
                       length)
         handler = self._handlers.get(opcode)
         if handler is None:
             self._reply_error(unique, errno.ENOSYS)
+            return
+        if end - _HDR < abi.MIN_BODY.get(opcode, 0):
+            # handlers unpack fixed structs from a buffer larger than the request: never past its end
+            log.error("malformed %s request: %d bytes of body", abi.OPCODE_NAMES.get(opcode, opcode), end - _HDR)
+            if opcode not in _NO_REPLY:
+                self._reply_error(unique, errno.EIO)
             return
         if not self.initialized.is_set() and opcode != abi.INIT:
             self._reply_error(unique, errno.EIO)

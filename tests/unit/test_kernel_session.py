@@ -1,0 +1,110 @@
+"""The protocol layer alone: the session's answers to requests no kernel would send.
+
+The real kernel never sends a malformed request, so this drives
+``kernel.Session`` over a SEQPACKET socket pair (one message per read, like
+/dev/fuse) with hand-made requests in the ``linux/fuse.h`` layout; every
+behaviour of the mounted filesystem is tested through real mounts elsewhere.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import stat
+
+import trio
+
+from mithrilfs.kernel import abi
+from mithrilfs.kernel.api import EntryAttributes, FUSEError, Operations
+from mithrilfs.kernel.session import Session
+
+
+class _Root(Operations):
+    async def getattr(self, inode, ctx):
+        if inode != 1:
+            raise FUSEError(errno.ENOENT)
+        a = EntryAttributes()
+        a.st_ino, a.st_mode, a.st_nlink, a.attr_timeout = 1, stat.S_IFDIR | 0o755, 2, 1.5
+        return a
+
+    async def readlink(self, inode, ctx):
+        raise RuntimeError("a bug in a handler")
+
+
+def _request(opcode: int, unique: int, body: bytes = b"", nodeid: int = 1, length: int | None = None) -> bytes:
+    size = abi.IN_HEADER.size + len(body)
+    return abi.IN_HEADER.pack(length if length is not None else size, opcode, unique, nodeid, 0, 0, 1, 0, 0) + body
+
+
+def test_bad_requests_get_errors_and_the_loop_goes_on():
+    ours, kernel_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    session = Session(ours.fileno(), _Root())
+    replies: list[tuple[int, int, bytes]] = []
+
+    async def ask(message: bytes, *, expect_reply: bool = True) -> None:
+        kernel_side.send(message)
+        if expect_reply:
+            with trio.fail_after(5):
+                data = await trio.to_thread.run_sync(kernel_side.recv, 1 << 16)
+            length, error, unique = abi.OUT_HEADER.unpack_from(data)
+            assert length == len(data)
+            replies.append((unique, error, data[abi.OUT_HEADER.size:]))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.serve)
+            # nothing but INIT is served before INIT
+            await ask(_request(abi.GETATTR, 1, abi.GETATTR_IN.pack(0, 0, 0)))
+            init = abi.INIT_IN.pack(7, 45, 1 << 20, abi.PARALLEL_DIROPS | abi.INIT_EXT | abi.MAX_PAGES, 0)
+            await ask(_request(abi.INIT, 2, init + b"\0" * 44))
+            await ask(_request(abi.LOOKUP, 3, b"name-without-its-nul"))  # malformed: EIO
+            await ask(_request(4242, 4))  # unknown opcode: ENOSYS
+            await ask(_request(abi.SETATTR, 5, b"\0" * 8))  # body too short for its struct: EIO
+            await ask(_request(abi.GETATTR, 6, length=12))  # length field shorter than a header: EIO
+            await ask(b"\x01\x02\x03", expect_reply=False)  # not even a header: ignored
+            await ask(_request(abi.READLINK, 7))  # the handler raises: EIO
+            await ask(_request(abi.FORGET, 8, abi.FORGET_IN.pack(1)), expect_reply=False)  # no reply, by protocol
+            await ask(_request(abi.GETATTR, 9, abi.GETATTR_IN.pack(0, 0, 0)))  # and the loop still answers
+            kernel_side.close()  # end of file: the session ends
+
+    trio.run(main)
+    session.close()
+    ours.close()
+    by_unique = {u: (err, body) for u, err, body in replies}
+    assert by_unique[1][0] == -errno.EIO
+    err, body = by_unique[2]
+    major, minor, _, flags, *_rest = abi.INIT_OUT.unpack(body)
+    assert err == 0 and (major, minor) == (7, 45) and flags & abi.PARALLEL_DIROPS
+    assert session.capabilities & abi.PARALLEL_DIROPS and not session.capabilities & abi.DO_READDIRPLUS
+    assert by_unique[3][0] == -errno.EIO
+    assert by_unique[4][0] == -errno.ENOSYS
+    assert by_unique[5][0] == -errno.EIO
+    assert by_unique[6][0] == -errno.EIO
+    assert by_unique[7][0] == -errno.EIO
+    err, body = by_unique[9]
+    assert err == 0
+    attr_valid, attr_nsec, _, ino, *_fields = abi.ATTR_OUT.unpack(body)
+    assert (attr_valid, attr_nsec, ino) == (1, 500_000_000, 1)
+    assert sorted(by_unique) == [1, 2, 3, 4, 5, 6, 7, 9]
+
+
+def test_a_kernel_older_than_7_31_is_refused_in_one_line():
+    ours, kernel_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    session = Session(ours.fileno(), _Root())
+
+    async def main() -> None:
+        kernel_side.send(_request(abi.INIT, 1, abi.INIT_IN.pack(7, 26, 1 << 17, 0, 0)))
+        with trio.fail_after(5):
+            await session.serve()
+
+    try:
+        trio.run(main)
+    except Exception as e:  # the ProtocolError the daemon turns into its one-line message
+        assert "7.31" in str(e) and "7.26" in str(e)
+    else:
+        raise AssertionError("an old kernel was served")
+    error = abi.OUT_HEADER.unpack_from(kernel_side.recv(1 << 16))[1]
+    assert error == -errno.EPROTO
+    session.close()
+    ours.close()
+    kernel_side.close()
