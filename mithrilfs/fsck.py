@@ -15,7 +15,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .cas import DIGEST_SIZE, hash_file
+from .cas import DIGEST_SIZE
 from .namespace import ROOT_INODE
 from .store import Store
 
@@ -83,7 +83,7 @@ def check(store: Store, progress: Progress | None = None) -> FsckReport:
 
     total = len(on_disk)
     for i, digest in enumerate(sorted(on_disk), start=1):
-        if hash_file(store.cas.path(digest)) != digest:
+        if not store.blobs.verify(digest):
             report.corrupt.append(digest)
         report.blobs_checked = i
         if progress:
@@ -147,7 +147,7 @@ def repair(store: Store, report: FsckReport) -> None:
     ns = store.ns
     bad = set(report.corrupt) | set(report.missing)
     for digest in report.corrupt:
-        store.cas.quarantine_blob(digest)
+        store.blobs.quarantine(digest)
     with ns.txn():
         for digest in bad:
             for ino in ns.inodes_with_hash(digest):
