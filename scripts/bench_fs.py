@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from _benchlib import CLI, abba, median, quartiles
+from _benchlib import CLI, abba, median, quartiles, temp_mount
 
 N_FILES = 2000
 SMALL = 4096
@@ -262,13 +262,9 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    base = Path(tempfile.mkdtemp(prefix="mithrilfs-benchfs-"))
-    mp, store, plain = base / "mnt", base / "store", base / "plain"
-    mp.mkdir()
-    plain.mkdir()
-    subprocess.run([*CLI, "mount", str(mp), "--store", str(store)], check=True)
     results: dict = {}
-    try:
+    with temp_mount() as (mp, plain):
+        store = mp.parent / "store"
         roots = {"plain": plain, "mount": mp}
         files = {side: _populate(r / "cached") for side, r in roots.items()}
         results["stat"] = measure_pair(args.reps, lambda r: bench_stat(files["plain" if r == plain else "mount"]), roots)
@@ -280,9 +276,6 @@ def main() -> int:
             args.reps, lambda r: bench_open_read_one(files["plain" if r == plain else "mount"][0]), roots)
         results["big_file"] = big_file(roots, args.big_mib, max(2, args.reps))
         results["first_touch"] = first_touch(mp, store, [os.path.relpath(p, mp) for p in files["mount"]])
-    finally:
-        subprocess.run([*CLI, "umount", str(mp)])
-        shutil.rmtree(base, ignore_errors=True)
     if args.million:
         results["million"] = million(Path(tempfile.gettempdir()))
 
