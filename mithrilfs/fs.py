@@ -109,6 +109,7 @@ def _error_policy(*, data: bool) -> Callable[[F], F]:
         @functools.wraps(fn)
         async def wrapper(self: "Operations", *args: Any, **kwargs: Any) -> Any:
             try:
+                # _retry_when_full, with its first attempt inlined: no closure or extra coroutine per request
                 try:
                     return await fn(self, *args, **kwargs)
                 except (OSError, sqlite3.OperationalError) as e:
