@@ -26,6 +26,7 @@ from typing import Callable
 import trio
 
 from . import kernel
+from .kernel.mount import unescape_mount_field
 
 from .control import CONTROL_NAME
 from .eviction import EvictionPolicy
@@ -67,13 +68,9 @@ def is_fuse_mount(path: Path) -> bool:
     with open("/proc/self/mounts") as f:
         for line in f:
             parts = line.split()
-            if len(parts) > 2 and _unescape(parts[1]) == target and parts[2].startswith("fuse"):
+            if len(parts) > 2 and unescape_mount_field(parts[1]) == target and parts[2].startswith("fuse"):
                 return True
     return False
-
-
-def _unescape(field: str) -> str:
-    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
 def probe_mount(mountpoint: Path, timeout: float = 1.0) -> str:

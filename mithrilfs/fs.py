@@ -11,6 +11,7 @@ Commit points: ``flush`` (every ``close`` of a writable handle), ``fsync``
 and the last ``release``.  Read-only handles are opened with NOFLUSH, so
 their ``close`` costs no round trip.
 """
+
 from __future__ import annotations
 
 import errno
@@ -58,9 +59,9 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 def _sqlite_errno(e: sqlite3.Error) -> int:
     """The errno a failed index operation means for the caller."""
-    text = str(e)
-    if "full" in text:
+    if is_disk_full(e):
         return errno.ENOSPC
+    text = str(e)
     if "readonly" in text or "read-only" in text:
         return errno.EROFS
     return errno.EIO
@@ -100,7 +101,7 @@ def _error_policy(*, data: bool) -> Callable[[F], F]:
 
     A full backing disk gets one eviction pass to make room and one retry
     (handlers are written so that a failed attempt changes nothing); *data*
-    says the handler writes file data (see ``_retry_when_full``).  Stray
+    says the handler writes file data (see ``_retry_after_room``).  Stray
     OSErrors become their errno and anything else EIO, logged here with
     the operation's name and counted in the event log.
     """

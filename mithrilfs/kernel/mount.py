@@ -44,7 +44,8 @@ class MountError(Exception):
     """The mount could not be made; the message says why and what to do, in one line."""
 
 
-def _unescape(field_: str) -> str:
+def unescape_mount_field(field_: str) -> str:
+    """A path as /proc/*/mounts and mountinfo write it (space, tab, newline, backslash escaped in octal)."""
     return field_.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
@@ -59,7 +60,7 @@ def mount_entries(target: str) -> list[tuple[int, str, str]]:
         for line in f:
             left, _, right = line.partition(" - ")
             parts = left.split()
-            if len(parts) >= 5 and _unescape(parts[4]) == target:
+            if len(parts) >= 5 and unescape_mount_field(parts[4]) == target:
                 found.append((int(parts[0]), parts[2], right.split()[0] if right else ""))
     return found
 
