@@ -218,15 +218,19 @@ def control_file(mountpoint: Path, name: str) -> Path:
     return path
 
 
-def _cmd_gc(args: argparse.Namespace) -> int:
-    path = control_file(args.mountpoint, "gc")
-    request = f"to={args.to}" if args.to is not None else "run"
+def _control_command(path: Path, request: str) -> dict:
+    """Run a command through its control file: write the request, read the JSON answer back."""
     fd = os.open(path, os.O_RDWR)
     try:
         os.write(fd, request.encode())
-        answer = json.loads(os.pread(fd, 1 << 16, 0))
+        return json.loads(os.pread(fd, 1 << 16, 0))
     finally:
         os.close(fd)
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    path = control_file(args.mountpoint, "gc")
+    answer = _control_command(path, f"to={args.to}" if args.to is not None else "run")
     print(
         f"evicted {answer['units']} units ({answer['files']} files), freed {format_size(answer['bytes'])};"
         f" now {format_size(answer['physical_bytes'])} of {format_size(answer['max_bytes'])}"
@@ -359,6 +363,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except FileNotFoundError:
             print(f"mithrilfs: error: command not found: {cmd[0]}", file=sys.stderr)
             status = 127
+        # the kernel does not tell the daemon about closes: commit what the command left written
+        _control_command(control_file(mp, "commit"), "run")
         after = _read_stats(mp)
         d = {k: after[k] - before[k] for k in ("hits", "misses", "writes", "write_bytes", "commits", "dedup_hits")}
         print(f"mithrilfs: {d['hits']} hits, {d['misses']} misses, {d['commits']} files written "
@@ -432,12 +438,7 @@ def _cmd_push(args: argparse.Namespace) -> int:
     except UsageError:
         control_file(mp, "pid")  # a mount, but without a remote
         raise UsageError(f"{mp} was mounted without --remote") from None
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.write(fd, b"push")
-        queued = json.loads(os.pread(fd, 4096, 0))["queued"]
-    finally:
-        os.close(fd)
+    queued = _control_command(path, "push")["queued"]
     draw = _progress_bar("uploading")
     start = _read_stats(mp)
     while True:

@@ -1,19 +1,30 @@
 """The control directory ``MOUNT/.mithrilfs/``: virtual read-only files.
 
 Reachable by lookup but hidden from ``readdir`` so frameworks listing the
-cache never see it.  Each file's content is produced when it is opened, so
-``stats.json`` is a fresh snapshot for every reader, from any container that
-sees the mount.  The CLI reads these files instead of talking to the daemon
-over a socket.
+cache never see it.  The kernel opens files without asking the daemon, so
+no content can be fixed at open.  Instead attributes are never cached: the
+kernel asks (GETATTR) before each read, and that is when the content is
+produced afresh, its length the size and its time the mtime, so the kernel
+drops the pages it cached of the last content; the READs that follow serve
+that one production.  One read asks several times (the probe for the end
+of the file asks again), so a production is reused for ``FRESH_SECONDS``:
+a new one in between would change the size under the reader.
+``stats.json`` is then a fresh snapshot for every reader, from any
+container that sees the mount.  A command file runs what is written to it;
+its answer is what it reads back until the next command.  The CLI reads
+these files instead of talking to the daemon over a socket.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Awaitable, Callable
 
 CONTROL_NAME = b".mithrilfs"
+#: How long one production of a control file answers every look at it.
+FRESH_SECONDS = 0.002
 #: Inode numbers far above anything SQLite will hand out.
 CONTROL_DIR_INODE = 1 << 62
 
@@ -23,6 +34,8 @@ class ControlFiles:
         self._by_name: dict[bytes, int] = {}
         self._producers: dict[int, Callable[[], bytes]] = {}
         self._commands: dict[int, Callable[[bytes], Awaitable[bytes]]] = {}
+        #: What each file showed last (content, mtime_ns): READ serves it.
+        self._current: dict[int, tuple[bytes, int]] = {}
         self.add(b"pid", lambda: f"{os.getpid()}\n".encode())
 
     def add(self, name: bytes, produce: Callable[[], bytes]) -> None:
@@ -34,15 +47,16 @@ class ControlFiles:
         self.add(name, lambda: (json.dumps(produce(), sort_keys=True) + "\n").encode())
 
     def add_command(self, name: bytes, run: Callable[[bytes], Awaitable[bytes]]) -> None:
-        """A writable file: what is written runs *run*; its answer is read back on the same handle."""
+        """A writable file: what is written runs *run*; its answer is what the file reads back."""
         self.add(name, lambda: b"")
         self._commands[self._by_name[name]] = run
 
     def is_command(self, ino: int) -> bool:
         return ino in self._commands
 
-    async def run_command(self, ino: int, request: bytes) -> bytes:
-        return await self._commands[ino](request)
+    async def run_command(self, ino: int, request: bytes) -> None:
+        """Run a command; two clients racing on one command file may each read the later answer."""
+        self._current[ino] = (await self._commands[ino](request), time.time_ns())
 
     @staticmethod
     def is_control(ino: int) -> bool:
@@ -54,5 +68,14 @@ class ControlFiles:
     def names(self) -> list[tuple[bytes, int]]:
         return list(self._by_name.items())
 
-    def produce(self, ino: int) -> bytes:
-        return self._producers[ino]()
+    def refresh(self, ino: int) -> tuple[int, int]:
+        """A LOOKUP or GETATTR: (size, mtime_ns) of the content, produced afresh unless it still is fresh."""
+        shown = self._current.get(ino)
+        if ino not in self._commands and (shown is None or time.time_ns() - shown[1] > FRESH_SECONDS * 1e9):
+            shown = self._current[ino] = (self._producers[ino](), time.time_ns())
+        return (len(shown[0]), shown[1]) if shown is not None else (0, 0)
+
+    def read(self, ino: int, off: int, size: int) -> bytes:
+        if ino not in self._current:
+            self.refresh(ino)
+        return self._current.get(ino, (b"", 0))[0][off : off + size]

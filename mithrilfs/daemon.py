@@ -266,6 +266,13 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
         store.close()
 
 
+def _open_and_close(path: Path) -> None:
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+    except OSError as e:
+        log.debug("cannot open %s: %s", path, e)
+
+
 READAHEAD_KB = 1024
 
 
@@ -302,6 +309,7 @@ async def _run(session: kernel.Session, ops: Operations, mountpoint: Path, annou
         nursery.start_soon(_announce_when_live, session, ops, mountpoint, announce)
         await session.serve()
         nursery.cancel_scope.cancel()
+    await ops.unmounting()
 
 
 async def _stop_on_signal(session: kernel.Session) -> None:
@@ -324,6 +332,11 @@ async def _announce_when_live(session: kernel.Session, ops: Operations, mountpoi
         announce(f"the new mount at {mountpoint} does not answer: {e.strerror}")
         session.stop()
         return
+    # the first OPEN and FLUSH are answered ENOSYS, after which the kernel opens and closes
+    # every file itself; make them happen now, so even a workload that only creates files
+    # is spared RELEASE and FLUSH from its first file on
+    await trio.to_thread.run_sync(_open_and_close, mountpoint / CONTROL_NAME.decode() / "pid",
+                                  abandon_on_cancel=True)
     await trio.to_thread.run_sync(_raise_readahead, mountpoint, abandon_on_cancel=True)
     ops.events.emit("mount", mountpoint=str(mountpoint), store=str(ops.store.root), pid=os.getpid(),
                     max_bytes=ops.policy.max_bytes, read_only=ops.store.read_only)

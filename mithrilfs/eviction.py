@@ -3,7 +3,8 @@
 Policy only: deciding *that* a unit goes lives here, removing its names
 (and telling the kernel) lives in ``fs.Operations.evict_unit``.
 
-Recency is the daemon's own clock, set on ``open`` and ``lookup`` in memory
+Recency is the daemon's own clock, set on ``lookup`` and ``getattr`` (the
+kernel's revalidations, at most one a minute per file in use) in memory
 and written to ``inodes.atime_ns`` in batches, never the backing
 filesystem's atime.  A unit is a file, or a whole Triton kernel directory
 (one holding a ``__grp__*`` file): Triton's ``get_group`` trusts that every
@@ -74,11 +75,13 @@ class EvictionResult:
     units: int = 0
     files: int = 0
     bytes: int = 0
+    #: Part of ``bytes`` still held by the kernel (open or mapped files): freed at FORGET.
+    deferred_bytes: int = 0
     skipped_pinned: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {"reason": self.reason, "units": self.units, "files": self.files, "bytes": self.bytes,
-                "skipped_pinned": self.skipped_pinned}
+                "deferred_bytes": self.deferred_bytes, "skipped_pinned": self.skipped_pinned}
 
 
 class Recency:
@@ -155,8 +158,9 @@ class Evictor:
     ns: Namespace
     recency: Recency
     physical: Callable[[], int]
-    #: Removes a unit; returns the physical bytes freed, or None when the unit is pinned.
-    evict_unit: Callable[[Unit, int], int | None]
+    #: Removes a unit; returns (bytes freed now, bytes freed when the kernel forgets
+    #: the inodes), or None when the unit is pinned.
+    evict_unit: Callable[[Unit, int], tuple[int, int] | None]
     on_result: Callable[[EvictionResult], None] = lambda r: None
     _wake: trio.Event = field(default_factory=trio.Event)
     _lock: trio.Lock = field(default_factory=trio.Lock)
@@ -176,7 +180,9 @@ class Evictor:
             young_cutoff = time.time_ns() - int(self.policy.min_age * 1e9)
             units_left = count_units(self.ns) if self.policy.min_entries else 0
             for unit in lru_units(self.ns):
-                need_bytes = target_bytes is not None and self.physical() > target_bytes
+                # content of evicted files the kernel still holds goes at FORGET: count it as
+                # freed, or one pass would evict everything while the notifications travel
+                need_bytes = target_bytes is not None and self.physical() - result.deferred_bytes > target_bytes
                 idle = idle_before_ns is not None and unit.recency_ns < idle_before_ns
                 if not (need_bytes or idle):
                     break
@@ -188,7 +194,8 @@ class Evictor:
                     continue
                 result.units += 1
                 result.files += len(unit.inodes)
-                result.bytes += freed
+                result.bytes += freed[0] + freed[1]
+                result.deferred_bytes += freed[1]
                 units_left -= 1
                 if result.units % 64 == 0:
                     await trio.sleep(0)  # let requests in between batches

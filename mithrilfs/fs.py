@@ -7,9 +7,12 @@ records what happened in ``stats``.  Everything runs on one trio event
 loop, so namespace access needs no locks; the code re-checks what it relies
 on after every ``await``.
 
-Commit points: ``flush`` (every ``close`` of a writable handle), ``fsync``
-and the last ``release``.  Read-only handles are opened with NOFLUSH, so
-their ``close`` costs no round trip.
+The kernel opens and closes files itself: OPEN and FLUSH are answered
+ENOSYS (the base class's answer), so a cached open, read and close never
+reaches the daemon, and READ, WRITE and SETATTR carry the inode.  Commit
+points (``writepath``): a rename of a written file, fsync, link, chmod,
+FORGET, a clean unmount and the idle timer.  Content stays while the kernel
+holds the inode (an open file, an mmapped ``.so``) and goes at FORGET.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import os
 import sqlite3
 import stat
 import time
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
 import trio
@@ -38,15 +40,18 @@ from .remote import RemoteTier
 from .stats import ROOT_KEY, EventLog, Stats
 from .store import Store, is_disk_full
 from .units import parse_size
-from .writepath import OFFLOAD_MIN, OpenFile, WritePath
+from .writepath import IDLE_COMMIT_SECONDS, OFFLOAD_MIN, Staged, WritePath
 
 log = logging.getLogger(__name__)
 
 #: Kernel caching of names and attributes.  Changes made through the kernel
 #: keep its caches right by themselves; the daemon invalidates what it
-#: changes on its own.
-ENTRY_TIMEOUT = 300.0
-ATTR_TIMEOUT = 300.0
+#: changes on its own.  The kernel revalidates a name or attributes it uses
+#: after a minute, and that LOOKUP or GETATTR is the daemon's only sign of
+#: use (reads are served from the page cache), so a minute is the grain of
+#: eviction's recency: fine for a compile cache, where a working set lives
+#: for hours.
+ENTRY_TIMEOUT = 60.0
 NEGATIVE_TIMEOUT = 300.0
 _BLKSIZE = 128 * 1024
 #: Longest name in a directory, as on ext4 (statfs reports it; longer ones get ENAMETOOLONG).
@@ -173,19 +178,6 @@ def _check_name_length(name: bytes) -> None:
         raise _err(errno.ENAMETOOLONG)
 
 
-@dataclass(eq=False, slots=True)
-class Handle:
-    ino: int
-    writable: bool
-    append: bool
-    top: str = ROOT_KEY
-    #: Blob fd for reads of committed content, and which blob it is.
-    fd: int | None = None
-    digest: bytes | None = None
-    #: Content of a control file, fixed at open.
-    control: bytes | None = None
-
-
 class Operations(kernel.Operations):
 
     def __init__(self, store: Store, policy: EvictionPolicy | None = None, remote: RemoteTier | None = None) -> None:
@@ -197,9 +189,8 @@ class Operations(kernel.Operations):
         self.control = ControlFiles()
         self.control.add_json(b"stats.json", self.stats_snapshot)
         self.control.add_command(b"gc", self._gc_command)
+        self.control.add_command(b"commit", self._commit_command)
         self.blobs = store.blobs
-        self._handles: dict[int, Handle] = {}
-        self._next_fh = 1
         self._offload = trio.CapacityLimiter(2)
         self.stats = Stats()
         self.evicted_files = 0
@@ -211,10 +202,12 @@ class Operations(kernel.Operations):
         self.cached_snapshot: dict[str, Any] = {}
         self.writes = WritePath(self.ns, self.blobs, self.stats, self._offload, self._committed)
         self.recency = Recency(self.ns)
-        self.lifetimes = Lifetimes(self.ns, self.blobs, self.recency, self.writes.open.__contains__)
+        self.lifetimes = Lifetimes(self.ns, self.blobs, self.recency, self.writes.staged.__contains__)
         self.shared = (sharing.SharedTier(self.ns, self.blobs, self.paths, self.events, remote)
                        if remote is not None else None)
         self.negative_timeout = sharing.NEGATIVE_TIMEOUT if remote is not None else NEGATIVE_TIMEOUT
+        # revalidations are the only sign of use: an idle TTL shorter than the timeouts needs them sooner
+        self.cache_timeout = min(ENTRY_TIMEOUT, self.policy.idle_ttl / 4) if self.policy.idle_ttl else ENTRY_TIMEOUT
         if self.shared is not None:
             self.control.add_command(b"push", self._push_command)
         self._room_lock = trio.Lock()
@@ -228,15 +221,14 @@ class Operations(kernel.Operations):
         e = EntryAttributes()
         e.st_ino = ino.id
         e.generation = 0
-        e.entry_timeout = ENTRY_TIMEOUT
-        e.attr_timeout = ATTR_TIMEOUT
+        e.entry_timeout = e.attr_timeout = self.cache_timeout
         e.st_mode = ino.mode
         e.st_nlink = ino.nlink
         e.st_uid = ino.uid
         e.st_gid = ino.gid
         e.st_rdev = ino.rdev
         size, mtime = ino.size, ino.mtime_ns
-        of = self.writes.open.get(ino.id)
+        of = self.writes.staged.get(ino.id)
         if of is not None:
             size, mtime = of.size, of.mtime_ns
         e.st_size = size
@@ -262,7 +254,8 @@ class Operations(kernel.Operations):
         else:
             e.st_mode = stat.S_IFREG | (0o644 if self.control.is_command(ino) else 0o444)
             e.st_nlink = 1
-            e.st_size = len(self.control.produce(ino))
+            # a new size or mtime makes the kernel drop the pages it cached of the last content
+            e.st_size, e.st_mtime_ns = self.control.refresh(ino)
         return e
 
     def _top_of_dir(self, d: int) -> str:
@@ -282,7 +275,7 @@ class Operations(kernel.Operations):
         return self._top_of_child(names[0][0], False, names[0][1]) if names else ROOT_KEY
 
     def _inode(self, ino: int) -> Inode:
-        of = self.writes.open.get(ino)
+        of = self.writes.staged.get(ino)
         if of is not None:
             return of.inode
         inode = self.ns.get(ino)
@@ -341,7 +334,25 @@ class Operations(kernel.Operations):
         for ino, n in inode_list:
             if self.lifetimes.unref(ino, n):
                 self._tops.pop(ino, None)
-                await self._delete_if_unused(ino)
+                await self._forgotten(ino)
+
+    async def _forgotten(self, ino: int) -> None:
+        """The kernel dropped the inode: no process has it open or mapped, so what it holds is final.
+
+        Written content is committed and confirmed; an inode with no name
+        left loses its uncommitted content and then its row and blob.
+        """
+        inode = self.ns.get(ino)
+        if inode is not None and inode.nlink > 0:
+            try:
+                await _retry_when_full(self, lambda: self.writes.commit_inode(ino))
+            except (sqlite3.Error, OSError) as e:
+                # no reply carries this: the writes stay staged for the idle timer or unmount
+                log.warning("cannot commit inode %d at forget: %s", ino, e)
+                return
+        else:
+            self.writes.drop(ino)
+        await self._delete_if_unused(ino)
 
     async def _delete_if_unused(self, ino: int) -> None:
         """Drop an inode nothing holds any more; on failure (disk full even after making room) retry later."""
@@ -359,11 +370,16 @@ class Operations(kernel.Operations):
         """Bytes the store holds on disk: unique blobs plus staging files."""
         return self.blobs.bytes + self.writes.staging_bytes()
 
+    @_timed("getattr")
     @_request
     async def getattr(self, inode: int, ctx: Any = None) -> EntryAttributes:
         if self.control.is_control(inode):
             return self._control_attr(inode)
-        return self._attr(self._inode(inode))
+        ino = self._inode(inode)
+        if ino.is_reg:
+            # the kernel revalidates attributes of a file in use once per cache timeout: a use, for eviction
+            self.recency.touch(inode)
+        return self._attr(ino)
 
     @_data_request
     async def setattr(
@@ -378,19 +394,14 @@ class Operations(kernel.Operations):
                 raise _err(errno.EISDIR)
             if not ino.is_reg:
                 raise _err(errno.EINVAL)
-            of = self.writes.open.get(inode)
-            transient = of is None
-            if of is None:
-                of = self._open_file(ino)
-            try:
-                await self.writes.truncate(of, attr.st_size)
-                if transient:
-                    await self.writes.commit(of)
-            finally:
-                if transient:
-                    await self._close_open_file(of)
+            # not a commit point: O_TRUNC arrives here too (with no file handle, like
+            # truncate(2)), and its writer is only starting
+            await self.writes.truncate(self._staged(ino), attr.st_size)
         changes: dict[str, int] = {}
         if fields.update_mode:
+            # GNU ld chmods its output last: the content is whole
+            await self.writes.commit_inode(inode)
+            ino = self._inode(inode)
             changes["mode"] = stat.S_IFMT(ino.mode) | stat.S_IMODE(attr.st_mode)
         if fields.update_uid:
             changes["uid"] = attr.st_uid
@@ -400,7 +411,7 @@ class Operations(kernel.Operations):
             changes["atime_ns"] = attr.st_atime_ns
         if fields.update_mtime:
             changes["mtime_ns"] = attr.st_mtime_ns
-            of = self.writes.open.get(inode)
+            of = self.writes.staged.get(inode)
             if of is not None:
                 of.mtime_ns = attr.st_mtime_ns
         changes["ctime_ns"] = now
@@ -467,9 +478,12 @@ class Operations(kernel.Operations):
         self._check_not_control(new_parent_inode, new_name)
         if self.control.is_control(inode):
             raise _err(errno.EPERM)
-        ino = self._inode(inode)
-        if ino.is_dir:
+        if self._inode(inode).is_dir:
             raise _err(errno.EPERM)
+        await self.writes.commit_inode(inode)  # a second name: the content is whole
+        ino = self._inode(inode)
+        if ino.nlink == 0:
+            raise _err(errno.ENOENT)
         if self.ns.lookup(new_parent_inode, new_name) is not None:
             raise _err(errno.EEXIST)
         with self.ns.txn():
@@ -523,6 +537,10 @@ class Operations(kernel.Operations):
         self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Any
     ) -> None:
         self._check_not_control(parent_inode_new, name_new)
+        # the frameworks publish by rename: what the source holds is whole; commit it first
+        await self.writes.commit_inode(self._lookup_existing(parent_inode_old, name_old).id)
+        if flags & kernel.RENAME_EXCHANGE and (other := self.ns.lookup(parent_inode_new, name_new)) is not None:
+            await self.writes.commit_inode(other)
         src = self._lookup_existing(parent_inode_old, name_old)
         dst_id = self.ns.lookup(parent_inode_new, name_new)
         dst = self._inode(dst_id) if dst_id is not None else None
@@ -582,17 +600,20 @@ class Operations(kernel.Operations):
     # ------------------------------------------------------------------
     # file content
     # ------------------------------------------------------------------
-    def _open_file(self, ino: Inode) -> OpenFile:
-        of = self.writes.open.get(ino.id)
+    def _top(self, ino: int) -> str:
+        """The top-level directory a file is under, for its stats (remembered from its lookup)."""
+        top = self._tops.get(ino)
+        if top is None:
+            top = self._tops[ino] = self._top_of_file(ino)
+        return top
+
+    def _staged(self, ino: Inode) -> Staged:
+        of = self.writes.staged.get(ino.id)
         if of is not None:
             return of
-        top = self._tops.get(ino.id)
-        return self.writes.open_file(ino, top if top is not None else self._top_of_file(ino.id))
-
-    async def _close_open_file(self, of: OpenFile) -> None:
-        """Forget an inode's open state once no handle remains; an unlinked inode may go with it."""
-        if self.writes.close_file(of) and of.inode.nlink == 0:
-            await self._delete_if_unused(of.inode.id)
+        if not ino.is_reg:
+            raise _err(errno.EINVAL)
+        return self.writes.staged_for(ino, self._top(ino.id))
 
     async def make_room(self) -> None:
         """The backing disk is full before the budget is: evict a slice of the cache now.
@@ -614,7 +635,7 @@ class Operations(kernel.Operations):
             finally:
                 self._room_made += 1
 
-    async def _committed(self, of: OpenFile) -> None:
+    async def _committed(self, of: Staged) -> None:
         """After every commit: publish it to the shared tier, and keep to the budget."""
         if self.shared is not None:
             self.shared.queue_upload(of.inode.id)
@@ -627,49 +648,14 @@ class Operations(kernel.Operations):
         else:
             self.evictor.notify_growth()
 
-    def _new_handle(self, of: OpenFile, flags: int) -> int:
-        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
-        fh = self._next_fh
-        self._next_fh += 1
-        self._handles[fh] = Handle(of.inode.id, writable, bool(flags & os.O_APPEND), of.top)
-        of.handles += 1
-        return fh
-
-    @_timed("open")
-    @_request
-    async def open(self, inode: int, flags: int, ctx: Any) -> FileInfo:
-        if self.control.is_control(inode):
-            return self._open_control(inode, flags)
-        ino = self._inode(inode)
-        if not ino.is_reg:
-            raise _err(errno.EINVAL)
-        if ino.nlink == 0 and inode not in self.writes.open:
-            # evicted (or unlinked) and not open: only a stale kernel dentry
-            # can lead here, and its content is gone
-            raise _err(errno.ENOENT)
-        truncating = flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY
-        if inode not in self.writes.open and not truncating:
-            await self._verify(ino)
-        self.recency.touch(inode)
-        of = self._open_file(ino)
-        if (flags & os.O_ACCMODE) == os.O_RDONLY:
-            self.stats.add(of.top, "hits")
-        fh = self._new_handle(of, flags)
-        try:
-            if flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY:
-                await self.writes.truncate(of, 0)
-        except BaseException:
-            await self.release(fh)
-            raise
-        # a read-only handle has nothing to commit: the kernel need not send FLUSH at close
-        return FileInfo(fh=fh, keep_cache=True, noflush=(flags & os.O_ACCMODE) == os.O_RDONLY)
-
     async def _verify(self, ino: Inode) -> None:
-        """The first open of a blob this mount checks it still hashes to its name.
+        """The first READ of a blob in this mount checks it still hashes to its name.
 
-        A mismatch (or a missing blob) is never served: the blob goes to
-        quarantine, every name pointing at it goes, and the open fails with
-        ENOENT so the framework recompiles.
+        The page cache of a new mount is empty, so that first read always
+        reaches the daemon.  A mismatch (or a missing blob) is never served:
+        the blob goes to quarantine, every name pointing at it goes (the
+        next open is a miss and the framework recompiles), and the read
+        fails with EIO.
         """
         digest = ino.hash
         if digest is None or digest in self.blobs.verified:
@@ -686,9 +672,9 @@ class Operations(kernel.Operations):
                 return
             # the shared tier lost it (or is down): a miss, not corruption
             self.lifetimes.forget_content(digest, self._inodes_of(digest))
-            raise _err(errno.ENOENT)
+            raise _err(errno.EIO)
         self.quarantine(digest, "missing" if ok is None else "content does not match its hash")
-        raise _err(errno.ENOENT)
+        raise _err(errno.EIO)
 
     def _inodes_of(self, digest: bytes) -> list[Inode]:
         return [self._inode(i) for i in self.ns.inodes_with_hash(digest)]
@@ -708,102 +694,74 @@ class Operations(kernel.Operations):
         self.blobs.quarantine(digest)
         self.lifetimes.forget_content(digest, inodes)
 
-    def _open_control(self, inode: int, flags: int) -> FileInfo:
-        if inode == CONTROL_DIR_INODE:
-            raise _err(errno.EISDIR)
-        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
-        if writable and not self.control.is_command(inode):
-            raise _err(errno.EACCES)
-        fh = self._next_fh
-        self._next_fh += 1
-        content = b"" if writable else self.control.produce(inode)
-        self._handles[fh] = Handle(inode, writable, False, control=content)
-        return FileInfo(fh=fh, direct_io=True)
-
     @_request
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[FileInfo, EntryAttributes]:
         ino = self._new_entry(parent_inode, name, stat.S_IFREG | stat.S_IMODE(mode), ctx)
         self._tops[ino.id] = self._top_of_child(parent_inode, False, name)
-        of = self._open_file(ino)
-        fh = self._new_handle(of, flags)
-        return FileInfo(fh=fh, keep_cache=True), self._attr(ino)
+        # no handle: the kernel opens files itself (OPEN is answered ENOSYS) and sends no RELEASE
+        return FileInfo(fh=0, keep_cache=True), self._attr(ino)
 
     @_timed("read")
     @_request
-    async def read(self, fh: int, off: int, size: int) -> bytes:
-        h = self._handles[fh]
-        if h.control is not None:
-            return h.control[off : off + size]
-        data = self._read(h, off, size)
-        counters = self.stats.by_dir[h.top]
+    async def read(self, inode: int, fh: int, off: int, size: int) -> bytes:
+        if self.control.is_control(inode):
+            return self.control.read(inode, off, size)
+        while True:
+            of = self.writes.staged.get(inode)
+            if of is not None and of.staging_fd is not None:
+                data = os.pread(of.staging_fd, size, off)
+                break
+            if inode in self.lifetimes.unreadable:
+                raise _err(errno.EIO)  # its content was bad and is gone; a retried read must not see it empty
+            ino = self._inode(inode)
+            digest = ino.hash
+            if digest is None:
+                data = b""
+                break
+            if digest not in self.blobs.verified:
+                await self._verify(ino)
+                continue  # it may have been written meanwhile
+            data = self._read_blob(inode, digest, off, size)
+            break
+        counters = self.stats.by_dir[self._top(inode)]
         counters["reads"] += 1
         counters["read_bytes"] += len(data)
         return data
 
-    def _read(self, h: Handle, off: int, size: int) -> bytes:
-        of = self.writes.open[h.ino]
-        if of.staging_fd is not None:
-            return os.pread(of.staging_fd, size, off)
-        digest = of.inode.hash
-        if digest is None:
-            return b""
-        if h.digest != digest:
-            if h.fd is not None:
-                os.close(h.fd)
-                h.fd = None
-            try:
-                h.fd = self.cas.open(digest)
-            except FileNotFoundError:
-                log.error("blob %s of inode %d is missing", digest.hex(), h.ino)
-                raise _err(errno.EIO) from None
-            h.digest = digest
-        return os.pread(h.fd, size, off)  # type: ignore[arg-type]
+    def _read_blob(self, inode: int, digest: bytes, off: int, size: int) -> bytes:
+        # only the first read of a page reaches the daemon (the kernel keeps the pages), so an fd
+        # per read costs little, and no cached fd keeps an evicted blob's disk space
+        try:
+            fd = self.cas.open(digest)
+        except FileNotFoundError:
+            log.error("blob %s of inode %d is missing", digest.hex(), inode)
+            raise _err(errno.EIO) from None
+        try:
+            return os.pread(fd, size, off)
+        finally:
+            os.close(fd)
 
     @_data_request
-    async def write(self, fh: int, off: int, buf: bytes) -> int:
-        h = self._handles[fh]
-        if not h.writable:
-            raise _err(errno.EBADF)
-        if h.control is not None:
-            # a command: run it now; its answer is what this handle reads back
-            h.control = await self.control.run_command(h.ino, bytes(buf))
+    async def write(self, inode: int, fh: int, off: int, buf: bytes) -> int:
+        if self.control.is_control(inode):
+            if not self.control.is_command(inode):
+                raise _err(errno.EPERM)
+            # a command: run it now; its answer is what the file reads back
+            await self.control.run_command(inode, bytes(buf))
             return len(buf)
-        n = await self.writes.write(self.writes.open[h.ino], off, buf, append=h.append)
-        counters = self.stats.by_dir[h.top]
+        of = self._staged(self._inode(inode))
+        n = await self.writes.write(of, off, buf)
+        counters = self.stats.by_dir[of.top]
         counters["writes"] += 1
         counters["write_bytes"] += n
         return n
 
     @_request
-    async def flush(self, fh: int) -> None:
-        h = self._handles[fh]
-        if h.writable and h.control is None:
-            await self.writes.commit(self.writes.open[h.ino])
-
-    @_request
-    async def fsync(self, fh: int, datasync: bool) -> None:
-        h = self._handles[fh]
-        if h.writable and h.control is None:
-            await self.writes.commit(self.writes.open[h.ino])
-
-    @_request
-    async def release(self, fh: int) -> None:
-        h = self._handles.get(fh)
-        if h is None:
-            return  # a retried release whose first attempt already tore down
-        of = None if h.control is not None else self.writes.open.get(h.ino)
-        try:
-            if of is not None and of.handles == 1:
-                await _retry_when_full(self, lambda: self.writes.commit(of))
-        finally:
-            del self._handles[fh]
-            if h.fd is not None:
-                os.close(h.fd)
-            if of is not None:
-                of.handles -= 1
-                await self._close_open_file(of)
+    async def fsync(self, inode: int, fh: int, datasync: bool) -> None:
+        if not self.control.is_control(inode):
+            await self.writes.commit_inode(inode)
 
     # ------------------------------------------------------------------
     # directories
@@ -879,18 +837,19 @@ class Operations(kernel.Operations):
     # ------------------------------------------------------------------
     # eviction
     # ------------------------------------------------------------------
-    def evict_unit(self, unit: Unit, young_cutoff_ns: int) -> int | None:
+    def evict_unit(self, unit: Unit, young_cutoff_ns: int) -> tuple[int, int] | None:
         """Remove every name of a unit, like unlink would; None when it is pinned.
 
-        Pinned: a member is open (being read or written) or changed after
-        *young_cutoff_ns*.  Content of an evicted inode the kernel still
-        references is dropped at once (``open`` refuses nlink-0 inodes that
-        are not open), so the bytes come back now, not at ``forget``.
-        Returns the physical bytes freed.
+        Pinned: a member has uncommitted writes or changed after
+        *young_cutoff_ns*.  An evicted inode the kernel still holds (a
+        process has it open or mapped, or only its dentry is cached) keeps
+        its content until FORGET, which the delete notification brings at
+        once for the merely cached.  Returns (bytes freed now, bytes of
+        content that goes at FORGET).
         """
         inodes = []
         for ino_id in unit.inodes:
-            if ino_id in self.writes.open:
+            if ino_id in self.writes.staged:
                 return None
             ino = self.ns.get(ino_id)
             if ino is None:
@@ -899,8 +858,14 @@ class Operations(kernel.Operations):
                 return None
             inodes.append(ino)
         removed_names: list[Removed] = []
+        later = 0
+        for ino in inodes:
+            if ino.hash is not None and self.lifetimes.referenced(ino.id):
+                info = self.ns.blob_info(ino.hash)
+                if info is not None and info[0] == 1:  # no other file shares the blob
+                    later += info[1]
         with self.ns.txn():
-            dropped = self.lifetimes.remove_all_names(inodes, removed_names)
+            dropped = self.lifetimes.remove_all_names(inodes, removed_names, keep_content=True)
             group = unit.group_dir
             if group is not None and not self.ns.has_children(group):
                 dir_ino = self.ns.get(group)
@@ -917,8 +882,8 @@ class Operations(kernel.Operations):
             parent, name, ino_id = removed_names[0]
             top = self._top_of_child(parent, ino_id == group, name)
             self.stats.add(top, "evictions")
-            self.stats.add(top, "evicted_bytes", freed)
-        return freed
+            self.stats.add(top, "evicted_bytes", freed + later)
+        return freed, later
 
     def _evicted(self, result: EvictionResult) -> None:
         self.evicted_files += result.files
@@ -940,6 +905,13 @@ class Operations(kernel.Operations):
         answer = result.as_dict() | {"physical_bytes": self.physical(), "max_bytes": self.policy.max_bytes}
         return (json.dumps(answer) + "\n").encode()
 
+    async def _commit_command(self, request: bytes) -> bytes:
+        """``commit`` control file: commit every written file now, unconfirmed (``mithrilfs run`` at its end)."""
+        written = len(self.writes.staged)
+        if not self.store.read_only:
+            await self.writes.commit_all()
+        return (json.dumps({"committed": written - len(self.writes.staged)}) + "\n").encode()
+
     async def _push_command(self, request: bytes) -> bytes:
         """``push`` control file: queue every file for upload; the CLI follows upload_queue."""
         assert self.shared is not None
@@ -952,6 +924,7 @@ class Operations(kernel.Operations):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.evictor.background)
             nursery.start_soon(self._summaries)
+            nursery.start_soon(self._idle_commits)
             if self.shared is not None:
                 nursery.start_soon(self.shared.uploader)
             while True:
@@ -962,6 +935,20 @@ class Operations(kernel.Operations):
                     log.warning("could not write recency to the index: %s", e)
                 self.lifetimes.retry_doomed()
                 self.store.ensure_reserve()  # taken back once a full disk has room again
+
+    async def _idle_commits(self) -> None:
+        """Commit files nobody wrote for ``IDLE_COMMIT_SECONDS``, unconfirmed (see ``writepath``).
+
+        Files written in place and never renamed are then deduplicated,
+        counted in the budget as blobs and published like any other.
+        """
+        while True:
+            await trio.sleep(IDLE_COMMIT_SECONDS / 2)
+            for of in self.writes.idle(time.monotonic() - IDLE_COMMIT_SECONDS):
+                try:
+                    await _retry_when_full(self, functools.partial(self.writes.commit, of, confirmed=False))
+                except (sqlite3.Error, OSError) as e:
+                    log.warning("idle commit of inode %d failed: %s", of.inode.id, e)
 
     async def _summaries(self) -> None:
         """Refresh the snapshot Prometheus serves; write a summary event now and then."""
@@ -993,7 +980,7 @@ class Operations(kernel.Operations):
             "max_bytes": self.policy.max_bytes,
             "files": files,
             "blobs": blobs,
-            "open_handles": len(self._handles),
+            "written_files": len(self.writes.staged),
             "evicted_files": self.evicted_files,
             "pid": os.getpid(),
             "store": str(self.store.root),
@@ -1002,19 +989,24 @@ class Operations(kernel.Operations):
         self.cached_snapshot = snap
         return snap
 
+    async def unmounting(self) -> None:
+        """A clean unmount is a commit point: everything written is committed (unconfirmed, see ``writepath``)."""
+        if self.store.read_only:
+            return
+        try:
+            await self.writes.commit_all()
+        except (sqlite3.Error, OSError) as e:
+            log.error("could not commit every written file at unmount: %s", e)
+
     def shutdown(self) -> None:
-        """Drop uncommitted staging (a writer that never closed did not finish) and mark clean."""
+        """Drop what could not be committed, tidy the index and mark the store clean."""
         self.writes.shutdown()
-        for h in self._handles.values():
-            if h.fd is not None:
-                os.close(h.fd)
-        self._handles.clear()
         self.lifetimes.clear()
         if self.store.read_only:
             return
         try:
             self.recency.flush()
-            self.ns.recover()
+            self.ns.recover(after_crash=False)
             self.store.collect_garbage()
             self.ns.mark_clean()
         except (sqlite3.Error, OSError) as e:

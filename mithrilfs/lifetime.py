@@ -2,10 +2,13 @@
 
 An inode lives while it has a name, while the kernel holds references to it
 (every positive LOOKUP, CREATE, MKNOD, MKDIR, SYMLINK, LINK reply and every
-READDIRPLUS entry counts one; FORGET gives them back), or while a handle on
-it is open.  Removing the last name of an inode still referenced keeps its
-row until the last FORGET (or release), so open files and mmapped ``.so``
-files keep working; only then are its row and blob reference dropped.
+READDIRPLUS entry counts one; FORGET gives them back), or while it has
+uncommitted writes.  The kernel opens files itself, so its references are
+the in-use protection: it keeps an inode while a process has it open or
+mapped.  Removing the last name of an inode still referenced (unlink,
+eviction) keeps its row and content until the last FORGET, so open files
+and mmapped ``.so`` files keep working; only then are its row and blob
+reference dropped.
 
 Deleting at FORGET writes to the index.  On a full disk that write can fail
 (the SQLite WAL cannot grow) where the request that removed the name did
@@ -35,15 +38,19 @@ Removed = tuple[int, bytes, int]
 
 
 class Lifetimes:
-    def __init__(self, ns: Namespace, blobs: Blobs, recency: Recency, is_open: Callable[[int], bool]) -> None:
+    def __init__(self, ns: Namespace, blobs: Blobs, recency: Recency, is_written: Callable[[int], bool]) -> None:
         self.ns = ns
         self.blobs = blobs
         self.recency = recency
-        self.is_open = is_open
+        #: The inode has uncommitted writes (``WritePath.staged``).
+        self.is_written = is_written
         #: Kernel references per inode.
         self.lookups: dict[int, int] = {}
         #: Inodes due for deletion whose index write failed (disk full): retried later.
         self.doomed: set[int] = set()
+        #: Inodes the kernel still holds whose content had to go (corrupt, lost by the shared
+        #: tier): their reads fail with EIO until FORGET, never read as empty.
+        self.unreadable: set[int] = set()
         #: Tells the kernel a name the daemon removed on its own is gone (set once a session exists).
         self.notify_removed: Callable[[int, bytes, int], None] | None = None
 
@@ -63,8 +70,8 @@ class Lifetimes:
         return True
 
     def delete_if_unused(self, ino: int) -> int:
-        """Drop an inode that has no names, no kernel references and no handles; returns blob bytes freed."""
-        if self.is_open(ino) or self.referenced(ino):
+        """Drop an inode that has no names, no kernel references and no uncommitted writes; returns bytes freed."""
+        if self.is_written(ino) or self.referenced(ino):
             return 0
         inode = self.ns.get(ino)
         if inode is None or inode.nlink > 0:
@@ -80,6 +87,7 @@ class Lifetimes:
             with self.ns.txn():
                 self.ns.delete_inode(ino)
         self.doomed.discard(ino)
+        self.unreadable.discard(ino)
         self.recency.forget(ino)
         return self.blobs.collect(inode.hash)
 
@@ -100,12 +108,13 @@ class Lifetimes:
         else:
             self.ns.add_link(ino, -1)
 
-    def remove_all_names(self, inodes: list[Inode], removed: list[Removed]) -> set[bytes]:
-        """Unlink every name of *inodes* (inside a transaction); returns the blobs they held.
+    def remove_all_names(self, inodes: list[Inode], removed: list[Removed], *, keep_content: bool) -> set[bytes]:
+        """Unlink every name of *inodes* (inside a transaction); returns the blobs they no longer hold.
 
-        An inode the kernel still references keeps its row until ``forget``
-        but loses its content at once (``open`` refuses nlink-0 inodes that
-        are not open); one that is open keeps both until its last release.
+        An inode the kernel still references (open, mapped, or only cached)
+        keeps its row until ``forget``, and with *keep_content* (eviction)
+        its content too, so a process using it goes on working.  Without it
+        (content that must not be served) the content goes at once.
         """
         dropped: set[bytes] = set()
         for ino in inodes:
@@ -113,12 +122,13 @@ class Lifetimes:
                 self.ns.unlink(parent, name)
                 removed.append((parent, name, ino.id))
             self.ns.update_attrs(ino, nlink=0, ctime_ns=time.time_ns())
-            if self.is_open(ino.id):
+            if self.is_written(ino.id) or (keep_content and self.referenced(ino.id)):
                 continue
             if ino.hash is not None:
                 dropped.add(ino.hash)
             if self.referenced(ino.id):
                 self.ns.drop_content(ino)
+                self.unreadable.add(ino.id)
             else:
                 self.ns.delete_inode(ino.id)
                 self.recency.forget(ino.id)
@@ -128,7 +138,7 @@ class Lifetimes:
         """Remove every name of a blob that must not or cannot be served (*inodes*: those pointing at it)."""
         removed: list[Removed] = []
         with self.ns.txn():
-            self.remove_all_names(inodes, removed)
+            self.remove_all_names(inodes, removed, keep_content=False)
         self.blobs.collect(digest)
         self.tell_kernel(removed)
 
@@ -139,3 +149,4 @@ class Lifetimes:
 
     def clear(self) -> None:
         self.lookups.clear()
+        self.unreadable.clear()

@@ -22,7 +22,7 @@ _GAUGES = {
     "max_bytes": "Byte budget of the store",
     "files": "Files in the mount",
     "blobs": "Unique blobs in the store",
-    "open_handles": "Open file handles",
+    "written_files": "Files with uncommitted writes",
     "hit_rate": "hits / (hits + misses)",
     "dedup_ratio": "logical_bytes / physical_bytes",
 }

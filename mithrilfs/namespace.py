@@ -63,6 +63,10 @@ CREATE TABLE IF NOT EXISTS dentries (
 );
 CREATE INDEX IF NOT EXISTS dentries_readdir ON dentries(parent, id);
 CREATE INDEX IF NOT EXISTS dentries_inode ON dentries(inode);
+-- content committed by the idle timer that no rename, fsync, chmod, link or
+-- forget has confirmed yet: it may be a snapshot of a paused writer, so an
+-- unclean stop drops these names
+CREATE TABLE IF NOT EXISTS unconfirmed (inode INTEGER PRIMARY KEY);
 """
 
 #: Inodes loaded most recently are kept in memory (beyond those still in use elsewhere).
@@ -109,7 +113,7 @@ class Dentry:
 class Namespace:
     """The index.  ``get`` answers from an identity map of inodes before asking SQLite.
 
-    Every Inode object in use (an open file holds one) is the one object
+    Every Inode object in use (a file being written holds one) is the one object
     for its id, so a change made through any caller is seen by all, and the
     same cached rows answer repeated lookups without a query (s3ql's inode
     cache is the model).  The map holds inodes weakly; a ring of the most
@@ -131,6 +135,7 @@ class Namespace:
             self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             self._depth = 0
             self._undo: dict[int, tuple[Inode, tuple]] = {}
+            self.unconfirmed = set()
             return
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -141,7 +146,7 @@ class Namespace:
         self._depth = 0
         #: Inode objects changed in the open transaction, with their old
         #: field values, restored if it rolls back: callers keep Inode
-        #: objects (open files) across requests, and they must never say
+        #: objects (files being written) across requests, and they must never say
         #: what the index does not.
         self._undo: dict[int, tuple[Inode, tuple]] = {}
         with self.txn():
@@ -151,6 +156,8 @@ class Namespace:
             columns = {row[1] for row in self.db.execute("PRAGMA table_info(inodes)")}
             if "rdev" not in columns:  # an index made before device nodes were stored
                 self.db.execute("ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0")
+        #: Inodes whose content awaits confirmation (the ``unconfirmed`` table, mirrored).
+        self.unconfirmed: set[int] = self._load_unconfirmed()
         if self.get(ROOT_INODE) is None:
             now = time.time_ns()
             with self.txn():
@@ -197,11 +204,15 @@ class Namespace:
                     setattr(ino, name, value)
             for ino_id in self._created:  # the id will be handed out again
                 self._inodes.pop(ino_id, None)
+            self.unconfirmed = self._load_unconfirmed()
             raise
         finally:
             self._depth = 0
             self._undo.clear()
             self._created.clear()
+
+    def _load_unconfirmed(self) -> set[int]:
+        return {r[0] for r in self.db.execute("SELECT inode FROM unconfirmed")}
 
     def _changing(self, ino: Inode) -> None:
         if self._depth and id(ino) not in self._undo:
@@ -270,6 +281,7 @@ class Namespace:
             return
         self.db.execute("DELETE FROM inodes WHERE id = ?", (ino,))
         self._inodes.pop(ino, None)
+        self.confirm(ino)
         if row[0] is not None:
             self._decref(row[0])
 
@@ -290,8 +302,17 @@ class Namespace:
         """A blob known by name only (its content is elsewhere, fetched on first use): size 0."""
         self.db.execute("INSERT OR IGNORE INTO blobs (hash, size, refcount) VALUES (?, 0, 0)", (digest,))
 
-    def set_content(self, ino: Inode, digest: bytes, size: int, mtime_ns: int) -> None:
-        """Point *ino* at blob *digest* (which must already have a row)."""
+    def set_content(self, ino: Inode, digest: bytes, size: int, mtime_ns: int, *, confirmed: bool = True) -> None:
+        """Point *ino* at blob *digest* (which must already have a row).
+
+        Not *confirmed*: an idle-timer commit, recorded in ``unconfirmed``
+        until ``confirm`` (see the table's comment).
+        """
+        if confirmed:
+            self.confirm(ino.id)
+        elif ino.id not in self.unconfirmed:
+            self.db.execute("INSERT OR IGNORE INTO unconfirmed (inode) VALUES (?)", (ino.id,))
+            self.unconfirmed.add(ino.id)
         old = ino.hash
         if old == digest:
             self.update_attrs(ino, size=size, mtime_ns=mtime_ns, ctime_ns=mtime_ns)
@@ -305,6 +326,12 @@ class Namespace:
         )
         if old is not None:
             self._decref(old)
+
+    def confirm(self, ino: int) -> None:
+        """The inode's committed content is whole (a rename, fsync, chmod, link or forget said so)."""
+        if ino in self.unconfirmed:
+            self.db.execute("DELETE FROM unconfirmed WHERE inode = ?", (ino,))
+            self.unconfirmed.discard(ino)
 
     def _decref(self, digest: bytes) -> None:
         self.db.execute("UPDATE blobs SET refcount = refcount - 1 WHERE hash = ?", (digest,))
@@ -428,17 +455,31 @@ class Namespace:
         return files, logical, self.blob_count()
 
     # -- recovery --------------------------------------------------------
-    def recover(self) -> dict[str, int]:
+    def recover(self, *, after_crash: bool | None = None) -> dict[str, int]:
         """Repair what an unclean stop can leave: run at every mount, before serving.
 
         Inodes with no names were only kept alive by kernel references, which
         do not survive a remount.  Refcounts are recomputed from the inodes
-        so a crash between steps can never leak or double-free a blob.
+        so a crash between steps can never leak or double-free a blob.  After
+        an unclean stop (*after_crash*; by default what the clean mark says,
+        and the unmount's own tidy-up passes False) the names of unconfirmed
+        commits are dropped.
         """
         with self.txn():
+            unconfirmed = 0
+            clean = self.get_meta("clean") == "1" if after_crash is None else not after_crash
+            if not clean:
+                # idle-timer commits nothing confirmed may be snapshots of a paused writer:
+                # their names go, and the framework sees a miss and recompiles
+                unconfirmed = self.db.execute(
+                    "DELETE FROM dentries WHERE inode IN (SELECT inode FROM unconfirmed)").rowcount
+                self.db.execute("UPDATE inodes SET nlink = 0 WHERE id IN (SELECT inode FROM unconfirmed)")
+                self.db.execute("DELETE FROM unconfirmed")
+            else:
+                self.db.execute("DELETE FROM unconfirmed WHERE inode NOT IN (SELECT id FROM inodes)")
             unlinked = self.db.execute("DELETE FROM inodes WHERE nlink <= 0").rowcount
             dangling = 0
-            if self.get_meta("clean") != "1" or unlinked:
+            if not clean or unlinked:
                 # full scans: only after an unclean stop (or when inodes were dropped)
                 dangling = self.db.execute(
                     "DELETE FROM dentries WHERE inode NOT IN (SELECT id FROM inodes)"
@@ -452,7 +493,8 @@ class Namespace:
                 )
             self.set_meta("clean", "0")
         self.forget_cached()
-        return {"dangling_entries": dangling, "unlinked_inodes": unlinked}
+        self.unconfirmed = self._load_unconfirmed()
+        return {"dangling_entries": dangling, "unlinked_inodes": unlinked, "unconfirmed_names_dropped": unconfirmed}
 
     def mark_clean(self) -> None:
         with self.txn():

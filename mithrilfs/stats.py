@@ -24,7 +24,7 @@ COUNTERS = (
     "hits", "misses", "reads", "read_bytes", "writes", "write_bytes", "commits", "dedup_hits",
     "evictions", "evicted_bytes", "corrupt_blobs",
 )
-TIMED_OPS = ("lookup", "open", "read")
+TIMED_OPS = ("lookup", "getattr", "read")
 ROOT_KEY = "/"
 _SAMPLES = 1024
 
@@ -119,7 +119,7 @@ def format_table(snap: dict[str, Any]) -> str:
     from .units import format_size
 
     lines = [
-        f"files        {snap['files']:>12}    blobs        {snap['blobs']:>12}    open handles {snap['open_handles']:>6}",
+        f"files        {snap['files']:>12}    blobs        {snap['blobs']:>12}    being written {snap['written_files']:>5}",
         f"logical      {format_size(snap['logical_bytes']):>12}    physical     {format_size(snap['physical_bytes']):>12}"
         f"    budget       {format_size(snap['max_bytes'])}",
         f"dedup ratio  {snap['dedup_ratio']:>12.2f}    hit rate     {snap['hit_rate'] * 100:>11.1f}%"

@@ -1,14 +1,24 @@
 """Staging and commit: how written bytes become an inode's committed content, crash-safely.
 
-Content of a regular file is either a committed blob (``Inode.hash``; None
-means empty) or, while it is being written, a staging file shared by every
-handle of that inode.  Staging is created lazily on the first write or
-truncate (a copy of the blob unless the write starts from empty).  A commit
-hashes it (a running blake3 while writes arrive in sequence; off the event
-loop for large files), records a refcount-0 intent row, hard-links it into
-``objects/`` (``Blobs.add``), and only then points the inode at the hash in
-one transaction.  Until that transaction the inode keeps its last committed
-content, so a crash never exposes a torn file.
+The kernel opens and closes files itself (the filesystem answers OPEN and
+FLUSH with ENOSYS), so there are no handles here: WRITE, SETATTR and READ
+carry the inode, and the write state is per inode (``Staged``).  Content of
+a regular file is either a committed blob (``Inode.hash``; None means empty)
+or, while it is being written, a staging file.  Staging is created on the
+first write or truncate (a copy of the blob unless the write starts from
+empty).  A commit hashes it (a running blake3 while writes arrive in
+sequence; off the event loop for large files), records a refcount-0 intent
+row, hard-links it into ``objects/`` (``Blobs.add``), and only then points
+the inode at the hash in one transaction.  Until that transaction the inode
+keeps its last committed content, so a crash never exposes a torn file.
+
+With no close to commit at, the commit points are those the frameworks
+give (``fs`` calls them): a rename of the file, fsync, link, chmod, FORGET
+(no process has it open any more), and a clean unmount; and the idle timer
+(``idle``): no write for ``IDLE_COMMIT_SECONDS``.  A commit nothing
+confirmed (idle timer, unmount) is recorded as unconfirmed in the index,
+because it may be a snapshot of a writer that only paused; an unclean stop
+drops those names.
 
 Writes of ``WRITE_OFFLOAD_MIN`` and more copy and hash in a worker thread;
 a file's own lock orders them against truncates and commits and keeps the
@@ -37,6 +47,8 @@ from .stats import ROOT_KEY, Stats
 OFFLOAD_MIN = 1 << 20
 #: Writes this big copy and hash off the event loop.
 WRITE_OFFLOAD_MIN = 256 << 10
+#: An inode with no write for this long is committed (unconfirmed) by the idle timer.
+IDLE_COMMIT_SECONDS = 1.0
 
 #: Crash-safety tests set MITHRILFS_TEST_CRASH_AT=POINT:N to SIGKILL the
 #: daemon the Nth time the write path reaches POINT.
@@ -83,13 +95,12 @@ class _Held:
 
 
 @dataclass(eq=False)
-class OpenFile:
-    """Per-inode state while at least one handle on it is open."""
+class Staged:
+    """Write state of an inode from its first write or truncate until its commit."""
 
     inode: Inode
     #: Top-level directory the file lives under, for per-directory stats.
     top: str = ROOT_KEY
-    handles: int = 0
     size: int = 0
     mtime_ns: int = 0
     staging_fd: int | None = None
@@ -103,6 +114,8 @@ class OpenFile:
     #: read it back; None once a write or truncate lands anywhere else.
     hasher: Any = None
     hashed: int = 0
+    #: time.monotonic() of the last write or truncate, for the idle timer.
+    changed: float = 0.0
     _lock: trio.Lock | None = None
 
     @property
@@ -115,12 +128,16 @@ class OpenFile:
     def busy(self) -> bool:
         return self._lock is not None and self._lock.locked()
 
+    def awaited(self) -> bool:
+        """Another request waits for this file's lock (and so still holds this object)."""
+        return self._lock is not None and self._lock.statistics().tasks_waiting > 0
+
 
 class WritePath:
-    """Open files, their staging files, and commits."""
+    """Inodes being written, their staging files, and commits."""
 
     def __init__(self, ns: Namespace, blobs: Blobs, stats: Stats, limiter: trio.CapacityLimiter,
-                 committed: Callable[[OpenFile], Awaitable[None]]) -> None:
+                 committed: Callable[[Staged], Awaitable[None]]) -> None:
         self.ns = ns
         self.blobs = blobs
         self.cas = blobs.cas
@@ -128,34 +145,31 @@ class WritePath:
         self._limiter = limiter
         #: Called after every commit (shared-tier upload, budget check).
         self._committed = committed
-        self.open: dict[int, OpenFile] = {}
+        self.staged: dict[int, Staged] = {}
 
-    def open_file(self, ino: Inode, top: str) -> OpenFile:
-        of = self.open.get(ino.id)
+    def staged_for(self, ino: Inode, top: str) -> Staged:
+        of = self.staged.get(ino.id)
         if of is None:
-            of = OpenFile(inode=ino, top=top, size=ino.size, mtime_ns=ino.mtime_ns)
-            self.open[ino.id] = of
+            of = Staged(inode=ino, top=top, size=ino.size, mtime_ns=ino.mtime_ns)
+            self.staged[ino.id] = of
         return of
 
-    def close_file(self, of: OpenFile) -> bool:
-        """Forget an inode's open state once no handle remains (uncommitted staging is dropped); True if gone."""
-        if of.handles > 0:
-            return False
-        self.drop_staging(of)
-        self.open.pop(of.inode.id, None)
-        return True
-
     def staging_bytes(self) -> int:
-        return sum(of.size for of in self.open.values() if of.staging_fd is not None)
+        return sum(of.size for of in self.staged.values() if of.staging_fd is not None)
 
-    def drop_staging(self, of: OpenFile) -> None:
-        """Forget uncommitted content: size and mtime fall back to the committed ones."""
-        self._drop_staging_file(of)
-        of.dirty = False
-        of.size, of.mtime_ns = of.inode.size, of.inode.mtime_ns
+    def drop(self, ino: int) -> None:
+        """Forget an inode's uncommitted content (it lost its last name and the kernel forgot it)."""
+        of = self.staged.pop(ino, None)
+        if of is not None:
+            self._drop_staging_file(of)
+            of.dirty = False
+
+    def idle(self, quiet_since: float) -> list[Staged]:
+        """Written inodes with no write or truncate since *quiet_since* (monotonic), not busy."""
+        return [of for of in self.staged.values() if of.dirty and of.changed < quiet_since and not of.busy()]
 
     @staticmethod
-    def _drop_staging_file(of: OpenFile) -> None:
+    def _drop_staging_file(of: Staged) -> None:
         of.hasher = None
         if of.staging_fd is not None:
             os.close(of.staging_fd)
@@ -165,7 +179,7 @@ class WritePath:
                 pass
         of.staging_fd = of.staging_path = None
 
-    async def ensure_staging(self, of: OpenFile, *, empty: bool = False) -> int:
+    async def ensure_staging(self, of: Staged, *, empty: bool = False) -> int:
         """The inode's staging fd, starting as a copy of its blob unless *empty*."""
         if of.staging_fd is not None:
             return of.staging_fd
@@ -196,7 +210,7 @@ class WritePath:
             return fd
 
     @contextlib.asynccontextmanager
-    async def staging_locked(self, of: OpenFile, *, empty: bool = False) -> AsyncIterator[int]:
+    async def staging_locked(self, of: Staged, *, empty: bool = False) -> AsyncIterator[int]:
         """Hold the file lock with a staging file in place (a commit may drop it while we wait)."""
         while True:
             await self.ensure_staging(of, empty=empty)
@@ -209,8 +223,8 @@ class WritePath:
         finally:
             of.lock.release()
 
-    async def write(self, of: OpenFile, off: int, buf: Any, *, append: bool) -> int:
-        """Write *buf* at *off* (at the end with *append*) into the inode's staging file."""
+    async def write(self, of: Staged, off: int, buf: Any) -> int:
+        """Write *buf* at *off* into the inode's staging file (the kernel already placed O_APPEND writes)."""
         if of.staging_fd is None:
             await self.ensure_staging(of)
         offload = len(buf) >= WRITE_OFFLOAD_MIN
@@ -219,14 +233,12 @@ class WritePath:
             # takes the next request meanwhile; the file lock keeps this
             # file's writes, truncates and commits (and the running hash) in order
             async with self.staging_locked(of):
-                return await self._write_staging(of, off, buf, append=append, offload=offload)
-        return await self._write_staging(of, off, buf, append=append, offload=False)
+                return await self._write_staging(of, off, buf, offload=offload)
+        return await self._write_staging(of, off, buf, offload=False)
 
-    async def _write_staging(self, of: OpenFile, off: int, buf: Any, *, append: bool, offload: bool) -> int:
+    async def _write_staging(self, of: Staged, off: int, buf: Any, *, offload: bool) -> int:
         fd = of.staging_fd
         assert fd is not None
-        if append:
-            off = of.size
         hasher = of.hasher if of.hasher is not None and off == of.hashed else None
         if hasher is None:
             of.hasher = None
@@ -239,12 +251,14 @@ class WritePath:
         if off + n > of.size:
             of.size = off + n
         of.mtime_ns = time.time_ns()
+        of.changed = time.monotonic()
         of.dirty = True
         of.write_gen += 1
         return n
 
-    async def truncate(self, of: OpenFile, size: int) -> None:
+    async def truncate(self, of: Staged, size: int) -> None:
         if size == of.size and of.staging_fd is None:
+            self._forget_if_settled(of)
             return  # no change (O_TRUNC of an empty lock file): nothing to commit
         async with self.staging_locked(of, empty=size == 0) as fd:
             os.ftruncate(fd, size)
@@ -254,17 +268,25 @@ class WritePath:
                 of.hasher = None
             of.size = size
             of.mtime_ns = time.time_ns()
+            of.changed = time.monotonic()
             of.dirty = True
             of.write_gen += 1
 
-    async def commit(self, of: OpenFile) -> None:
-        """Make the staging content the inode's committed content (see module doc)."""
-        if not of.dirty or of.staging_fd is None:
+    async def commit(self, of: Staged, *, confirmed: bool = True) -> None:
+        """Make the staging content the inode's committed content (see module doc).
+
+        *confirmed*: the caller knows the content is whole (rename, fsync,
+        chmod, link, forget); an idle-timer or unmount commit is not, and
+        is recorded as unconfirmed.  With nothing to commit, a confirmation
+        still clears an earlier unconfirmed mark.
+        """
+        if not of.dirty or of.staging_fd is None or of.inode.nlink == 0:
+            # nothing written, or no name can ever show it (dropped at forget)
+            self._settled(of, confirmed)
             return
-        if of.inode.nlink == 0:
-            return  # no name can ever show it; dropped with the last handle
         async with _Held(of.lock):
             if not of.dirty or of.staging_fd is None or of.inode.nlink == 0:
+                self._settled(of, confirmed)
                 return
             gen, size, path = of.write_gen, of.size, of.staging_path
             assert path is not None
@@ -273,7 +295,7 @@ class WritePath:
             elif size >= OFFLOAD_MIN:
                 digest = await trio.to_thread.run_sync(hash_file, path, limiter=self._limiter)
                 if of.write_gen != gen or of.staging_path != path or of.inode.nlink == 0:
-                    return  # changed meanwhile: a later flush commits the newer content
+                    return  # changed meanwhile: a later commit point takes the newer content
             else:
                 digest = hash_file(path)
             crash_point("before_intent")
@@ -284,20 +306,45 @@ class WritePath:
             # until this transaction succeeds the staging file stays, so a
             # failed attempt (disk full) can simply be retried
             with self.ns.txn():
-                self.ns.set_content(of.inode, digest, size, of.mtime_ns)
+                self.ns.set_content(of.inode, digest, size, of.mtime_ns, confirmed=confirmed)
             crash_point("after_set_content")
             self.stats.add(of.top, "commits")
             self._drop_staging_file(of)
             of.dirty = False
+            self._forget_if_settled(of)
             if old != digest:
                 self.blobs.collect(old)
         await self._committed(of)
 
+    def _settled(self, of: Staged, confirmed: bool) -> None:
+        if confirmed and of.inode.nlink > 0:
+            self.ns.confirm(of.inode.id)
+        self._forget_if_settled(of)
+
+    def _forget_if_settled(self, of: Staged) -> None:
+        """Drop the write state of an inode with nothing uncommitted, unless a request waits on its lock."""
+        if of.staging_fd is None and not of.awaited() and self.staged.get(of.inode.id) is of:
+            del self.staged[of.inode.id]
+
+    async def commit_inode(self, ino: int, *, confirmed: bool = True) -> None:
+        """Commit an inode's uncommitted writes, if it has any; confirm its content either way."""
+        of = self.staged.get(ino)
+        if of is not None:
+            await self.commit(of, confirmed=confirmed)
+        elif confirmed and ino in self.ns.unconfirmed:
+            self.ns.confirm(ino)
+
+    async def commit_all(self) -> None:
+        """A clean unmount (or the ``commit`` control file): commit everything written, unconfirmed
+        (a writer may have been cut off)."""
+        for of in list(self.staged.values()):
+            await self.commit(of, confirmed=False)
+
     def shutdown(self) -> None:
-        """Drop uncommitted staging (a writer that never closed did not finish)."""
-        for of in list(self.open.values()):
-            self.drop_staging(of)
-        self.open.clear()
+        """Drop staging that could not be committed; the next mount clears leftover files anyway."""
+        for of in list(self.staged.values()):
+            self._drop_staging_file(of)
+        self.staged.clear()
 
 
 def _pwrite_hash(fd: int, buf: Any, off: int, hasher: Any) -> int:

@@ -34,6 +34,14 @@ def run_cli(*args: str, check: bool = False, timeout: float = 120, **kw) -> subp
     return res
 
 
+def write_committed(p: Path, data: bytes) -> None:
+    """Write a file and fsync it, a commit point: the kernel tells the daemon nothing at close."""
+    with open(p, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 @dataclass
 class Mount:
     """One mounted filesystem made by a test."""

@@ -233,26 +233,28 @@ class Operations:
         raise FUSEError(errno.ENOSYS)
 
     async def open(self, inode: int, flags: int, ctx: RequestContext) -> FileInfo:
+        """ENOSYS here makes the kernel open every file itself from then on, and send no RELEASE."""
         raise FUSEError(errno.ENOSYS)
 
     async def create(self, parent: int, name: bytes, mode: int, flags: int,
                      ctx: RequestContext) -> tuple[FileInfo, EntryAttributes]:
         raise FUSEError(errno.ENOSYS)
 
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, inode: int, fh: int, off: int, size: int) -> bytes:
         raise FUSEError(errno.ENOSYS)
 
-    async def write(self, fh: int, off: int, buf: Any) -> int:
+    async def write(self, inode: int, fh: int, off: int, buf: Any) -> int:
         """*buf* is a memoryview into the session's request buffer: use it before returning."""
         raise FUSEError(errno.ENOSYS)
 
-    async def flush(self, fh: int) -> None:
+    async def flush(self, inode: int, fh: int) -> None:
+        """ENOSYS here makes the kernel stop sending FLUSH at every close."""
         raise FUSEError(errno.ENOSYS)
 
-    async def release(self, fh: int) -> None:
+    async def release(self, inode: int, fh: int) -> None:
         pass
 
-    async def fsync(self, fh: int, datasync: bool) -> None:
+    async def fsync(self, inode: int, fh: int, datasync: bool) -> None:
         raise FUSEError(errno.ENOSYS)
 
     async def opendir(self, inode: int, ctx: RequestContext) -> int:

@@ -321,7 +321,7 @@ class Session:
         kernel_caps = flags
         if flags & abi.INIT_EXT and end - off >= abi.INIT_IN.size:
             kernel_caps |= abi.INIT_IN.unpack_from(buf, off)[4] << 32
-        want = (abi.ASYNC_READ | abi.ATOMIC_O_TRUNC | abi.BIG_WRITES | abi.AUTO_INVAL_DATA | abi.PARALLEL_DIROPS
+        want = (abi.ASYNC_READ | abi.BIG_WRITES | abi.AUTO_INVAL_DATA | abi.PARALLEL_DIROPS
                 | abi.MAX_PAGES | abi.CACHE_SYMLINKS | abi.INIT_EXT)
         if self.readdirplus:
             want |= abi.DO_READDIRPLUS | abi.READDIRPLUS_AUTO
@@ -461,27 +461,27 @@ class Session:
 
     async def _read(self, nodeid, ctx, buf, view, off, end) -> bytes:
         fh, offset, size, *_ = abi.READ_IN.unpack_from(buf, off)
-        return await self.ops.read(fh, offset, size)
+        return await self.ops.read(nodeid, fh, offset, size)
 
     async def _write(self, nodeid, ctx, buf, view, off, end) -> bytes:
         fh, offset, size, *_ = abi.WRITE_IN.unpack_from(buf, off)
         start = off + abi.WRITE_IN.size
         if start + size > end:
             raise _Malformed(f"write of {size} bytes carries {end - start}")
-        n = await self.ops.write(fh, offset, view[start : start + size])
+        n = await self.ops.write(nodeid, fh, offset, view[start : start + size])
         return abi.WRITE_OUT.pack(n, 0)
 
     async def _flush(self, nodeid, ctx, buf, view, off, end) -> None:
         (fh, *_) = abi.FLUSH_IN.unpack_from(buf, off)
-        await self.ops.flush(fh)
+        await self.ops.flush(nodeid, fh)
 
     async def _release(self, nodeid, ctx, buf, view, off, end) -> None:
         (fh, *_) = abi.RELEASE_IN.unpack_from(buf, off)
-        await self.ops.release(fh)
+        await self.ops.release(nodeid, fh)
 
     async def _fsync(self, nodeid, ctx, buf, view, off, end) -> None:
         fh, flags, _ = abi.FSYNC_IN.unpack_from(buf, off)
-        await self.ops.fsync(fh, bool(flags & abi.FSYNC_FDATASYNC))
+        await self.ops.fsync(nodeid, fh, bool(flags & abi.FSYNC_FDATASYNC))
 
     async def _statfs(self, nodeid, ctx, buf, view, off, end) -> bytes:
         s = await self.ops.statfs(ctx)

@@ -1,4 +1,8 @@
-"""The Operations class called directly, no kernel: write path, dedup, lifetimes, errors."""
+"""The Operations class called directly, no kernel: write path, commit points, dedup, lifetimes, errors.
+
+The kernel opens files itself (OPEN and FLUSH get ENOSYS), so these calls
+look like what it sends: CREATE, then WRITE/READ/SETATTR/FSYNC by inode.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +23,6 @@ from mithrilfs.namespace import ROOT_INODE
 from mithrilfs.store import open_store
 
 CTX = kernel.RequestContext()
-RW = os.O_RDWR
 
 
 @pytest.fixture
@@ -36,20 +39,28 @@ def run(fn, *args):
 
 
 async def _write_file(ops, parent, name, data, mode=0o644):
+    """Create and write a file, then fsync it (a commit point)."""
     fi, attr = await ops.create(parent, name, stat.S_IFREG | mode, os.O_WRONLY, CTX)
+    assert fi.fh == 0  # no handles
     if data:
-        assert await ops.write(fi.fh, 0, data) == len(data)
-    await ops.flush(fi.fh)
-    await ops.release(fi.fh)
+        assert await ops.write(attr.st_ino, 0, 0, data) == len(data)
+    await ops.fsync(attr.st_ino, 0, False)
     return attr.st_ino
 
 
 async def _read_file(ops, ino, size=1 << 20):
-    fi = await ops.open(ino, os.O_RDONLY, CTX)
-    try:
-        return await ops.read(fi.fh, 0, size)
-    finally:
-        await ops.release(fi.fh)
+    return await ops.read(ino, 0, 0, size)
+
+
+def _fields(**set_):
+    names = ("update_size", "update_mode", "update_mtime", "update_atime", "update_uid", "update_gid")
+    return SimpleNamespace(**{n: set_.get(n, False) for n in names})
+
+
+async def _truncate(ops, ino, size, fh=0):
+    attr = kernel.EntryAttributes()
+    attr.st_size = size
+    return await ops.setattr(ino, attr, _fields(update_size=True), fh, CTX)
 
 
 def test_write_commits_to_a_blob_and_reads_back(ops):
@@ -78,18 +89,29 @@ def test_identical_files_share_one_blob(ops):
     run(t)
 
 
+def test_open_and_flush_are_left_to_the_kernel(ops):
+    async def t():
+        ino = await _write_file(ops, ROOT_INODE, b"f", b"x")
+        for call in (ops.open(ino, os.O_RDONLY, CTX), ops.flush(ino, 0)):
+            with pytest.raises(kernel.FUSEError) as e:
+                await call
+            assert e.value.errno == errno.ENOSYS  # the kernel then opens and closes files itself
+
+    run(t)
+
+
 def test_uncommitted_write_is_invisible_in_the_index(ops):
     async def t():
         ino = await _write_file(ops, ROOT_INODE, b"f", b"v1")
-        fi = await ops.open(ino, RW, CTX)
-        await ops.write(fi.fh, 0, b"v2-longer")
+        await ops.write(ino, 0, 0, b"v2-longer")
         # readers through the mount see the staging content...
-        assert await ops.read(fi.fh, 0, 100) == b"v2-longer"
-        # ...but the index still points at the committed v1 until close
+        assert await ops.read(ino, 0, 0, 100) == b"v2-longer"
+        assert (await ops.getattr(ino)).st_size == 9
+        # ...but the index still points at the committed v1 until a commit point
         assert ops.cas.read(ops.ns.get(ino).hash) == b"v1"
-        await ops.flush(fi.fh)
+        await ops.fsync(ino, 0, False)
         assert ops.cas.read(ops.ns.get(ino).hash) == b"v2-longer"
-        await ops.release(fi.fh)
+        assert ino not in ops.writes.staged
 
     run(t)
 
@@ -97,11 +119,11 @@ def test_uncommitted_write_is_invisible_in_the_index(ops):
 def test_write_in_place_at_offset_keeps_the_rest(ops):
     async def t():
         ino = await _write_file(ops, ROOT_INODE, b"f", b"0123456789")
-        fi = await ops.open(ino, RW, CTX)
-        await ops.write(fi.fh, 4, b"XY")
-        await ops.write(fi.fh, 12, b"Z")
-        await ops.release(fi.fh)
+        await ops.write(ino, 0, 4, b"XY")
+        await ops.write(ino, 0, 12, b"Z")
         assert await _read_file(ops, ino) == b"0123XY6789\x00\x00Z"
+        await ops.fsync(ino, 0, False)
+        assert ops.cas.read(ops.ns.get(ino).hash) == b"0123XY6789\x00\x00Z"
 
     run(t)
 
@@ -110,9 +132,10 @@ def test_old_blob_freed_when_content_replaced(ops):
     async def t():
         ino = await _write_file(ops, ROOT_INODE, b"f", b"old")
         old = ops.ns.get(ino).hash
-        fi = await ops.open(ino, os.O_WRONLY | os.O_TRUNC, CTX)
-        await ops.write(fi.fh, 0, b"new")
-        await ops.release(fi.fh)
+        await _truncate(ops, ino, 0)  # O_TRUNC arrives as SETATTR(size=0) with a file
+        assert ops.ns.get(ino).hash == old  # the writer goes on: nothing committed yet
+        await ops.write(ino, 0, 0, b"new")
+        await ops.rename(ROOT_INODE, b"f", ROOT_INODE, b"g", 0, CTX)
         assert not ops.cas.exists(old)
         assert ops.ns.refcount(old) is None
         assert await _read_file(ops, ino) == b"new"
@@ -131,20 +154,38 @@ def test_large_file_is_hashed_off_loop_and_committed(ops):
     run(t)
 
 
-def test_unlinked_open_file_stays_readable_then_is_freed(ops):
+def test_unlinked_file_stays_readable_until_forget(ops):
     async def t():
         ino = await _write_file(ops, ROOT_INODE, b"f", b"still here")
         h = ops.ns.get(ino).hash
         await ops.lookup(ROOT_INODE, b"f", CTX)
-        fi = await ops.open(ino, os.O_RDONLY, CTX)
         await ops.unlink(ROOT_INODE, b"f", CTX)
         assert (await ops.lookup(ROOT_INODE, b"f", CTX)).st_ino == 0
-        assert await ops.read(fi.fh, 0, 100) == b"still here"
-        await ops.release(fi.fh)
-        assert ops.ns.get(ino) is not None  # the kernel still holds a reference
-        await ops.forget([(ino, 2)])  # create + lookup
+        assert await ops.read(ino, 0, 0, 100) == b"still here"  # the kernel still holds it
+        await ops.write(ino, 0, 0, b"STILL")  # an unlinked file can still be written
+        assert await ops.read(ino, 0, 0, 100) == b"STILL here"
+        await ops.forget([(ino, 1)])
+        assert ops.ns.get(ino) is not None
+        await ops.forget([(ino, 1)])  # create + lookup: the last reference
         assert ops.ns.get(ino) is None
-        assert not ops.cas.exists(h)
+        assert not ops.cas.exists(h) and ino not in ops.writes.staged
+        assert os.listdir(ops.cas.staging) == []
+
+    run(t)
+
+
+def test_evicted_file_the_kernel_holds_keeps_its_content_until_forget(ops):
+    async def t():
+        ino = await _write_file(ops, ROOT_INODE, b"kernel.so", b"machine code" * 100)
+        h = ops.ns.get(ino).hash
+        ops.policy.min_age = 0
+        result = await ops.evictor.run(0, reason="gc")
+        assert result.files == 1 and result.deferred_bytes == 1200
+        assert ops.ns.lookup(ROOT_INODE, b"kernel.so") is None  # the name goes at once
+        assert ops.physical() == 1200  # the bytes count until the kernel lets go
+        assert await ops.read(ino, 0, 0, 100) == (b"machine code" * 100)[:100]
+        await ops.forget([(ino, 1)])
+        assert ops.physical() == 0 and not ops.cas.exists(h)
 
     run(t)
 
@@ -204,8 +245,12 @@ def test_hard_links_share_an_inode(ops):
         ino = await _write_file(ops, ROOT_INODE, b"a", b"shared")
         attr = await ops.link(ino, ROOT_INODE, b"b", CTX)
         assert attr.st_ino == ino and attr.st_nlink == 2
+        await ops.write(ino, 0, 0, b"SH")
+        await ops.link(ino, ROOT_INODE, b"c", CTX)  # a link commits what the inode holds
+        assert ops.cas.read(ops.ns.get(ino).hash) == b"SHared"
+        await ops.unlink(ROOT_INODE, b"c", CTX)
         await ops.unlink(ROOT_INODE, b"a", CTX)
-        assert await _read_file(ops, ops.ns.lookup(ROOT_INODE, b"b")) == b"shared"
+        assert await _read_file(ops, ops.ns.lookup(ROOT_INODE, b"b")) == b"SHared"
 
     run(t)
 
@@ -217,15 +262,18 @@ def test_setattr_truncate_chmod_utimens(ops):
         attr.st_size = 3
         attr.st_mode = stat.S_IFREG | 0o600
         attr.st_mtime_ns = 1_000_000_000
-        fields = SimpleNamespace(
-            update_size=True, update_mode=True, update_mtime=True,
-            update_atime=False, update_uid=False, update_gid=False,
-        )
-        out = await ops.setattr(ino, attr, fields, None, CTX)
+        fields = _fields(update_size=True, update_mode=True, update_mtime=True)
+        out = await ops.setattr(ino, attr, fields, None, CTX)  # the chmod commits the truncate
         assert out.st_size == 3 and stat.S_IMODE(out.st_mode) == 0o600
         assert out.st_mtime_ns == 1_000_000_000
         assert await _read_file(ops, ino) == b"abc"
+        assert ops.ns.get(ino).size == 3 and ino not in ops.writes.staged
+        # GNU ld writes its output in place, then chmods it: the chmod commits
+        await ops.write(ino, 0, 3, b"def")
         assert ops.ns.get(ino).size == 3
+        attr.st_mode = stat.S_IFREG | 0o755
+        await ops.setattr(ino, attr, _fields(update_mode=True), None, CTX)
+        assert ops.cas.read(ops.ns.get(ino).hash) == b"abcdef" and ino not in ops.ns.unconfirmed
 
     run(t)
 
@@ -259,9 +307,15 @@ def test_control_directory_is_reachable_but_protected(ops):
         attr = await ops.lookup(ROOT_INODE, CONTROL_NAME, CTX)
         assert stat.S_ISDIR(attr.st_mode)
         pid = await ops.lookup(attr.st_ino, b"pid", CTX)
-        fi = await ops.open(pid.st_ino, os.O_RDONLY, CTX)
-        assert int(await ops.read(fi.fh, 0, 100)) == os.getpid()
-        await ops.release(fi.fh)
+        assert int(await ops.read(pid.st_ino, 0, 0, 100)) == os.getpid()
+        gc = await ops.lookup(attr.st_ino, b"gc", CTX)
+        assert await ops.write(gc.st_ino, 0, 0, b"run") == 3
+        answer = await ops.getattr(gc.st_ino)  # the kernel asks before every read (no attribute caching)
+        assert answer.attr_timeout == 0 and answer.st_size > 0
+        assert b'"units"' in await ops.read(gc.st_ino, 0, 0, answer.st_size)  # a short read ends it
+        with pytest.raises(kernel.FUSEError) as e:
+            await ops.write(pid.st_ino, 0, 0, b"1")
+        assert e.value.errno == errno.EPERM
         for call in (
             ops.mkdir(ROOT_INODE, CONTROL_NAME, 0o755, CTX),
             ops.rmdir(ROOT_INODE, CONTROL_NAME, CTX),
@@ -287,19 +341,92 @@ def test_out_of_order_writes_hash_the_final_content(ops):
 
     async def t():
         fi, attr = await ops.create(ROOT_INODE, b"ooo", stat.S_IFREG | 0o644, os.O_RDWR, CTX)
-        await ops.write(fi.fh, 0, b"a" * 100)
-        await ops.write(fi.fh, 100, b"b" * 100)  # still sequential
-        await ops.write(fi.fh, 50, b"C" * 10)  # overwrite inside the hashed prefix
-        await ops.write(fi.fh, 200, b"d" * 10)
-        await ops.release(fi.fh)
+        ino = attr.st_ino
+        await ops.write(ino, 0, 0, b"a" * 100)
+        await ops.write(ino, 0, 100, b"b" * 100)  # still sequential
+        await ops.write(ino, 0, 50, b"C" * 10)  # overwrite inside the hashed prefix
+        await ops.write(ino, 0, 200, b"d" * 10)
+        await ops.fsync(ino, 0, False)
         content = b"a" * 50 + b"C" * 10 + b"a" * 40 + b"b" * 100 + b"d" * 10
         assert ops.ns.get(attr.st_ino).hash == hash_bytes(content)
         assert await _read_file(ops, attr.st_ino) == content
-        fi, _ = await ops.create(ROOT_INODE, b"seq", stat.S_IFREG | 0o644, os.O_RDWR, CTX)
+        fi, seq_attr = await ops.create(ROOT_INODE, b"seq", stat.S_IFREG | 0o644, os.O_RDWR, CTX)
         for i in range(10):
-            await ops.write(fi.fh, i * 7, bytes([i]) * 7)
-        await ops.release(fi.fh)
+            await ops.write(seq_attr.st_ino, 0, i * 7, bytes([i]) * 7)
+        await ops.forget([(seq_attr.st_ino, 1)])  # the kernel let go: no process has it open
         seq = ops.ns.get(ops.ns.lookup(ROOT_INODE, b"seq"))
         assert seq.hash == hash_bytes(b"".join(bytes([i]) * 7 for i in range(10)))
+
+    run(t)
+
+
+def test_rename_commits_and_confirms_an_idle_commit(ops):
+    async def t():
+        fi, attr = await ops.create(ROOT_INODE, b"tmp", stat.S_IFREG | 0o644, os.O_WRONLY, CTX)
+        ino = attr.st_ino
+        await ops.write(ino, 0, 0, b"half")
+        assert [of.inode.id for of in ops.writes.idle(float("inf"))] == [ino]
+        await ops.writes.commit(ops.writes.staged[ino], confirmed=False)  # what the idle timer does
+        assert ino in ops.ns.unconfirmed
+        assert ops.ns.db.execute("SELECT inode FROM unconfirmed").fetchall() == [(ino,)]
+        await ops.write(ino, 0, 4, b" and the rest")
+        await ops.rename(ROOT_INODE, b"tmp", ROOT_INODE, b"final", 0, CTX)
+        assert ops.cas.read(ops.ns.get(ino).hash) == b"half and the rest"
+        assert ino not in ops.ns.unconfirmed
+        assert ops.ns.db.execute("SELECT count(*) FROM unconfirmed").fetchone() == (0,)
+
+    run(t)
+
+
+def test_unclean_stop_drops_unconfirmed_names_clean_one_keeps_them(tmp_path):
+    async def write_idle(ops, name):
+        fi, attr = await ops.create(ROOT_INODE, name, stat.S_IFREG | 0o644, os.O_WRONLY, CTX)
+        await ops.write(attr.st_ino, 0, 0, b"maybe a paused writer")
+        await ops.writes.commit(ops.writes.staged[attr.st_ino], confirmed=False)
+
+    async def write_renamed(ops, name):
+        await _write_file(ops, ROOT_INODE, b"tmp", b"published")
+        await ops.rename(ROOT_INODE, b"tmp", ROOT_INODE, name, 0, CTX)
+
+    store = open_store(tmp_path / "s")
+    store.ns.recover()
+    ops = Operations(store)
+    trio.run(write_idle, ops, b"idle")
+    trio.run(write_renamed, ops, b"renamed")
+    store.close()  # killed: no shutdown, the store is not marked clean
+    store = open_store(tmp_path / "s")
+    report = store.ns.recover()
+    assert report["unconfirmed_names_dropped"] == 1
+    assert store.ns.lookup(ROOT_INODE, b"idle") is None
+    assert store.ns.lookup(ROOT_INODE, b"renamed") is not None
+    ops = Operations(store)
+    trio.run(write_idle, ops, b"idle2")
+    ops.shutdown()  # a clean stop keeps them (still unconfirmed)
+    store.close()
+    store = open_store(tmp_path / "s")
+    assert store.ns.recover()["unconfirmed_names_dropped"] == 0
+    assert store.ns.lookup(ROOT_INODE, b"idle2") is not None
+    store.close()
+
+
+def test_first_read_verifies_the_blob(ops):
+    async def t():
+        ino = await _write_file(ops, ROOT_INODE, b"victim.so", b"original kernel bytes")
+        other = await _write_file(ops, ROOT_INODE, b"alias.so", b"original kernel bytes")
+        digest = ops.ns.get(ino).hash
+        path = ops.cas.path(digest)
+        os.chmod(path, 0o644)
+        with open(path, "wb") as f:
+            f.write(b"evil kernel bytes!!!!")
+        ops.blobs.verified.discard(digest)  # a new mount has verified nothing
+        with pytest.raises(kernel.FUSEError) as e:
+            await ops.read(ino, 0, 0, 100)
+        assert e.value.errno == errno.EIO  # never the bad bytes
+        await ops.lookup(ROOT_INODE, b"good", CTX)
+        with pytest.raises(kernel.FUSEError) as e:
+            await ops.read(ino, 0, 0, 100)  # the kernel retries a failed read: never an empty file either
+        assert e.value.errno == errno.EIO
+        assert ops.ns.lookup(ROOT_INODE, b"victim.so") is None and ops.ns.lookup(ROOT_INODE, b"alias.so") is None
+        assert ops.ns.get(other).nlink == 0
 
     run(t)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from conftest import REPO, Mount, free_port, is_mounted, run_cli
+from conftest import REPO, Mount, free_port, is_mounted, run_cli, write_committed
 
 ENTRYPOINT = REPO / "deploy" / "entrypoint.sh"
 BIN = str(Path(sys.executable).parent / "mithrilfs")
@@ -38,7 +38,7 @@ def test_entrypoint_mounts_from_environment_and_stops_cleanly_on_sigterm(tmp_pat
         stats = json.loads((mp / ".mithrilfs" / "stats.json").read_text())
         assert stats["max_bytes"] == 123 << 20 and stats["pid"] == proc.pid  # exec'd: signals reach mithrilfs
         (mp / "inductor").mkdir()
-        (mp / "inductor" / "artifact.so").write_bytes(b"kept across restarts")
+        write_committed(mp / "inductor" / "artifact.so", b"kept across restarts")
         _wait(lambda: b"mithrilfs_files" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())
         assert run_cli("status", str(mp)).returncode == 0  # what HEALTHCHECK runs
         proc.send_signal(signal.SIGTERM)

@@ -98,6 +98,7 @@ def _write_file(path: str, seed: int, size: int, chunk: int, sequential: bool) -
         for off in offsets:
             piece = data[off : off + chunk]
             assert os.pwrite(fd, piece, off) == len(piece)
+        os.fsync(fd)  # a commit point
     finally:
         os.close(fd)
     return hashlib.sha256(data).hexdigest()

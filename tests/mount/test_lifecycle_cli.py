@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Mount, is_mounted, pid_alive, run_cli, wait_unmounted, watchdog_pid
+from conftest import Mount, is_mounted, pid_alive, run_cli, wait_unmounted, watchdog_pid, write_committed
 
 
 def _wait_gone(pid: int, timeout: float = 20) -> bool:
@@ -24,7 +24,7 @@ def test_mount_returns_once_live_and_daemon_runs_in_background(mnt: Mount):
     # the CLI has already exited 0; the mount answers and the daemon is another process
     assert is_mounted(mnt.mountpoint)
     assert mnt.pid != os.getpid() and pid_alive(mnt.pid)
-    (mnt.mountpoint / "x").write_bytes(b"1")
+    write_committed(mnt.mountpoint / "x", b"1")
 
 
 def test_umount_waits_for_the_daemon(mnt: Mount):
@@ -35,7 +35,7 @@ def test_umount_waits_for_the_daemon(mnt: Mount):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_unmounts_cleanly_and_keeps_data(mnt: Mount, sig):
-    (mnt.mountpoint / "kept").write_bytes(b"data")
+    write_committed(mnt.mountpoint / "kept", b"data")
     os.kill(mnt.pid, sig)
     assert _wait_gone(mnt.pid)
     assert not is_mounted(mnt.mountpoint)
@@ -46,7 +46,7 @@ def test_signal_unmounts_cleanly_and_keeps_data(mnt: Mount, sig):
 
 def test_kill9_leaves_no_dead_mount(mnt: Mount):
     # the watchdog sees the daemon die and detaches the mount: no ENOTCONN left for the next user
-    (mnt.mountpoint / "committed").write_bytes(b"safe")
+    write_committed(mnt.mountpoint / "committed", b"safe")
     assert watchdog_pid(mnt.mountpoint) is not None
     os.kill(mnt.pid, signal.SIGKILL)
     assert _wait_gone(mnt.pid)
@@ -58,7 +58,7 @@ def test_kill9_leaves_no_dead_mount(mnt: Mount):
 
 def test_stale_mount_after_kill9_is_cleaned_by_next_mount(mnt: Mount):
     # without the watchdog (killed too), the next mount of the path cleans up
-    (mnt.mountpoint / "committed").write_bytes(b"safe")
+    write_committed(mnt.mountpoint / "committed", b"safe")
     watchdog = watchdog_pid(mnt.mountpoint)
     assert watchdog is not None
     os.kill(watchdog, signal.SIGKILL)
@@ -96,7 +96,7 @@ def test_foreground_mount_stays_attached(tmp_path: Path):
         while "mithrilfs: mounted" not in (line := proc.stderr.readline()):
             assert line, "the foreground mount ended before announcing itself"
         assert is_mounted(mp) and proc.poll() is None
-        (mp / "f").write_bytes(b"fg")
+        write_committed(mp / "f", b"fg")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
         assert not is_mounted(mp)
@@ -177,7 +177,7 @@ def test_mount_through_fusermount3(mount_factory):
     # _FUSE_COMMFD; forced here as root (this machine's /dev/fuse is 0600 root)
     m = mount_factory("fm", env={"MITHRILFS_MOUNT_VIA": "fusermount3"})
     (m.mountpoint / "d").mkdir()
-    (m.mountpoint / "d" / "f").write_bytes(b"through fusermount3")
+    write_committed(m.mountpoint / "d" / "f", b"through fusermount3")
     assert (m.mountpoint / "d" / "f").read_bytes() == b"through fusermount3"
     with open("/proc/self/mounts") as f:
         line = next(x for x in f if f" {m.mountpoint} " in x)

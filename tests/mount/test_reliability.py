@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MountFactory, is_mounted, pid_alive, run_cli, wait_unmounted
+from conftest import MountFactory, is_mounted, pid_alive, run_cli, wait_unmounted, write_committed
 
 # Self-checking content: b"MFS1" + 8-byte length + 32-byte blake3 of the payload + payload.
 CHECKER = textwrap.dedent(
@@ -99,9 +99,9 @@ def test_kill9_during_heavy_writes_never_tears_a_file(mount_factory: MountFactor
     work.mkdir()
     # a baseline committed before the storm must survive it, and the files rewritten in place
     # exist whole beforehand, so an empty one after the crash would be a torn O_TRUNC rewrite
-    (work / "baseline").write_bytes(make(b"committed before the crash" * 100))
+    write_committed(work / "baseline", make(b"committed before the crash" * 100))
     for me in range(4):
-        (work / f"inplace{me}").write_bytes(make(b"first version"))
+        write_committed(work / f"inplace{me}", make(b"first version"))
     writers = [
         subprocess.Popen([sys.executable, "-c", WRITER, str(work), str(me), "20"], stderr=subprocess.DEVNULL)
         for me in range(4)
@@ -129,9 +129,9 @@ def test_kill9_during_heavy_writes_never_tears_a_file(mount_factory: MountFactor
 
 def test_corrupt_blob_is_never_served(mount_factory: MountFactory):
     m = mount_factory("corrupt")
-    (m.mountpoint / "good").write_bytes(b"fine content")
-    (m.mountpoint / "victim.so").write_bytes(b"original kernel bytes")
-    (m.mountpoint / "alias.so").write_bytes(b"original kernel bytes")  # same blob, two names
+    write_committed(m.mountpoint / "good", b"fine content")
+    write_committed(m.mountpoint / "victim.so", b"original kernel bytes")
+    write_committed(m.mountpoint / "alias.so", b"original kernel bytes")  # same blob, two names
     m.umount()
     from mithrilfs.cas import hash_bytes
 
@@ -139,14 +139,16 @@ def test_corrupt_blob_is_never_served(mount_factory: MountFactory):
     os.chmod(blob, 0o644)
     blob.write_bytes(b"evil kernel bytes!!!!")  # same length, wrong content
     m.mount()
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(OSError) as e:
         (m.mountpoint / "victim.so").read_bytes()
+    assert e.value.errno == errno.EIO  # verified at the first read of the blob: never served
+    assert not (m.mountpoint / "victim.so").exists()  # from then on a miss
     assert sorted(os.listdir(m.mountpoint)) == ["good"]  # both names of the bad blob are gone
     assert (m.mountpoint / "good").read_bytes() == b"fine content"
     assert m.stats()["corrupt_blobs"] == 1
     assert len(os.listdir(m.store / "quarantine")) == 1
     # the framework simply writes it again
-    (m.mountpoint / "victim.so").write_bytes(b"original kernel bytes")
+    write_committed(m.mountpoint / "victim.so", b"original kernel bytes")
     assert (m.mountpoint / "victim.so").read_bytes() == b"original kernel bytes"
     m.umount()
     assert run_cli("fsck", "--store", str(m.store)).returncode == 0
@@ -155,7 +157,7 @@ def test_corrupt_blob_is_never_served(mount_factory: MountFactory):
 def test_fsck_reports_and_repairs(mount_factory: MountFactory):
     m = mount_factory("fsck")
     for i in range(5):
-        (m.mountpoint / f"f{i}").write_bytes(f"content {i}".encode() * 100)
+        write_committed(m.mountpoint / f"f{i}", f"content {i}".encode() * 100)
     m.umount()
     from mithrilfs.cas import hash_bytes
 
@@ -288,7 +290,7 @@ def test_disk_full_with_nothing_evictable(mount_factory: MountFactory, small_dis
         assert time.monotonic() < deadline, "unlinked files were never freed"
         time.sleep(0.05)
     filler.unlink()
-    (m.mountpoint / "after").write_bytes(b"room again")
+    write_committed(m.mountpoint / "after", b"room again")
     assert (m.mountpoint / "after").read_bytes() == b"room again"
     m.umount()
     assert run_cli("fsck", "--store", str(m.store)).returncode == 0
@@ -297,7 +299,7 @@ def test_disk_full_with_nothing_evictable(mount_factory: MountFactory, small_dis
 def test_read_only_store_serves_reads_and_refuses_writes(mount_factory: MountFactory, small_disk: Path):
     m = mount_factory("ro", store=small_disk / "store")
     (m.mountpoint / "dir").mkdir()
-    (m.mountpoint / "dir" / "kept.so").write_bytes(b"committed" * 1000)
+    write_committed(m.mountpoint / "dir" / "kept.so", b"committed" * 1000)
     m.umount()
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     try:
@@ -318,7 +320,7 @@ def test_read_only_store_serves_reads_and_refuses_writes(mount_factory: MountFac
     finally:
         subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
     m.mount()
-    (m.mountpoint / "new").write_bytes(b"writable again")
+    write_committed(m.mountpoint / "new", b"writable again")
     assert (m.mountpoint / "dir" / "kept.so").read_bytes() == b"committed" * 1000
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import errno
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import MountFactory, RedisServer, run_cli, wait_uploaded
+from conftest import MountFactory, RedisServer, run_cli, wait_uploaded, write_committed
 
 
 def _remote(redis_server: RedisServer, *extra: str) -> tuple[str, ...]:
@@ -24,7 +25,7 @@ def test_names_and_blobs_flow_between_nodes(mount_factory: MountFactory, redis_s
     (a.mountpoint / "inductor" / "ab").mkdir(parents=True)
     payload = os.urandom(200_000)
     tmp = a.mountpoint / "inductor" / "ab" / "tmp.123"
-    tmp.write_bytes(payload)
+    tmp.write_bytes(payload)  # published by the rename
     os.replace(tmp, a.mountpoint / "inductor" / "ab" / "kernel.so")
     os.symlink("ab/kernel.so", a.mountpoint / "inductor" / "link")
     wait_uploaded(a)
@@ -39,7 +40,7 @@ def test_names_and_blobs_flow_between_nodes(mount_factory: MountFactory, redis_s
     assert s["physical_bytes"] == len(payload)  # fetched content counts in B's budget
     # only missing blobs are uploaded: the same content again moves no bytes
     before = a.stats()["remote_uploaded_bytes"]
-    (a.mountpoint / "inductor" / "copy.so").write_bytes(payload)
+    write_committed(a.mountpoint / "inductor" / "copy.so", payload)
     time.sleep(0.1)
     assert wait_uploaded(a)["remote_uploaded_bytes"] == before
     # B's own cache is evictable like any file, and comes back from Redis
@@ -53,15 +54,19 @@ def test_tampered_blob_in_redis_is_never_served(mount_factory: MountFactory, red
 
     a = mount_factory("a", *_remote(redis_server))
     b = mount_factory("b", *_remote(redis_server))
-    (a.mountpoint / "k.so").write_bytes(b"genuine kernel")
+    write_committed(a.mountpoint / "k.so", b"genuine kernel")
     wait_uploaded(a)
     key = f"mfs:default:b:{hash_bytes(b'genuine kernel').hex()}:0"
     assert redis_server.cli("SET", key, "evil   kernel").stdout.strip() == "OK"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(OSError) as e:
         (b.mountpoint / "k.so").read_bytes()
+    assert e.value.errno == errno.EIO  # the first read fetches and verifies: never the bad bytes
     s = b.stats()
     assert s["remote_verify_failures"] == 1
-    assert "k.so" not in os.listdir(b.mountpoint) or s["remote_verify_failures"] == 1
+    with pytest.raises(OSError) as e:  # Redis still names it: each try fetches, verifies and refuses
+        (b.mountpoint / "k.so").read_bytes()
+    assert e.value.errno == errno.EIO
+    assert b.stats()["remote_verify_failures"] >= 1
 
 
 def test_entries_without_valid_hmac_are_ignored(mount_factory: MountFactory, redis_server: RedisServer, tmp_path):
@@ -69,7 +74,7 @@ def test_entries_without_valid_hmac_are_ignored(mount_factory: MountFactory, red
     key.write_bytes(os.urandom(32).hex().encode())
     a = mount_factory("a", *_remote(redis_server, "--remote-key-file", str(key)))
     b = mount_factory("b", *_remote(redis_server, "--remote-key-file", str(key)))
-    (a.mountpoint / "signed.so").write_bytes(b"from a trusted node")
+    write_committed(a.mountpoint / "signed.so", b"from a trusted node")
     wait_uploaded(a)
     assert (b.mountpoint / "signed.so").read_bytes() == b"from a trusted node"
     # someone with write access to Redis but without the key plants an entry and a blob
@@ -93,11 +98,11 @@ def test_redis_outage_keeps_local_cache_working_and_uploads_catch_up(
     mount_factory: MountFactory, redis_server: RedisServer
 ):
     b = mount_factory("b", *_remote(redis_server))
-    (b.mountpoint / "before").write_bytes(b"uploaded while up")
+    write_committed(b.mountpoint / "before", b"uploaded while up")
     wait_uploaded(b)
     redis_server.stop()
     for i in range(3):
-        (b.mountpoint / f"during{i}").write_bytes(f"written while down {i}".encode())
+        write_committed(b.mountpoint / f"during{i}", f"written while down {i}".encode())
     t = time.monotonic()
     for i in range(20):
         assert not (b.mountpoint / f"missing{i}").exists()
@@ -105,7 +110,7 @@ def test_redis_outage_keeps_local_cache_working_and_uploads_catch_up(
     assert (b.mountpoint / "before").read_bytes() == b"uploaded while up"
     assert (b.mountpoint / "during1").read_bytes() == b"written while down 1"
     s = b.stats()
-    assert s["remote_errors"] > 0 and s["upload_queue"] >= 1
+    assert s["remote_errors"] > 0 and s["upload_queue"] >= 1, {k: v for k, v in s.items() if k.startswith(("remote", "upload"))}
     redis_server.start()  # same port, empty: the queued uploads must arrive
     deadline = time.monotonic() + 60
     while redis_server.cli("HEXISTS", "mfs:default:d:", "during2").stdout.strip() != "1":
@@ -118,7 +123,7 @@ def test_redis_outage_keeps_local_cache_working_and_uploads_catch_up(
 def test_push_seeds_a_namespace(mount_factory: MountFactory, redis_server: RedisServer):
     a = mount_factory("a", "--min-age", "0")  # filled without a remote
     for i in range(5):
-        (a.mountpoint / f"f{i}").write_bytes(os.urandom(1000))
+        write_committed(a.mountpoint / f"f{i}", os.urandom(1000))
     a.umount()
     a.extra = _remote(redis_server)
     a.mount()
@@ -132,7 +137,7 @@ def test_push_seeds_a_namespace(mount_factory: MountFactory, redis_server: Redis
 def test_namespaces_are_separate(mount_factory: MountFactory, redis_server: RedisServer):
     a = mount_factory("a", *_remote(redis_server, "--remote-namespace", "team-a"))
     b = mount_factory("b", *_remote(redis_server, "--remote-namespace", "team-b"))
-    (a.mountpoint / "only-a").write_bytes(b"x")
+    write_committed(a.mountpoint / "only-a", b"x")
     wait_uploaded(a)
     assert not (b.mountpoint / "only-a").exists()
 

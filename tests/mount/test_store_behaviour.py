@@ -9,14 +9,14 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import Mount, blob_files, run_cli
+from conftest import Mount, blob_files, run_cli, write_committed
 
 
 def test_identical_content_stored_as_one_blob(mnt: Mount):
     payload = os.urandom(50_000)
     (mnt.mountpoint / "a").mkdir()
-    (mnt.mountpoint / "a" / "kernel.so").write_bytes(payload)
-    (mnt.mountpoint / "b.so").write_bytes(payload)
+    write_committed(mnt.mountpoint / "a" / "kernel.so", payload)
+    write_committed(mnt.mountpoint / "b.so", payload)
     blobs = blob_files(mnt.store)
     assert len(blobs) == 1
     assert blobs[0].read_bytes() == payload
@@ -33,7 +33,7 @@ def test_everything_persists_across_remount(mnt: Mount):
     root = mnt.mountpoint
     (root / "dir" / "sub").mkdir(parents=True)
     (root / "dir" / "sub" / "f.py").write_text("print('hi')\n")
-    (root / "exe").write_bytes(b"#!/bin/sh\n")
+    write_committed(root / "exe", b"#!/bin/sh\n")
     os.chmod(root / "exe", 0o751)
     os.symlink("dir/sub/f.py", root / "link")
     os.link(root / "exe", root / "exe2")
@@ -108,7 +108,7 @@ def test_shared_object_built_into_mount_loads(mnt: Mount):
 
 
 def test_umount_refuses_while_busy_and_keeps_serving(mnt: Mount):
-    (mnt.mountpoint / "f").write_bytes(b"x")
+    write_committed(mnt.mountpoint / "f", b"x")
     with open(mnt.mountpoint / "f", "rb"):
         res = run_cli("umount", str(mnt.mountpoint))
         assert res.returncode == 1
