@@ -396,7 +396,7 @@ class Operations(kernel.Operations):
                 raise _err(errno.EINVAL)
             # not a commit point: O_TRUNC arrives here too (with no file handle, like
             # truncate(2)), and its writer is only starting
-            await self.writes.truncate(self._staged(ino), attr.st_size)
+            await self.writes.truncate(self._staged(inode), attr.st_size)
         changes: dict[str, int] = {}
         if fields.update_mode:
             # GNU ld chmods its output last: the content is whole
@@ -607,13 +607,15 @@ class Operations(kernel.Operations):
             top = self._tops[ino] = self._top_of_file(ino)
         return top
 
-    def _staged(self, ino: Inode) -> Staged:
-        of = self.writes.staged.get(ino.id)
+    def _staged(self, ino: int) -> Staged:
+        """The write state of a regular file (made at its first write or truncate)."""
+        of = self.writes.staged.get(ino)
         if of is not None:
             return of
-        if not ino.is_reg:
+        inode = self._inode(ino)
+        if not inode.is_reg:
             raise _err(errno.EINVAL)
-        return self.writes.staged_for(ino, self._top(ino.id))
+        return self.writes.staged_for(inode, self._top(ino))
 
     async def make_room(self) -> None:
         """The backing disk is full before the budget is: evict a slice of the cache now.
@@ -751,7 +753,7 @@ class Operations(kernel.Operations):
             # a command: run it now; its answer is what the file reads back
             await self.control.run_command(inode, bytes(buf))
             return len(buf)
-        of = self._staged(self._inode(inode))
+        of = self._staged(inode)
         n = await self.writes.write(of, off, buf)
         counters = self.stats.by_dir[of.top]
         counters["writes"] += 1

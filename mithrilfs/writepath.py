@@ -331,7 +331,7 @@ class WritePath:
         of = self.staged.get(ino)
         if of is not None:
             await self.commit(of, confirmed=confirmed)
-        elif confirmed and ino in self.ns.unconfirmed:
+        elif confirmed:
             self.ns.confirm(ino)
 
     async def commit_all(self) -> None:
@@ -342,9 +342,8 @@ class WritePath:
 
     def shutdown(self) -> None:
         """Drop staging that could not be committed; the next mount clears leftover files anyway."""
-        for of in list(self.staged.values()):
-            self._drop_staging_file(of)
-        self.staged.clear()
+        for ino in list(self.staged):
+            self.drop(ino)
 
 
 def _pwrite_hash(fd: int, buf: Any, off: int, hasher: Any) -> int:
