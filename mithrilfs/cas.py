@@ -20,6 +20,8 @@ DIGEST_SIZE = 32
 _MMAP_HASH_MIN = 1 << 20
 
 EMPTY_DIGEST = blake3.blake3(b"").digest()
+#: Blobs are immutable and the daemon's alone (a cache may hold secrets baked into kernels).
+BLOB_MODE = 0o400
 
 
 def hash_bytes(data: bytes) -> bytes:
@@ -95,12 +97,12 @@ class CAS:
         if os.path.exists(dest):
             if not trust_existing:
                 tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-                os.chmod(staging_path, 0o444)
+                os.chmod(staging_path, BLOB_MODE)
                 os.link(staging_path, tmp)
                 os.rename(tmp, dest)
             return False
         dest.parent.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(staging_path, 0o444)
+        os.chmod(staging_path, BLOB_MODE)
         try:
             os.link(staging_path, dest)
         except FileExistsError:

@@ -20,6 +20,7 @@ from typing import NoReturn, Sequence
 from . import daemon
 from .control import CONTROL_NAME
 from .errors import UsageError
+from .remote import url_password, without_password
 from .eviction import EvictionPolicy
 from .store import StoreError, default_store
 from .units import format_size, parse_duration, parse_size
@@ -78,6 +79,13 @@ def _remote_url(text: str) -> str:
     return text
 
 
+def _owner(text: str) -> tuple[int, int]:
+    uid, sep, gid = text.partition(":")
+    if not sep or not uid.isdigit() or not gid.isdigit() or int(uid) >= 1 << 32 or int(gid) >= 1 << 32:
+        raise argparse.ArgumentTypeError(f"invalid owner {text!r} (use numeric UID:GID)")
+    return int(uid), int(gid)
+
+
 def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"invalid count {text!r} (a whole number)")
@@ -109,7 +117,14 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
                    help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
     m.add_argument("--remote", type=_remote_url, default=None, metavar="URL",
-                   help="share the cache through Redis: redis://[:password@]host:port/db or rediss://...")
+                   help="share the cache through Redis: redis://host:port/db or rediss://... (the password"
+                        " from --remote-password-file or $MITHRILFS_REMOTE_PASSWORD)")
+    m.add_argument("--remote-password-file", type=Path, default=None, metavar="FILE",
+                   help="read the Redis password from FILE")
+    m.add_argument("--remote-cluster", action="store_true",
+                   help="URL names one node of a Redis Cluster")
+    m.add_argument("--remote-owner", type=_owner, default=None, metavar="UID:GID",
+                   help="owner of files that come from the shared tier (default: the mount root's)")
     m.add_argument("--remote-namespace", default="default", metavar="NAME",
                    help="nodes sharing a namespace share one tree (default 'default')")
     m.add_argument("--remote-key-file", type=Path, default=None, metavar="FILE",
@@ -182,12 +197,16 @@ def _cmd_mount(args: argparse.Namespace) -> int:
             _usage_error(f"key file {args.remote_key_file} holds fewer than 16 bytes")
     if not args.remote_namespace or not all(c.isalnum() or c in "-_." for c in args.remote_namespace):
         _usage_error(f"invalid namespace {args.remote_namespace!r} (letters, digits, - _ .)")
+    password = _remote_password(args)
     opts = daemon.MountOptions(
         policy=policy,
         metrics_port=args.metrics_port,
-        remote=args.remote,
+        remote=without_password(args.remote) if args.remote else None,
         remote_namespace=args.remote_namespace,
         remote_key=key,
+        remote_password=password,
+        remote_cluster=args.remote_cluster,
+        remote_owner=args.remote_owner,
         mountpoint=args.mountpoint.expanduser().absolute(),
         store=store,
         foreground=args.foreground,
@@ -197,8 +216,52 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     return daemon.mount(opts)
 
 
+def _remote_password(args: argparse.Namespace) -> str | None:
+    """The Redis password: from --remote-password-file, $MITHRILFS_REMOTE_PASSWORD, or the URL.
+
+    One given in the URL would sit in the daemon's command line, which every
+    user can read (``ps``): the command runs itself again with the URL
+    redacted and the password in its environment, which only its owner can
+    read.
+    """
+    if args.remote is None:
+        for opt in ("remote_password_file", "remote_cluster", "remote_owner"):
+            if getattr(args, opt):
+                _usage_error(f"--{opt.replace('_', '-')} needs --remote")
+        return None
+    if args.remote_password_file is not None:
+        try:
+            password = args.remote_password_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            _usage_error(f"cannot read password file {args.remote_password_file}: {getattr(e, 'strerror', e)}")
+        if not password:
+            _usage_error(f"password file {args.remote_password_file} is empty")
+        return password
+    in_url = url_password(args.remote)
+    if in_url and any(args.remote in a for a in sys.argv) and not os.environ.get(_PASSWORD_ENV):
+        argv = [a.replace(args.remote, without_password(args.remote)) for a in sys.argv[1:]]
+        os.execve(sys.executable, [sys.executable, "-m", "mithrilfs", *argv],
+                  dict(os.environ, **{_PASSWORD_ENV: in_url}))
+    password = os.environ.pop(_PASSWORD_ENV, None) or in_url
+    return password or None
+
+
+_PASSWORD_ENV = "MITHRILFS_REMOTE_PASSWORD"
+
+
 def _cmd_umount(args: argparse.Namespace) -> int:
-    daemon.umount(args.mountpoint.expanduser().absolute())
+    mp = args.mountpoint.expanduser().absolute()
+    try:
+        before = _read_stats(mp)
+    except (OSError, ValueError, UsageError):
+        before = None
+    daemon.umount(mp)
+    if before is not None and "upload_queue" in before:
+        pending = daemon.pending_uploads(Path(before["store"]))
+        if pending:
+            why = before.get("remote_last_error") or "still queued"
+            print(f"mithrilfs: {pending} changes not yet in the shared tier ({why}); kept in the store"
+                  " and sent at its next mount with --remote", file=sys.stderr)
     return 0
 
 
@@ -438,9 +501,14 @@ def _cmd_push(args: argparse.Namespace) -> int:
     except UsageError:
         control_file(mp, "pid")  # a mount, but without a remote
         raise UsageError(f"{mp} was mounted without --remote") from None
-    queued = _control_command(path, "push")["queued"]
-    draw = _progress_bar("uploading")
     start = _read_stats(mp)
+    answer = _control_command(path, "push")
+    if "error" in answer:
+        print(f"mithrilfs: error: cannot push: {answer['error']}", file=sys.stderr)
+        return 1
+    queued = answer["queued"]
+    draw = _progress_bar("uploading")
+    last_left, progress_at = None, time.monotonic()
     while True:
         snap = _read_stats(mp)
         left = snap["upload_queue"]
@@ -448,14 +516,20 @@ def _cmd_push(args: argparse.Namespace) -> int:
             draw(queued - min(left, queued), queued)
         if left == 0:
             break
-        if snap["remote_errors"] > start["remote_errors"] + 20:
-            print(f"mithrilfs: error: the shared tier keeps failing; {left} files still queued", file=sys.stderr)
+        if left != last_left:
+            last_left, progress_at = left, time.monotonic()
+        elif snap["remote_last_error"] and time.monotonic() - progress_at > PUSH_STALL_SECONDS:
+            print(f"mithrilfs: error: cannot push: {snap['remote_last_error']}; {left} files still queued"
+                  " (kept, sent when the shared tier answers)", file=sys.stderr)
             return 1
         time.sleep(0.2)
     sent = snap["remote_uploaded_bytes"] - start["remote_uploaded_bytes"]
     print(f"pushed {queued} files; {format_size(sent)} of new blobs uploaded")
     return 0
 
+
+#: ``push`` gives up after this long without progress while the tier reports errors.
+PUSH_STALL_SECONDS = 5.0
 
 _COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc, "fsck": _cmd_fsck,
              "stats": _cmd_stats, "status": _cmd_status, "env": _cmd_env, "run": _cmd_run,
@@ -464,6 +538,8 @@ _COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount,
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    if args.command in ("fsck", "import"):
+        os.umask(0o077)  # files they add to a store are private, like the daemon's
     try:
         return _COMMANDS[args.command](args)
     except UsageError as e:

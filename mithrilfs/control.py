@@ -25,6 +25,7 @@ from typing import Awaitable, Callable
 CONTROL_NAME = b".mithrilfs"
 #: How long one production of a control file answers every look at it.
 FRESH_SECONDS = 0.002
+_PAGE = 4096
 #: Inode numbers far above anything SQLite will hand out.
 CONTROL_DIR_INODE = 1 << 62
 
@@ -44,7 +45,18 @@ class ControlFiles:
         self._producers[ino] = produce
 
     def add_json(self, name: bytes, produce: Callable[[], object]) -> None:
-        self.add(name, lambda: (json.dumps(produce(), sort_keys=True) + "\n").encode())
+        """A JSON document, padded with spaces to whole pages.
+
+        Its length then rarely changes between productions, and a change of
+        size is what lets one read see two productions (the kernel keeps
+        the tail of a longer one cached past the end of a shorter one); a
+        padded document fits one READ.
+        """
+        def padded() -> bytes:
+            doc = json.dumps(produce(), sort_keys=True).encode()
+            return doc + b" " * (-(len(doc) + 1) % _PAGE) + b"\n"
+
+        self.add(name, padded)
 
     def add_command(self, name: bytes, run: Callable[[bytes], Awaitable[bytes]]) -> None:
         """A writable file: what is written runs *run*; its answer is what the file reads back."""

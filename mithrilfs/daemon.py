@@ -15,6 +15,7 @@ import logging
 import logging.handlers
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -58,6 +59,11 @@ class MountOptions:
     remote: str | None = None
     remote_namespace: str = "default"
     remote_key: bytes | None = None
+    #: Kept out of the URL (and so out of the process list and the logs).
+    remote_password: str | None = None
+    remote_cluster: bool = False
+    #: Owner of entries materialized from the shared tier (default: the mount root's).
+    remote_owner: tuple[int, int] | None = None
 
 
 # ----------------------------------------------------------------------
@@ -214,6 +220,7 @@ def _setup_logging(path: Path | None, debug: bool) -> None:
 
 def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: bool = False) -> int:
     """Open the store, mount, serve until unmounted or signalled; returns the exit status."""
+    os.umask(0o077)  # the store's files (index, log, blobs) are the daemon's alone
     try:
         store = open_store(opts.store)
     except StoreError as e:
@@ -222,12 +229,12 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
     if log_in_store and not store.read_only:
         _setup_logging(store.root / LOG_FILE, opts.debug)
     try:
-        if not store.read_only:
-            _repair_at_startup(store)
+        after_crash = not store.read_only and _repair_at_startup(store)
         remote = None
         if opts.remote is not None:
-            remote = RemoteTier(opts.remote, opts.remote_namespace, opts.remote_key)
-        ops = Operations(store, opts.policy, remote)
+            remote = RemoteTier(opts.remote, opts.remote_namespace, opts.remote_key,
+                                password=opts.remote_password, cluster=opts.remote_cluster)
+        ops = Operations(store, opts.policy, remote, remote_owner=opts.remote_owner, after_crash=after_crash)
         metrics = None
         if opts.metrics_port is not None:
             try:
@@ -291,8 +298,12 @@ def _raise_readahead(mountpoint: Path) -> None:
         log.debug("cannot raise readahead (%s): %s", path, e)
 
 
-def _repair_at_startup(store: Store) -> None:
-    """Undo what an unclean stop can leave: staging files, unlinked inodes, unreferenced blobs."""
+def _repair_at_startup(store: Store) -> bool:
+    """Undo what an unclean stop can leave: staging files, unlinked inodes, unreferenced blobs.
+
+    True when the last stop was unclean.
+    """
+    after_crash = store.ns.get_meta("clean") != "1"
     stale = store.cas.clear_staging()
     repaired = store.ns.recover()
     freed = store.collect_garbage()
@@ -300,6 +311,7 @@ def _repair_at_startup(store: Store) -> None:
         log.warning("could not reserve %d bytes on the store's disk", RESERVE_BYTES)
     if stale or any(repaired.values()) or freed:
         log.info("startup repair: %d staging files, %s, %d unreferenced blobs", stale, repaired, freed)
+    return after_crash
 
 
 async def _run(session: kernel.Session, ops: Operations, mountpoint: Path, announce: Callable[[str], None]) -> None:
@@ -360,6 +372,20 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def pending_uploads(store: Path) -> int:
+    """Changes queued for the shared tier in an unmounted store's index (0 when it cannot tell)."""
+    from .namespace import Namespace
+
+    try:
+        ns = Namespace(str(store / "index.sqlite3"), read_only=True, immutable=False)
+        try:
+            return ns.queue_length()
+        finally:
+            ns.close()
+    except (sqlite3.Error, OSError):  # an index of an older format, or gone: nothing to report
+        return 0
 
 
 def umount(mountpoint: Path, timeout: float = 60.0) -> None:

@@ -36,7 +36,7 @@ from .eviction import EvictionPolicy, EvictionResult, Evictor, Recency, Unit
 from . import sharing
 from .lifetime import Lifetimes, Removed
 from .namespace import ROOT_INODE, DirPaths, Inode
-from .remote import RemoteTier
+from .remote import RemoteError, RemoteTier
 from .stats import ROOT_KEY, EventLog, Stats
 from .store import Store, is_disk_full
 from .units import parse_size
@@ -180,7 +180,8 @@ def _check_name_length(name: bytes) -> None:
 
 class Operations(kernel.Operations):
 
-    def __init__(self, store: Store, policy: EvictionPolicy | None = None, remote: RemoteTier | None = None) -> None:
+    def __init__(self, store: Store, policy: EvictionPolicy | None = None, remote: RemoteTier | None = None, *,
+                 remote_owner: tuple[int, int] | None = None, after_crash: bool = False) -> None:
         super().__init__()
         self.store = store
         self.ns = store.ns
@@ -203,7 +204,8 @@ class Operations(kernel.Operations):
         self.writes = WritePath(self.ns, self.blobs, self.stats, self._offload, self._committed)
         self.recency = Recency(self.ns)
         self.lifetimes = Lifetimes(self.ns, self.blobs, self.recency, self.writes.staged.__contains__)
-        self.shared = (sharing.SharedTier(self.ns, self.blobs, self.paths, self.events, remote)
+        self.shared = (sharing.SharedTier(self.ns, self.blobs, self.paths, self.events, self.lifetimes, remote,
+                                          owner=remote_owner, requeue=after_crash)
                        if remote is not None else None)
         self.negative_timeout = sharing.NEGATIVE_TIMEOUT if remote is not None else NEGATIVE_TIMEOUT
         # revalidations are the only sign of use: an idle TTL shorter than the timeouts needs them sooner
@@ -469,8 +471,7 @@ class Operations(kernel.Operations):
     @_request
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> EntryAttributes:
         ino = self._new_entry(parent_inode, name, stat.S_IFLNK | 0o777, ctx, target=target)
-        if self.shared is not None:
-            self.shared.queue_upload(ino.id)
+        self._publish(ino)
         return self._attr(ino)
 
     @_request
@@ -506,6 +507,7 @@ class Operations(kernel.Operations):
         if ino.is_dir:
             raise _err(errno.EISDIR)
         with self.ns.txn():
+            self._unpublish(parent_inode, name)
             self.lifetimes.drop_name(self._inode(parent_inode), name, ino)
             self._touch_dir(parent_inode)
         await self._delete_if_unused(ino.id)
@@ -518,9 +520,23 @@ class Operations(kernel.Operations):
         if self.ns.has_children(ino.id):
             raise _err(errno.ENOTEMPTY)
         with self.ns.txn():
+            self._unpublish(parent_inode, name)
             self.lifetimes.drop_name(self._inode(parent_inode), name, ino)
             self._touch_dir(parent_inode)
         await self._delete_if_unused(ino.id)
+
+    def _unpublish(self, parent: int, name: bytes) -> None:
+        """A user removes a name: the shared tier gets a tombstone for it (evictions never come here)."""
+        if self.shared is not None:
+            self.shared.removing(parent, name)
+
+    def _publish(self, ino: Inode) -> None:
+        """A name now points at *ino*: the shared tier gets it (a directory: everything under it)."""
+        if self.shared is not None:
+            if ino.is_dir:
+                self.shared.queue_tree(ino.id)
+            else:
+                self.shared.queue_upload(ino.id)
 
     def _is_ancestor(self, ancestor: int, ino: int) -> bool:
         while ino != ROOT_INODE:
@@ -552,6 +568,11 @@ class Operations(kernel.Operations):
             if dst.is_dir and self._is_ancestor(dst.id, parent_inode_old):
                 raise _err(errno.EINVAL)
             self._exchange(parent_inode_old, name_old, src, parent_inode_new, name_new, dst)
+            if src.is_dir or dst.is_dir:
+                self.paths.clear()
+                self._tops.clear()
+            self._publish(src)
+            self._publish(dst)
             return
         if dst is not None:
             if flags & kernel.RENAME_NOREPLACE:
@@ -566,6 +587,7 @@ class Operations(kernel.Operations):
             elif src.is_dir:
                 raise _err(errno.ENOTDIR)
         with self.ns.txn():
+            self._unpublish(parent_inode_old, name_old)
             if dst is not None:
                 self.lifetimes.drop_name(self._inode(parent_inode_new), name_new, dst)
             self.ns.move(parent_inode_old, name_old, parent_inode_new, name_new)
@@ -580,8 +602,7 @@ class Operations(kernel.Operations):
         if src.is_dir:
             self.paths.clear()  # a subtree moved: recompute lazily
             self._tops.clear()
-        elif self.shared is not None:
-            self.shared.queue_upload(src.id)
+        self._publish(src)
         if dst is not None:
             await self._delete_if_unused(dst.id)
 
@@ -669,7 +690,7 @@ class Operations(kernel.Operations):
         if ok:
             return
         if ok is None and self.shared is not None:
-            if await self.shared.fetch(ino):
+            if await self.shared.fetch(ino, self.policy.max_bytes):
                 await self._enforce_budget()
                 return
             # the shared tier lost it (or is down): a miss, not corruption
@@ -915,8 +936,15 @@ class Operations(kernel.Operations):
         return (json.dumps({"committed": written - len(self.writes.staged)}) + "\n").encode()
 
     async def _push_command(self, request: bytes) -> bytes:
-        """``push`` control file: queue every file for upload; the CLI follows upload_queue."""
+        """``push`` control file: queue every file for upload; the CLI follows upload_queue.
+
+        The tier is asked first, so a dead Redis is an error naming the cause at once.
+        """
         assert self.shared is not None
+        try:
+            await trio.to_thread.run_sync(self.shared.remote.ping)
+        except RemoteError as e:
+            return (json.dumps({"error": f"{self.shared.remote.url}: {e}"}) + "\n").encode()
         return (json.dumps({"queued": self.shared.queue_all()}) + "\n").encode()
 
     async def background(self) -> None:
@@ -928,7 +956,7 @@ class Operations(kernel.Operations):
             nursery.start_soon(self._summaries)
             nursery.start_soon(self._idle_commits)
             if self.shared is not None:
-                nursery.start_soon(self.shared.uploader)
+                nursery.start_soon(self.shared.run)
             while True:
                 await trio.sleep(RECENCY_FLUSH_SECONDS)
                 try:
@@ -986,7 +1014,8 @@ class Operations(kernel.Operations):
             "evicted_files": self.evicted_files,
             "pid": os.getpid(),
             "store": str(self.store.root),
-            **(self.shared.remote.counters | {"upload_queue": len(self.shared.queue)} if self.shared else {}),
+            **(self.shared.counters | {"upload_queue": self.shared.pending(),
+                                       "remote_last_error": self.shared.remote.last_error} if self.shared else {}),
         })
         self.cached_snapshot = snap
         return snap

@@ -59,6 +59,9 @@ CREATE TABLE IF NOT EXISTS dentries (
     parent INTEGER NOT NULL,
     name BLOB NOT NULL,
     inode INTEGER NOT NULL,
+    -- 1 once the name may be in the shared tier (uploaded, or materialized from it):
+    -- removing it then publishes a tombstone
+    published INTEGER NOT NULL DEFAULT 0,
     UNIQUE (parent, name)
 );
 CREATE INDEX IF NOT EXISTS dentries_readdir ON dentries(parent, id);
@@ -67,6 +70,10 @@ CREATE INDEX IF NOT EXISTS dentries_inode ON dentries(inode);
 -- forget has confirmed yet: it may be a snapshot of a paused writer, so an
 -- unclean stop drops these names
 CREATE TABLE IF NOT EXISTS unconfirmed (inode INTEGER PRIMARY KEY);
+-- the shared tier's write-behind queue, kept here so it survives unmounts and crashes:
+-- inodes whose names are to be published, and removed paths whose tombstones are
+CREATE TABLE IF NOT EXISTS upload_queue (inode INTEGER PRIMARY KEY, queued_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS tombstone_queue (path TEXT PRIMARY KEY, version INTEGER NOT NULL);
 """
 
 #: Inodes loaded most recently are kept in memory (beyond those still in use elsewhere).
@@ -156,6 +163,9 @@ class Namespace:
             columns = {row[1] for row in self.db.execute("PRAGMA table_info(inodes)")}
             if "rdev" not in columns:  # an index made before device nodes were stored
                 self.db.execute("ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0")
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(dentries)")}
+            if "published" not in columns:  # an index made before tombstones
+                self.db.execute("ALTER TABLE dentries ADD COLUMN published INTEGER NOT NULL DEFAULT 0")
         #: Inodes whose content awaits confirmation (the ``unconfirmed`` table, mirrored).
         self.unconfirmed: set[int] = self._load_unconfirmed()
         if self.get(ROOT_INODE) is None:
@@ -374,8 +384,17 @@ class Namespace:
         ).fetchone()
         return row[0] if row else None
 
-    def link(self, parent: int, name: bytes, ino: int) -> None:
-        self.db.execute("INSERT INTO dentries (parent, name, inode) VALUES (?, ?, ?)", (parent, name, ino))
+    def link(self, parent: int, name: bytes, ino: int, *, published: bool = False) -> None:
+        self.db.execute("INSERT INTO dentries (parent, name, inode, published) VALUES (?, ?, ?, ?)",
+                        (parent, name, ino, int(published)))
+
+    def is_published(self, parent: int, name: bytes) -> bool:
+        row = self.db.execute(
+            "SELECT published FROM dentries WHERE parent = ? AND name = ?", (parent, name)).fetchone()
+        return bool(row and row[0])
+
+    def mark_published(self, names: list[tuple[int, bytes]]) -> None:
+        self.db.executemany("UPDATE dentries SET published = 1 WHERE parent = ? AND name = ?", names)
 
     def unlink(self, parent: int, name: bytes) -> None:
         self.db.execute("DELETE FROM dentries WHERE parent = ? AND name = ?", (parent, name))
@@ -426,6 +445,40 @@ class Namespace:
             "SELECT DISTINCT parent FROM dentries WHERE name >= ? AND name < ?", (prefix, upper)
         ).fetchall()
         return [r[0] for r in rows]
+
+    # -- the shared tier's queue -----------------------------------------
+    def queue_upload(self, inodes: list[int], queued_ns: int) -> None:
+        self.db.executemany("INSERT OR REPLACE INTO upload_queue (inode, queued_ns) VALUES (?, ?)",
+                            [(i, queued_ns) for i in inodes])
+
+    def queue_all_uploads(self, queued_ns: int) -> int:
+        """Queue every named file and symlink; how many."""
+        return self.db.execute(
+            "INSERT OR REPLACE INTO upload_queue (inode, queued_ns) SELECT id, ? FROM inodes"
+            " WHERE nlink > 0 AND ((mode & 61440) = 32768 OR (mode & 61440) = 40960)", (queued_ns,)).rowcount
+
+    def due_uploads(self, before_ns: int, limit: int) -> list[tuple[int, int]]:
+        """(inode, queued_ns) queued at or before *before_ns*, oldest first."""
+        return self.db.execute(
+            "SELECT inode, queued_ns FROM upload_queue WHERE queued_ns <= ? ORDER BY queued_ns LIMIT ?",
+            (before_ns, limit)).fetchall()
+
+    def unqueue_uploads(self, done: list[tuple[int, int]]) -> None:
+        """Drop sent (inode, queued_ns) rows; one queued again since keeps its newer row."""
+        self.db.executemany("DELETE FROM upload_queue WHERE inode = ? AND queued_ns = ?", done)
+
+    def queue_tombstone(self, path: str, version: int) -> None:
+        self.db.execute("INSERT OR REPLACE INTO tombstone_queue (path, version) VALUES (?, ?)", (path, version))
+
+    def queued_tombstones(self) -> list[tuple[str, int]]:
+        return self.db.execute("SELECT path, version FROM tombstone_queue").fetchall()
+
+    def unqueue_tombstones(self, done: list[tuple[str, int]]) -> None:
+        self.db.executemany("DELETE FROM tombstone_queue WHERE path = ? AND version = ?", done)
+
+    def queue_length(self) -> int:
+        return (self.db.execute("SELECT count(*) FROM upload_queue").fetchone()[0]
+                + self.db.execute("SELECT count(*) FROM tombstone_queue").fetchone()[0])
 
     # -- recency ---------------------------------------------------------
     def lru_files(self, after: tuple[int, int], limit: int = 512) -> list[tuple[int, int]]:

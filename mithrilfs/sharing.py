@@ -1,22 +1,29 @@
-"""Glue between the local namespace and the remote tier: read-through, write-behind.
+"""Glue between the local namespace and the remote tier: read-through, write-behind, convergence.
 
 Read-through: a name missing locally is asked for remotely (bounded by the
 tier's timeouts, in a worker thread); if found it appears locally with its
-size and mode and a *placeholder* blob row (size 0, no file), and the
-content is fetched and verified by blake3 on first open.  ``readdir`` merges
-the remote names of a directory in, at most every few seconds.
+size, mode and the mount root's owner, and a *placeholder* blob row (size
+0, no file); the content is streamed, size-checked and verified by blake3 at
+the first read.  ``opendir`` merges the directory's remote names in, at most
+every few seconds, and reconciles names both sides have: the newest
+(version, node) wins, so nodes converge on one version per path.
 
-Write-behind: a local commit or rename queues the inode; a background task
-waits a moment (so a tmp file renamed into place is published under its
-final name), then uploads batches: blobs Redis lacks, and the name entries
-with their parent directories.  Failed batches go back on the queue and are
-retried with back-off until Redis answers again.
+Write-behind: a commit or rename queues the inode, a user's unlink, rmdir or
+rename queues a tombstone for a name that was published; both queues live in
+the index (they survive unmounts and crashes).  A background task sends what
+has waited ``UPLOAD_DELAY`` (so a tmp file renamed into place is published
+under its final name only): blobs Redis lacks first, then the names, each
+written only where newer than what Redis holds.  When Redis loses its data
+(its epoch token changes) everything local is queued again.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import secrets
+import socket
 import stat
 import time
 from typing import Any, Callable
@@ -24,33 +31,74 @@ from typing import Any, Callable
 import trio
 
 from .blobs import Blobs
-from .cas import EMPTY_DIGEST, hash_bytes
-from .namespace import DirPaths, Inode, Namespace
+from .cas import EMPTY_DIGEST
+from .lifetime import Lifetimes, Removed
+from .namespace import ROOT_INODE, DirPaths, Inode, Namespace
 from .remote import RemoteEntry, RemoteError, RemoteTier
 from .stats import EventLog
 
 log = logging.getLogger(__name__)
 
 UPLOAD_DELAY = 0.3
-UPLOAD_BATCH = 256
+UPLOAD_BATCH = 512
 DIR_SYNC_SECONDS = 5.0
+#: How often the uploader asks whether the tier lost its data (its epoch token).
+EPOCH_SECONDS = 2.0
 #: How long the kernel may cache "no such name" when other nodes can create names.
 NEGATIVE_TIMEOUT = 2.0
 
 
-class SharedTier:
-    """The local store's view of the remote tier; knows the namespace and blobs, never the filesystem."""
+def node_id(ns: Namespace) -> str:
+    """This store's name in the shared tier (kept in the index): tie-breaker and conflict witness."""
+    node = ns.get_meta("node_id")
+    if node is None:
+        host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:40] or "node"
+        node = f"{host}-{secrets.token_hex(4)}"
+        with ns.txn():
+            ns.set_meta("node_id", node)
+    return node
 
-    def __init__(self, ns: Namespace, blobs: Blobs, paths: DirPaths, events: EventLog, remote: RemoteTier) -> None:
+
+def version_of(ino: Inode) -> int:
+    """An inode's version: the microsecond it last changed (ctime; users cannot set it)."""
+    return ino.ctime_ns // 1000
+
+
+def _join(dir_path: str, name: bytes) -> str:
+    text = name.decode(errors="surrogateescape")
+    return f"{dir_path}/{text}" if dir_path else text
+
+
+class SharedTier:
+    """The local store's view of the remote tier; knows the namespace and blobs, never the kernel protocol."""
+
+    def __init__(self, ns: Namespace, blobs: Blobs, paths: DirPaths, events: EventLog, lifetimes: Lifetimes,
+                 remote: RemoteTier, *, owner: tuple[int, int] | None = None, requeue: bool = False) -> None:
         self.ns = ns
         self.blobs = blobs
         self.paths = paths
         self.events = events
+        self.lifetimes = lifetimes
         self.remote = remote
+        self.counters = remote.counters
+        self.node = node_id(ns)
+        #: Owner of materialized entries (``--remote-owner``); None: the mount root's at the time.
+        self.owner = owner
         self.limiter = trio.CapacityLimiter(4)
-        self.queue: dict[int, None] = {}
         self._wake = trio.Event()
         self._dir_synced: dict[int, float] = {}
+        self._syncing: set[int] = set()
+        self._nursery: trio.Nursery | None = None
+        #: Removed paths whose tombstones are not sent yet: never materialized again meanwhile.
+        self.pending_tombstones: dict[str, int] = dict(ns.queued_tombstones())
+        #: Writer of content materialized this mount (conflict detection), by inode.
+        self.origin: dict[int, str] = {}
+        self._epoch = ns.get_meta(self._epoch_meta())
+        if requeue:  # after an unclean stop a commit may not have reached the queue
+            self.queue_all()
+
+    def _epoch_meta(self) -> str:
+        return f"remote_epoch:{self.remote.url}:{self.remote.namespace}"
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if not self.remote.available():
@@ -64,130 +112,364 @@ class SharedTier:
     async def lookup(self, parent: int, name: bytes) -> int | None:
         """Materialize *name* from the remote tier if it exists there; its inode or None."""
         dir_path = self.paths.of_dir(parent)
-        if dir_path is None:
+        if dir_path is None or _join(dir_path, name) in self.pending_tombstones:
             return None
-        entry = await self._call(self.remote.get_entry, dir_path, name.decode(errors="surrogateescape"))
-        if entry is None:
+        entry = await self._call(self.remote.get_entry, dir_path, name)
+        if entry is None or entry.is_tombstone:
             return None
         existing = self.ns.lookup(parent, name)  # created meanwhile by another request?
         if existing is not None:
             return existing
         return self._materialize(parent, name, entry)
 
-    async def sync_dir(self, d: int) -> None:
-        """Merge a directory's remote names into the local namespace (rate-limited)."""
+    async def sync_dir(self, d: int, *, force: bool = False) -> None:
+        """Merge a directory's remote names into the local namespace (rate-limited unless *force*).
+
+        Only a directory's first sync in this mount is waited for; later
+        ones run in the background, so listing a directory the node already
+        knows never waits on Redis (the names they bring show at the next
+        listing).
+        """
         now = time.monotonic()
-        if now - self._dir_synced.get(d, -1e9) < DIR_SYNC_SECONDS:
+        last = self._dir_synced.get(d)
+        if not force and last is not None and now - last < DIR_SYNC_SECONDS:
             return
         self._dir_synced[d] = now
+        if not force and last is not None and self._nursery is not None:
+            if d not in self._syncing:
+                self._syncing.add(d)
+                self._nursery.start_soon(self._sync_in_background, d)
+            return
+        await self._sync(d)
+
+    async def _sync_in_background(self, d: int) -> None:
+        try:
+            await self._sync(d)
+        except Exception:  # a background refresh must not take the mount down
+            log.exception("background sync of directory %d failed", d)
+        finally:
+            self._syncing.discard(d)
+
+    async def _sync(self, d: int) -> None:
         dir_path = self.paths.of_dir(d)
         if dir_path is None:
             return
         entries = await self._call(self.remote.list_dir, dir_path)
         for name, entry in (entries or {}).items():
-            name_b = name.encode(errors="surrogateescape")
-            if self.ns.lookup(d, name_b) is None and self.ns.get(d) is not None:
-                self._materialize(d, name_b, entry)
+            if self.ns.get(d) is None:
+                return
+            local = self.ns.lookup(d, name)
+            path = _join(dir_path, name)
+            if local is None:
+                if not entry.is_tombstone and path not in self.pending_tombstones:
+                    self._materialize(d, name, entry)
+            else:
+                await self._reconcile(d, name, local, entry, path)
+
+    async def _reconcile(self, parent: int, name: bytes, ino_id: int, entry: RemoteEntry, path: str) -> None:
+        """One name both sides have: the newer version wins here; ours, if newer, is sent again."""
+        ino = self.ns.get(ino_id)
+        if ino is None or self.lifetimes.is_written(ino_id):
+            return  # a write in progress wins when it commits
+        if not entry.newer_than(version_of(ino), self.origin.get(ino_id, self.node)):
+            if not ino.is_dir and not self._same(ino, entry):
+                self.queue_upload(ino_id)  # ours is newer: Redis holds an older (or replayed) version
+            return
+        if self._same(ino, entry):
+            return
+        if entry.is_tombstone and ino.is_dir:
+            await self._purge_dir(ino)
+            if self.ns.has_children(ino.id):
+                return  # it holds names nobody deleted: kept
+        elif ino.is_dir or entry.type == "d":
+            return  # a directory and a file under one name: keep the local one
+        self._note_conflict(path, ino, entry)
+        self._replace(parent, name, ino, None if entry.is_tombstone else entry)
+
+    async def _purge_dir(self, d: Inode) -> None:
+        """A directory deleted elsewhere: apply the tombstones of its names (a bounded walk)."""
+        await self.sync_dir(d.id, force=True)
+        for name, child in self.ns.children(d.id):
+            node = self.ns.get(child)
+            if node is not None and node.is_dir:
+                await self._purge_dir(node)
+
+    def _same(self, ino: Inode, e: RemoteEntry) -> bool:
+        if e.is_tombstone:
+            return False
+        if e.type == "d":
+            return ino.is_dir
+        if e.type == "l":
+            return stat.S_ISLNK(ino.mode) and (ino.target or b"") == (e.target or "").encode(errors="surrogateescape")
+        return ino.is_reg and (ino.hash or EMPTY_DIGEST).hex() == e.hash
+
+    def _note_conflict(self, path: str, ino: Inode, theirs: RemoteEntry) -> None:
+        """A newer version from another writer replaces different local content."""
+        ours = self.origin.get(ino.id, self.node)
+        if theirs.type == "f" and ino.is_reg and ours != theirs.node:
+            mine = RemoteEntry("f", version_of(ino), ours, (ino.hash or EMPTY_DIGEST).hex(), ino.size)
+            self._conflict(path, mine, theirs, kept=theirs.node)
+
+    def _conflict(self, path: str, a: RemoteEntry, b: RemoteEntry, *, kept: str) -> None:
+        """Two writers gave one path different content: a non-deterministic build or a cache-key collision."""
+        self.counters["remote_conflicts"] += 1
+        log.warning("conflict at %s: %s wrote %s, %s wrote %s; keeping the newer (%s's)",
+                    path, a.node, (a.hash or "")[:16], b.node, (b.hash or "")[:16], kept)
+        self.events.emit("conflict", path=path, **{a.node: a.hash, b.node: b.hash}, kept=kept)
+
+    def _replace(self, parent: int, name: bytes, old: Inode, entry: RemoteEntry | None) -> None:
+        """Point a local name at a newer remote version (or remove it, for a tombstone)."""
+        parent_ino = self.ns.get(parent)
+        if parent_ino is None:
+            return
+        with self.ns.txn():
+            self.lifetimes.drop_name(parent_ino, name, old)
+            if entry is not None:
+                self._create(parent_ino, name, entry)
+        self.counters["remote_adopted"] += 1
+        try:
+            self.lifetimes.delete_if_unused(old.id)
+        except OSError as e:
+            log.warning("cannot delete inode %d yet: %s", old.id, e)
+            self.lifetimes.doomed.add(old.id)
+        removed: list[Removed] = [(parent, name, old.id)]
+        self.lifetimes.tell_kernel(removed)
 
     def _materialize(self, parent: int, name: bytes, e: RemoteEntry) -> int | None:
         parent_ino = self.ns.get(parent)
-        if parent_ino is None or not parent_ino.is_dir or b"/" in name or name in (b"", b".", b".."):
+        if parent_ino is None or not parent_ino.is_dir:
             return None
-        uid, gid = os.getuid(), os.getgid()
-        mode = stat.S_IMODE(e.mode)
         with self.ns.txn():
-            if e.type == "d":
-                node = self.ns.create_inode(stat.S_IFDIR | mode, uid, gid, nlink=2)
-                self.ns.add_link(parent_ino, +1)
-            elif e.type == "l":
-                node = self.ns.create_inode(stat.S_IFLNK | 0o777, uid, gid,
-                                            target=(e.target or "").encode(errors="surrogateescape"))
-            else:
-                node = self.ns.create_inode(stat.S_IFREG | mode, uid, gid)
-                digest = bytes.fromhex(e.hash)  # type: ignore[arg-type]
-                self.ns.add_placeholder(digest)  # fetched on first open
-                self.ns.set_content(node, digest, e.size, e.mtime_ns or time.time_ns())
-            self.ns.link(parent, name, node.id)
+            node = self._create(parent_ino, name, e)
         return node.id
 
-    async def fetch(self, ino: Inode) -> bool:
-        """Bring a remote blob into the local CAS, verified; False when it cannot be had."""
+    def _create(self, parent: Inode, name: bytes, e: RemoteEntry) -> Inode:
+        """A local inode and name for a remote entry (inside a transaction), with its version as ctime."""
+        root = self.ns.get(ROOT_INODE)
+        assert root is not None
+        uid, gid = self.owner or (root.uid, root.gid)
+        mode = stat.S_IMODE(e.mode)
+        if e.type == "d":
+            node = self.ns.create_inode(stat.S_IFDIR | mode, uid, gid, nlink=2)
+            self.ns.add_link(parent, +1)
+        elif e.type == "l":
+            node = self.ns.create_inode(stat.S_IFLNK | 0o777, uid, gid,
+                                        target=(e.target or "").encode(errors="surrogateescape"))
+        else:
+            node = self.ns.create_inode(stat.S_IFREG | mode, uid, gid)
+            digest = bytes.fromhex(e.hash)  # type: ignore[arg-type]
+            self.ns.add_placeholder(digest)  # fetched at the first read
+            self.ns.set_content(node, digest, e.size, e.mtime_ns or time.time_ns())
+        self.ns.update_attrs(node, ctime_ns=e.version * 1000, mtime_ns=e.mtime_ns or node.mtime_ns)
+        self.ns.link(parent.id, name, node.id, published=True)
+        self.origin[node.id] = e.node
+        return node
+
+    async def fetch(self, ino: Inode, max_bytes: int) -> bool:
+        """Bring a remote blob into the local CAS, size-checked and verified; False when it cannot be had.
+
+        A blob larger than *max_bytes* (the budget) could never stay: a miss.
+        """
         digest = ino.hash
         assert digest is not None
-        data = await self._call(self.remote.fetch_blob, digest.hex(), ino.size)
-        if data is None:
+        if ino.size > max_bytes:
             return False
-        if hash_bytes(data) != digest:
-            self.remote.counters["remote_verify_failures"] += 1
-            log.error("remote blob %s does not match its hash: rejected", digest.hex())
-            self.events.emit("corruption", blob=digest.hex(), why="remote blob does not match its hash")
-            return False
-        self.blobs.add_bytes(data, digest)
-        return True
+        fd, staging = self.blobs.cas.new_staging()
+        try:
+            with os.fdopen(fd, "wb") as out:
+                got = await self._call(self.remote.fetch_blob, digest.hex(), ino.size, out)
+            if got is None:
+                return False
+            if got != digest:
+                self.counters["remote_verify_failures"] += 1
+                log.error("remote blob %s does not match its hash or size: rejected", digest.hex())
+                self.events.emit("corruption", blob=digest.hex(), why="remote blob does not match its hash or size")
+                return False
+            self.blobs.add(staging, digest, ino.size, trusted=True)
+            return True
+        finally:
+            os.unlink(staging)
 
     # -- write-behind ------------------------------------------------------
     def queue_upload(self, ino: int) -> None:
-        self.queue[ino] = None
+        self.ns.queue_upload([ino], time.time_ns())
+        self._wake.set()
+
+    def queue_tree(self, d: int) -> None:
+        """Queue every file and symlink under directory *d* (it was renamed: their paths changed)."""
+        stack, found = [d], []
+        while stack:
+            for _, child in self.ns.children(stack.pop()):
+                node = self.ns.get(child)
+                if node is not None:
+                    (stack if node.is_dir else found).append(child)
+        self.ns.queue_upload(found, time.time_ns())
+        self._wake.set()
+
+    def removing(self, parent: int, name: bytes) -> None:
+        """A user or framework is about to remove a name: if it was published, queue its tombstone.
+
+        Evictions do not come here: a name evicted locally stays valid for
+        other nodes.
+        """
+        if not self.ns.is_published(parent, name):
+            return
+        dir_path = self.paths.of_dir(parent)
+        if dir_path is None:
+            return
+        path = _join(dir_path, name)
+        version = time.time_ns() // 1000
+        self.ns.queue_tombstone(path, version)
+        self.pending_tombstones[path] = version
         self._wake.set()
 
     def queue_all(self) -> int:
-        """Queue every named file and symlink (``mithrilfs push``)."""
-        rows = self.ns.db.execute(
-            "SELECT id FROM inodes WHERE nlink > 0 AND ((mode & 61440) = 32768 OR (mode & 61440) = 40960)"
-        ).fetchall()
-        for (ino,) in rows:
-            self.queue[ino] = None
+        """Queue every named file and symlink (``push``, or after the tier lost its data)."""
+        with self.ns.txn():
+            n = self.ns.queue_all_uploads(time.time_ns() - int(UPLOAD_DELAY * 1e9))
         self._wake.set()
-        return len(rows)
+        return n
 
-    def _items(self, ino: int, dirs_done: set[str]) -> list[tuple[str, RemoteEntry, str | None]]:
-        node = self.ns.get(ino)
-        if node is None or node.nlink == 0 or node.is_dir:
-            return []
-        items: list[tuple[str, RemoteEntry, str | None]] = []
-        for parent, name in self.ns.names_of(ino):
-            dir_path = self.paths.of_dir(parent)
-            if dir_path is None:
-                continue
-            parts = dir_path.split("/") if dir_path else []
-            for i in range(len(parts)):
-                p = "/".join(parts[: i + 1])
-                if p not in dirs_done:
-                    dirs_done.add(p)
-                    items.append((p, RemoteEntry("d", mode=0o755), None))
-            path = f"{dir_path}/{name.decode(errors='surrogateescape')}" if dir_path else name.decode(
-                errors="surrogateescape")
-            if stat.S_ISLNK(node.mode):
-                items.append((path, RemoteEntry("l", mode=0o777, mtime_ns=node.mtime_ns,
-                                                target=(node.target or b"").decode(errors="surrogateescape")), None))
-            elif node.is_reg:
-                digest = node.hash or EMPTY_DIGEST
-                blob = str(self.blobs.cas.path(digest)) if node.hash else ""
-                items.append((path, RemoteEntry("f", digest.hex(), node.size, stat.S_IMODE(node.mode),
-                                                node.mtime_ns), blob))
-        return items
+    def pending(self) -> int:
+        return self.ns.queue_length()
+
+    async def run(self) -> None:
+        """The tier's background work: the uploader, and directory syncs nobody waits for."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self.uploader)
 
     async def uploader(self) -> None:
         backoff = 0.5
+        next_epoch = 0.0
         while True:
-            if not self.queue:
-                await self._wake.wait()
+            try:
+                if time.monotonic() >= next_epoch:
+                    await self._check_epoch()
+                    next_epoch = time.monotonic() + EPOCH_SECONDS
+                sent = await self._send_due()
+                backoff = 0.5
+            except RemoteError as e:
+                log.debug("upload deferred: %s", e)
+                await trio.sleep(backoff)
+                backoff = min(30.0, backoff * 2)
+                continue
+            except Exception:  # a bug or an answer nobody foresaw must not take the mount down
+                log.exception("shared tier uploader failed; retrying in %.1f s", backoff)
+                await trio.sleep(backoff)
+                backoff = min(30.0, backoff * 2)
+                continue
+            if not sent:
+                with trio.move_on_after(min(UPLOAD_DELAY, max(0.0, next_epoch - time.monotonic()))):
+                    await self._wake.wait()
                 self._wake = trio.Event()
-            await trio.sleep(UPLOAD_DELAY)
-            while self.queue:
-                batch = list(self.queue)[:UPLOAD_BATCH]
-                for ino in batch:
-                    del self.queue[ino]
-                dirs_done: set[str] = set()
-                items = [item for ino in batch for item in self._items(ino, dirs_done)]
-                if not items:
+
+    async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    async def _check_epoch(self) -> None:
+        """Queue everything again when the tier is not the one we uploaded to (restarted empty, new)."""
+        epoch, _ = await self._thread(self.remote.epoch)
+        if epoch == self._epoch:
+            return
+        n = self.queue_all()
+        if self._epoch is not None:
+            self.counters["remote_data_lost"] += 1
+            log.warning("the shared tier %s lost its data (new epoch): %d local files queued for upload again",
+                        self.remote.url, n)
+            self.events.emit("remote_data_lost", url=self.remote.url, requeued=n)
+        elif n:
+            log.info("first use of the shared tier %s by this store: %d local files queued", self.remote.url, n)
+        with self.ns.txn():
+            self.ns.set_meta(self._epoch_meta(), epoch)
+        self._epoch = epoch
+
+    async def _send_due(self) -> int:
+        """Send one batch of what waited UPLOAD_DELAY; how many queue rows it settled."""
+        now = time.time_ns()
+        due = self.ns.due_uploads(now - int(UPLOAD_DELAY * 1e9), UPLOAD_BATCH)
+        tombs = self.ns.queued_tombstones()[:UPLOAD_BATCH]
+        if not due and not tombs:
+            return 0
+        items: list[tuple[str, RemoteEntry]] = []
+        names: list[tuple[int, bytes]] = []
+        blobs: dict[str, tuple[str, int]] = {}
+        dirs_done: set[int] = set()
+        settled: list[tuple[int, int]] = []
+        for ino_id, queued_ns in due:
+            node = self.ns.get(ino_id)
+            if node is None or node.nlink == 0 or node.is_dir:
+                settled.append((ino_id, queued_ns))
+                continue
+            settled.append((ino_id, queued_ns))
+            if node.hash is None and node.is_reg and self.lifetimes.is_written(ino_id):
+                continue  # nothing committed yet: its commit queues it again
+            for parent, name in self.ns.names_of(ino_id):
+                dir_path = self._add_dirs(parent, items, names, dirs_done)
+                if dir_path is None:
                     continue
-                try:
-                    await trio.to_thread.run_sync(self.remote.upload, items, limiter=self.limiter)
-                    backoff = 0.5
-                except (RemoteError, OSError) as e:
-                    for ino in batch:
-                        self.queue[ino] = None
-                    log.debug("upload deferred: %s", e)
-                    await trio.sleep(backoff)
-                    backoff = min(30.0, backoff * 2)
+                path = _join(dir_path, name)
+                if stat.S_ISLNK(node.mode):
+                    entry = RemoteEntry("l", version_of(node), self.node, mode=0o777, mtime_ns=node.mtime_ns,
+                                        target=(node.target or b"").decode(errors="surrogateescape"))
+                else:
+                    digest = node.hash or EMPTY_DIGEST
+                    entry = RemoteEntry("f", version_of(node), self.node, digest.hex(), node.size,
+                                        stat.S_IMODE(node.mode), node.mtime_ns)
+                    blobs[digest.hex()] = (str(self.blobs.cas.path(digest)) if node.hash else "", node.size)
+                items.append((path, entry))
+                names.append((parent, name))
+        gone = await self._send_blobs(blobs)
+        keep = [i for i, (_, e) in enumerate(items) if e.hash not in gone]
+        items = [items[i] for i in keep]
+        names = [names[i] for i in keep]
+        tomb_items = [(path, RemoteEntry("x", version, self.node)) for path, version in tombs]
+        results = await self._thread(self.remote.publish_entries, items + tomb_items)
+        with self.ns.txn():
+            self.ns.mark_published(names)
+            self.ns.unqueue_uploads(settled)
+            self.ns.unqueue_tombstones(tombs)
+        for path, _ in tombs:
+            self.pending_tombstones.pop(path, None)
+        self.counters["remote_tombstones"] += len(tombs)
+        for (path, ours), (written, other), name in zip(items, results, names):
+            if other is None or ours.type == "d":
+                continue
+            if not written:
+                await self._lost_to(name, path, other)
+            elif other.type == "f" and ours.type == "f" and other.hash != ours.hash and other.node != self.node:
+                self._conflict(path, ours, other, kept=self.node)
+        return len(settled) + len(tombs)
+
+    def _add_dirs(self, parent: int, items: list, names: list, done: set[int]) -> str | None:
+        """Entries for *parent* and its ancestors (once per batch); the parent's path."""
+        chain: list[tuple[int, int, bytes]] = []
+        d = parent
+        while d != ROOT_INODE and d not in done:
+            up = self.ns.names_of(d)
+            if not up:
+                return None
+            chain.append((d, up[0][0], up[0][1]))
+            d = up[0][0]
+        for d, up_parent, name in reversed(chain):
+            done.add(d)
+            node = self.ns.get(d)
+            up_path = self.paths.of_dir(up_parent)
+            if node is None or up_path is None:
+                return None
+            items.append((_join(up_path, name), RemoteEntry("d", version_of(node), self.node,
+                                                             mode=stat.S_IMODE(node.mode), mtime_ns=node.mtime_ns)))
+            names.append((up_parent, name))
+        return self.paths.of_dir(parent)
+
+    async def _send_blobs(self, blobs: dict[str, tuple[str, int]]) -> set[str]:
+        """Upload the blobs Redis lacks (blobs first, names after); the hashes whose files were gone."""
+        missing = await self._thread(self.remote.missing_blobs, {h: size for h, (_, size) in blobs.items()})
+        return await self._thread(self.remote.upload_blobs, [(h, blobs[h][0]) for h in missing])
+
+    async def _lost_to(self, name_key: tuple[int, bytes], path: str, winner: RemoteEntry) -> None:
+        """Our version of a path lost to a newer one from another node: take it locally too."""
+        parent, name = name_key
+        ino_id = self.ns.lookup(parent, name)
+        if ino_id is not None:
+            await self._reconcile(parent, name, ino_id, winner, path)

@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import sqlite3
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,29 @@ def _check_format(root: Path, *, create: bool = True) -> None:
     os.rename(tmp, stamp)
 
 
+def _make_private(root: Path) -> None:
+    """Directories 0700 and files 0600 at the store's top level (best effort).
+
+    A store made by an older version, or a directory someone created for it
+    (a container entrypoint's ``mkdir``), may be 0755: the index names every
+    file and the blobs are the cached code.  Blob shards below ``objects/``
+    are protected by their parent's 0700 and made 0700 as they appear;
+    blobs are 0400.  Processes that write a store set umask 077 as well.
+    """
+    if root.stat().st_uid != os.getuid():
+        return
+    for path in (root, *root.iterdir()):
+        try:
+            st = path.lstat()
+            if stat.S_ISDIR(st.st_mode):
+                if stat.S_IMODE(st.st_mode) != 0o700:
+                    os.chmod(path, 0o700)
+            elif stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+                os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
+        except OSError:
+            pass
+
+
 def open_store(path: str | os.PathLike[str] | None = None) -> Store:
     root = Path(path) if path is not None else default_store()
     root = root.expanduser().absolute()
@@ -130,6 +154,8 @@ def open_store(path: str | os.PathLike[str] | None = None) -> Store:
     except OSError as e:
         raise StoreError(f"{root}: cannot create store: {e.strerror}") from None
     read_only = bool(os.statvfs(root).f_flag & os.ST_RDONLY)
+    if not read_only:
+        _make_private(root)
     try:
         if read_only:
             if not (root / _FORMAT_FILE).exists():

@@ -165,6 +165,8 @@ class RedisServer:
 
     port: int
     proc: subprocess.Popen | None = None
+    #: requirepass, when the test needs an authenticated server.
+    password: str | None = None
 
     @property
     def url(self) -> str:
@@ -173,7 +175,8 @@ class RedisServer:
     def start(self) -> "RedisServer":
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru"],
+             "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru",
+             *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
@@ -190,8 +193,93 @@ class RedisServer:
         self.proc = None
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True,
+        auth = ["--no-auth-warning", "-a", self.password] if self.password else []
+        return subprocess.run(["redis-cli", "-p", str(self.port), *auth, *args], capture_output=True, text=True,
                               timeout=10)
+
+
+@dataclass
+class RedisCluster:
+    """A real three-master Redis Cluster on loopback ports, started (and killed, by PID) by the tests."""
+
+    root: Path
+    ports: list[int] = field(default_factory=list)
+    procs: dict[int, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports[0]}/0"
+
+    def start_node(self, port: int) -> None:
+        d = self.root / str(port)
+        d.mkdir(parents=True, exist_ok=True)
+        self.procs[port] = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+             "--cluster-config-file", str(d / "nodes.conf"), "--dir", str(d), "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while self.cli(port, "PING").stdout.strip() != "PONG":
+            assert time.monotonic() < deadline, "redis-server (cluster mode) did not start"
+            time.sleep(0.05)
+
+    def start(self) -> "RedisCluster":
+        self.ports = [_cluster_port() for _ in range(3)]
+        for port in self.ports:
+            self.start_node(port)
+        res = subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                              "--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+        self.wait_ok()
+        return self
+
+    def wait_ok(self) -> None:
+        deadline = time.monotonic() + 30
+        while not all("cluster_state:ok" in self.cli(p, "CLUSTER", "INFO").stdout for p in self.ports):
+            assert time.monotonic() < deadline, "the cluster did not become ready"
+            time.sleep(0.1)
+
+    def restart_empty(self, port: int) -> None:
+        """Kill one master and start it again with its slots but none of its data."""
+        self.procs[port].kill()
+        self.procs[port].wait(timeout=10)
+        self.start_node(port)
+        self.wait_ok()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        self.procs.clear()
+
+    def cli(self, port: int, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["redis-cli", "-c", "-p", str(port), *args], capture_output=True, text=True,
+                              timeout=10)
+
+
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[RedisCluster]:
+    cluster = RedisCluster(tmp_path / "cluster")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    import socket
+
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
 
 
 def free_port() -> int:

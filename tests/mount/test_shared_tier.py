@@ -19,6 +19,23 @@ def _remote(redis_server: RedisServer, *extra: str) -> tuple[str, ...]:
     return ("--remote", redis_server.url, "--min-age", "0", *extra)
 
 
+def blob_key(data: bytes, i: int = 0, ns: str = "default") -> str:
+    from mithrilfs.cas import hash_bytes
+
+    return f"mfs:{ns}:b:{{{hash_bytes(data).hex()}}}:{i}"
+
+
+def entry(data: bytes | None = None, **fields) -> str:
+    """A remote entry's JSON, as a node would write it (fields override)."""
+    from mithrilfs.cas import hash_bytes
+
+    d = {"t": "f", "v": int(time.time() * 1e6), "n": "forger", "m": 0o644, "mt": 1}
+    if data is not None:
+        d.update(h=hash_bytes(data).hex(), s=len(data))
+    d.update(fields)
+    return json.dumps(d)
+
+
 def test_names_and_blobs_flow_between_nodes(mount_factory: MountFactory, redis_server: RedisServer):
     a = mount_factory("a", *_remote(redis_server))
     b = mount_factory("b", *_remote(redis_server))
@@ -50,14 +67,11 @@ def test_names_and_blobs_flow_between_nodes(mount_factory: MountFactory, redis_s
 
 
 def test_tampered_blob_in_redis_is_never_served(mount_factory: MountFactory, redis_server: RedisServer):
-    from mithrilfs.cas import hash_bytes
-
     a = mount_factory("a", *_remote(redis_server))
     b = mount_factory("b", *_remote(redis_server))
     write_committed(a.mountpoint / "k.so", b"genuine kernel")
     wait_uploaded(a)
-    key = f"mfs:default:b:{hash_bytes(b'genuine kernel').hex()}:0"
-    assert redis_server.cli("SET", key, "evil   kernel").stdout.strip() == "OK"
+    assert redis_server.cli("SET", blob_key(b"genuine kernel"), "evilish kernel").stdout.strip() == "OK"
     with pytest.raises(OSError) as e:
         (b.mountpoint / "k.so").read_bytes()
     assert e.value.errno == errno.EIO  # the first read fetches and verifies: never the bad bytes
@@ -78,15 +92,10 @@ def test_entries_without_valid_hmac_are_ignored(mount_factory: MountFactory, red
     wait_uploaded(a)
     assert (b.mountpoint / "signed.so").read_bytes() == b"from a trusted node"
     # someone with write access to Redis but without the key plants an entry and a blob
-    from mithrilfs.cas import hash_bytes
-
     evil = b"attacker code"
-    digest = hash_bytes(evil).hex()
-    redis_server.cli("SET", f"mfs:default:b:{digest}:0", evil.decode())
-    forged = json.dumps({"t": "f", "h": digest, "s": len(evil), "m": 0o755, "mt": 1})
-    redis_server.cli("HSET", "mfs:default:d:", "forged.so", forged)
-    redis_server.cli("HSET", "mfs:default:d:", "signed.so",
-                     json.dumps({"t": "f", "h": digest, "s": len(evil), "m": 0o755, "mt": 2, "mac": "00" * 32}))
+    redis_server.cli("SET", blob_key(evil), evil.decode())
+    redis_server.cli("HSET", "mfs:default:d:", "forged.so", entry(evil, m=0o755))
+    redis_server.cli("HSET", "mfs:default:d:", "signed.so", entry(evil, m=0o755, mac="00" * 32))
     assert not (b.mountpoint / "forged.so").exists()
     assert b.stats()["remote_rejected"] >= 1
     # a third node without the key does see it (the key is what protects)
@@ -127,6 +136,12 @@ def test_push_seeds_a_namespace(mount_factory: MountFactory, redis_server: Redis
     a.umount()
     a.extra = _remote(redis_server)
     a.mount()
+    # the first mount of a store on a tier uploads what it holds, unasked
+    assert wait_uploaded(a)["remote_uploaded_bytes"] == 5000
+    assert redis_server.cli("HLEN", "mfs:default:d:").stdout.strip() == "5"
+    # the names and blobs go, but the epoch stays (as if deleted by hand): only push sends them again
+    redis_server.cli("EVAL", "local e = redis.call('GET', KEYS[1]); redis.call('FLUSHALL');"
+                     " redis.call('SET', KEYS[1], e)", "1", "mfs:default:epoch")
     res = run_cli("push", str(a.mountpoint), check=True)
     assert res.stdout.startswith("pushed 5 files") and "4.9 KiB" in res.stdout
     assert redis_server.cli("HLEN", "mfs:default:d:").stdout.strip() == "5"

@@ -33,9 +33,9 @@ def test_added_blob_is_named_by_blake3(cas, blobs):
     assert cas.exists(digest)
 
 
-def test_blobs_are_read_only(cas, blobs):
+def test_blobs_are_read_only_and_private(cas, blobs):
     digest, _ = blobs.add_bytes(b"x")
-    assert stat.S_IMODE(os.stat(cas.path(digest)).st_mode) == 0o444
+    assert stat.S_IMODE(os.stat(cas.path(digest)).st_mode) == 0o400
 
 
 def test_identical_content_is_stored_once(cas, blobs):

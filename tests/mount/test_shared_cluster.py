@@ -1,0 +1,61 @@
+"""The shared tier on a real three-master Redis Cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from conftest import MountFactory, RedisCluster, wait_uploaded, write_committed
+from test_shared_tier import blob_key
+
+
+def _remote(cluster: RedisCluster) -> tuple[str, ...]:
+    return ("--remote", cluster.url, "--remote-cluster", "--min-age", "0")
+
+
+def test_cluster_shares_names_and_blobs(mount_factory: MountFactory, redis_cluster: RedisCluster):
+    env = {"MITHRILFS_REMOTE_CHUNK_BYTES": "1024"}
+    a = mount_factory("a", *_remote(redis_cluster), env=env)
+    b = mount_factory("b", *_remote(redis_cluster), env=env)
+    (a.mountpoint / "triton").mkdir()
+    files = {f"triton/k{i}/kernel.so": os.urandom(5000 if i == 0 else 300) for i in range(30)}
+    for path, data in files.items():
+        (a.mountpoint / path).parent.mkdir(exist_ok=True)
+        write_committed(a.mountpoint / path, data)
+    wait_uploaded(a)
+    # the names landed on every master, and all chunks of a blob in one slot
+    port = redis_cluster.ports[0]
+    big = files["triton/k0/kernel.so"]
+    slots = {redis_cluster.cli(port, "CLUSTER", "KEYSLOT", blob_key(big, i)).stdout.strip() for i in range(5)}
+    assert len(slots) == 1
+    counts = [int(redis_cluster.cli(p, "DBSIZE").stdout) for p in redis_cluster.ports]
+    assert all(c > 0 for c in counts), counts
+    for path, data in files.items():
+        assert (b.mountpoint / path).read_bytes() == data
+    # a deletion reaches the other node through the cluster too
+    subprocess.run(["rm", "-rf", str(a.mountpoint / "triton" / "k1")], check=True)
+    wait_uploaded(a)
+    deadline = time.monotonic() + 20
+    while "k1" in os.listdir(b.mountpoint / "triton"):  # B re-syncs a known directory in the background
+        assert time.monotonic() < deadline, "the deletion did not reach B"
+        time.sleep(0.2)
+
+
+def test_cluster_master_restarted_empty_gets_its_share_again(mount_factory: MountFactory,
+                                                             redis_cluster: RedisCluster):
+    a = mount_factory("a", *_remote(redis_cluster))
+    for i in range(40):
+        write_committed(a.mountpoint / f"f{i}", b"kernel %d" % i)
+    wait_uploaded(a)
+    victim = redis_cluster.ports[1]
+    assert int(redis_cluster.cli(victim, "DBSIZE").stdout) > 0
+    redis_cluster.restart_empty(victim)
+    assert int(redis_cluster.cli(victim, "DBSIZE").stdout) == 0
+    deadline = time.monotonic() + 30
+    while a.stats()["remote_data_lost"] == 0 or a.stats()["upload_queue"]:
+        assert time.monotonic() < deadline, "the node did not notice the master's loss"
+        time.sleep(0.2)
+    b = mount_factory("b", *_remote(redis_cluster))
+    for i in range(40):
+        assert (b.mountpoint / f"f{i}").read_bytes() == b"kernel %d" % i
