@@ -7,8 +7,13 @@
 #   MITHRILFS_STORE          the store, on a volume that outlives the container (default /store)
 #   MITHRILFS_MAX_SIZE       byte budget, e.g. 50G (default 10G)
 #   MITHRILFS_MIN_AGE / MITHRILFS_IDLE_TTL      eviction options (see mithrilfs mount --help)
-#   MITHRILFS_REMOTE         redis://[:password@]host:port/db or rediss://... (shared tier)
-#   MITHRILFS_REMOTE_NAMESPACE, MITHRILFS_REMOTE_KEY_FILE
+#   MITHRILFS_REMOTE         redis://host:port/db or rediss://... (shared tier)
+#   MITHRILFS_REMOTE_PASSWORD_FILE   the Redis password (or MITHRILFS_REMOTE_PASSWORD itself)
+#   MITHRILFS_REMOTE_CLUSTER 1: MITHRILFS_REMOTE is a node of a Redis Cluster
+#   MITHRILFS_REMOTE_NAMESPACE, MITHRILFS_REMOTE_KEY_FILE, MITHRILFS_REMOTE_OWNER (UID:GID)
+#   MITHRILFS_STARTUP_SET    the startup set this node records into (default "default")
+#   MITHRILFS_PREFETCH       1: fetch the startup set from the shared tier at start
+#                            (hold the app back with `mithrilfs status --ready` as startup probe)
 #   MITHRILFS_METRICS_PORT   serve Prometheus metrics on 127.0.0.1:PORT
 #   MITHRILFS_ALLOW_OTHER    1 (default): let the app containers' users in
 #   MITHRILFS_BIN            the mithrilfs executable (default: mithrilfs on PATH)
@@ -23,6 +28,11 @@ if [ -n "${MITHRILFS_IDLE_TTL:-}" ]; then set -- "$@" --idle-ttl "$MITHRILFS_IDL
 if [ -n "${MITHRILFS_REMOTE:-}" ]; then set -- "$@" --remote "$MITHRILFS_REMOTE"; fi
 if [ -n "${MITHRILFS_REMOTE_NAMESPACE:-}" ]; then set -- "$@" --remote-namespace "$MITHRILFS_REMOTE_NAMESPACE"; fi
 if [ -n "${MITHRILFS_REMOTE_KEY_FILE:-}" ]; then set -- "$@" --remote-key-file "$MITHRILFS_REMOTE_KEY_FILE"; fi
+if [ -n "${MITHRILFS_REMOTE_PASSWORD_FILE:-}" ]; then set -- "$@" --remote-password-file "$MITHRILFS_REMOTE_PASSWORD_FILE"; fi
+if [ "${MITHRILFS_REMOTE_CLUSTER:-0}" = 1 ]; then set -- "$@" --remote-cluster; fi
+if [ -n "${MITHRILFS_REMOTE_OWNER:-}" ]; then set -- "$@" --remote-owner "$MITHRILFS_REMOTE_OWNER"; fi
+if [ -n "${MITHRILFS_STARTUP_SET:-}" ]; then set -- "$@" --startup-set "$MITHRILFS_STARTUP_SET"; fi
+if [ "${MITHRILFS_PREFETCH:-0}" = 1 ]; then set -- "$@" --prefetch; fi
 if [ -n "${MITHRILFS_METRICS_PORT:-}" ]; then set -- "$@" --metrics-port "$MITHRILFS_METRICS_PORT"; fi
 if [ "${MITHRILFS_ALLOW_OTHER:-1}" = 1 ]; then set -- "$@" --allow-other; fi
 exec "${MITHRILFS_BIN:-mithrilfs}" "$@"

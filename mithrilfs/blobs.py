@@ -49,6 +49,25 @@ class Blobs:
         self.verified.add(digest)
         return new
 
+    def intend(self, items: list[tuple[bytes, int]]) -> None:
+        """Record many blobs (digest, size) about to appear on disk, in one transaction.
+
+        The first half of ``add`` for callers that write the files
+        themselves (``CAS.write_blob``, a prefetch in worker threads): the
+        rows come first, so a crash never leaves an untracked file.  Then
+        ``written`` for each.
+        """
+        with self.ns.txn():
+            for digest, size in items:
+                self.ns.blob_intent(digest, size)
+
+    def written(self, digest: bytes, size: int, new: bool) -> None:
+        """A blob recorded by ``intend`` is on disk, verified (*new*: it was not there before)."""
+        if new:
+            self.bytes += size
+            self._freed_early.discard(digest)
+        self.verified.add(digest)
+
     def add_bytes(self, data: bytes, digest: bytes | None = None) -> tuple[bytes, bool]:
         """Store *data* (already verified against *digest* when given); returns (digest, new)."""
         digest = digest if digest is not None else hash_bytes(data)

@@ -86,6 +86,12 @@ def _owner(text: str) -> tuple[int, int]:
     return int(uid), int(gid)
 
 
+def _set_name(text: str) -> str:
+    if text and not all(c.isalnum() or c in "-_." for c in text) or len(text) > 100:
+        raise argparse.ArgumentTypeError(f"invalid set name {text!r} (letters, digits, - _ .)")
+    return text
+
+
 def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"invalid count {text!r} (a whole number)")
@@ -125,6 +131,10 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="URL names one node of a Redis Cluster")
     m.add_argument("--remote-owner", type=_owner, default=None, metavar="UID:GID",
                    help="owner of files that come from the shared tier (default: the mount root's)")
+    m.add_argument("--startup-set", type=_set_name, default="default", metavar="NAME",
+                   help="record what the workload reads in its first minutes into this shared set (default 'default')")
+    m.add_argument("--prefetch", type=_set_name, nargs="?", const="", default=None, metavar="NAME",
+                   help="before returning, fetch a startup set from the shared tier (default: --startup-set's)")
     m.add_argument("--remote-namespace", default="default", metavar="NAME",
                    help="nodes sharing a namespace share one tree (default 'default')")
     m.add_argument("--remote-key-file", type=Path, default=None, metavar="FILE",
@@ -141,6 +151,13 @@ def _build_parser() -> argparse.ArgumentParser:
     pu = sub.add_parser("push", help="upload everything not yet in the shared tier")
     pu.add_argument("mountpoint", type=Path)
 
+    pf = sub.add_parser("prefetch", help="fetch a startup set (or everything) from the shared tier, verified")
+    pf.add_argument("mountpoint", type=Path)
+    which = pf.add_mutually_exclusive_group()
+    which.add_argument("--set", type=_set_name, default="default", metavar="NAME",
+                       help="the startup set to fetch (default 'default')")
+    which.add_argument("--all", action="store_true", help="fetch the whole shared namespace (within the budget)")
+
     s = sub.add_parser("stats", help="hits, misses, bytes, dedup and latency of a mount")
     s.add_argument("mountpoint", type=Path)
     s.add_argument("--json", action="store_true", help="print the JSON document")
@@ -148,6 +165,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="exit 0 with one line when the mount is live (health probe)")
     st.add_argument("mountpoint", type=Path)
+    st.add_argument("--ready", action="store_true",
+                    help="also exit 1 while a prefetch runs (a startup probe that holds the app back)")
 
     e = sub.add_parser("env", help="print shell exports pointing Inductor and Triton at the mount")
     e.add_argument("mountpoint", type=Path)
@@ -207,13 +226,20 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         remote_password=password,
         remote_cluster=args.remote_cluster,
         remote_owner=args.remote_owner,
+        startup_set=args.startup_set,
+        prefetch=None if args.prefetch is None else (args.prefetch or args.startup_set),
         mountpoint=args.mountpoint.expanduser().absolute(),
         store=store,
         foreground=args.foreground,
         allow_other=args.allow_other,
         debug=args.debug,
     )
-    return daemon.mount(opts)
+    if opts.prefetch is not None and args.remote is None:
+        _usage_error("--prefetch needs --remote")
+    status = daemon.mount(opts)
+    if status == 0 and opts.prefetch is not None and not opts.foreground:
+        _follow_prefetch(opts.mountpoint, warn_only=True)
+    return status
 
 
 def _remote_password(args: argparse.Namespace) -> str | None:
@@ -385,6 +411,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
     except (OSError, ValueError, UsageError):
         print(f"{mp}: mounted, but not a mithrilfs mount")
         return 1
+    prefetch = snap.get("prefetch", {})
+    if args.ready and prefetch.get("state") == "running":
+        print(f"{mp}: live, prefetching ({prefetch.get('files', 0)} of {prefetch.get('total_files', '?')} files)")
+        return 1
     print(f"{mp}: live, pid {snap['pid']}, {snap['files']} files, "
           f"{format_size(snap['physical_bytes'])} of {format_size(snap['max_bytes'])}, hit rate {snap['hit_rate']:.0%}")
     return 0
@@ -494,13 +524,50 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_push(args: argparse.Namespace) -> int:
-    mp = args.mountpoint.expanduser().absolute()
+def _remote_control_file(mp: Path, name: str) -> Path:
+    """A control file only a mount with --remote has, or a one-line error saying which is missing."""
     try:
-        path = control_file(mp, "push")
+        return control_file(mp, name)
     except UsageError:
         control_file(mp, "pid")  # a mount, but without a remote
         raise UsageError(f"{mp} was mounted without --remote") from None
+
+
+def _cmd_prefetch(args: argparse.Namespace) -> int:
+    mp = args.mountpoint.expanduser().absolute()
+    path = _remote_control_file(mp, "prefetch")
+    answer = _control_command(path, "all" if args.all else f"set={args.set}")
+    if not answer.get("started"):
+        print(f"mithrilfs: error: cannot prefetch: {answer['error']}", file=sys.stderr)
+        return 1
+    return _follow_prefetch(mp)
+
+
+def _follow_prefetch(mp: Path, *, warn_only: bool = False) -> int:
+    """Wait for the mount's prefetch, drawing its progress on a terminal; print its summary."""
+    draw = _progress_bar("prefetching")
+    while True:
+        state = _read_stats(mp).get("prefetch", {})
+        if state.get("state") != "running":
+            break
+        if draw and state.get("total_files"):
+            draw(min(state["files"] + state["misses"], state["total_files"]), state["total_files"])
+        time.sleep(0.1)
+    if state.get("state") != "done":
+        print(f"mithrilfs: {'warning' if warn_only else 'error'}: prefetch failed: {state.get('error')}",
+              file=sys.stderr)
+        return 0 if warn_only else 1
+    rate = state["bytes"] / max(state["seconds"], 1e-3)
+    print(f"prefetched {state['files']} files, {format_size(state['bytes'])} in {state['seconds']:.1f} s "
+          f"({format_size(int(rate))}/s); {state['misses']} misses"
+          + (f", {state['skipped_for_budget']} left out for the budget" if state["skipped_for_budget"] else ""),
+          file=sys.stderr if warn_only else sys.stdout)
+    return 0
+
+
+def _cmd_push(args: argparse.Namespace) -> int:
+    mp = args.mountpoint.expanduser().absolute()
+    path = _remote_control_file(mp, "push")
     start = _read_stats(mp)
     answer = _control_command(path, "push")
     if "error" in answer:
@@ -533,7 +600,7 @@ PUSH_STALL_SECONDS = 5.0
 
 _COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc, "fsck": _cmd_fsck,
              "stats": _cmd_stats, "status": _cmd_status, "env": _cmd_env, "run": _cmd_run,
-             "export": _cmd_export, "import": _cmd_import, "push": _cmd_push}
+             "export": _cmd_export, "import": _cmd_import, "push": _cmd_push, "prefetch": _cmd_prefetch}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -64,6 +64,10 @@ class MountOptions:
     remote_cluster: bool = False
     #: Owner of entries materialized from the shared tier (default: the mount root's).
     remote_owner: tuple[int, int] | None = None
+    #: The startup set this mount records its workload's first reads into.
+    startup_set: str = "default"
+    #: A startup set to prefetch once the mount serves.
+    prefetch: str | None = None
 
 
 # ----------------------------------------------------------------------
@@ -234,7 +238,8 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
         if opts.remote is not None:
             remote = RemoteTier(opts.remote, opts.remote_namespace, opts.remote_key,
                                 password=opts.remote_password, cluster=opts.remote_cluster)
-        ops = Operations(store, opts.policy, remote, remote_owner=opts.remote_owner, after_crash=after_crash)
+        ops = Operations(store, opts.policy, remote, remote_owner=opts.remote_owner, after_crash=after_crash,
+                         startup_set=opts.startup_set, prefetch=opts.prefetch)
         metrics = None
         if opts.metrics_port is not None:
             try:

@@ -36,6 +36,7 @@ from .eviction import EvictionPolicy, EvictionResult, Evictor, Recency, Unit
 from . import sharing
 from .lifetime import Lifetimes, Removed
 from .namespace import ROOT_INODE, DirPaths, Inode
+from .prefetch import Prefetcher
 from .remote import RemoteError, RemoteTier
 from .stats import ROOT_KEY, EventLog, Stats
 from .store import Store, is_disk_full
@@ -181,7 +182,8 @@ def _check_name_length(name: bytes) -> None:
 class Operations(kernel.Operations):
 
     def __init__(self, store: Store, policy: EvictionPolicy | None = None, remote: RemoteTier | None = None, *,
-                 remote_owner: tuple[int, int] | None = None, after_crash: bool = False) -> None:
+                 remote_owner: tuple[int, int] | None = None, after_crash: bool = False,
+                 startup_set: str = "default", prefetch: str | None = None) -> None:
         super().__init__()
         self.store = store
         self.ns = store.ns
@@ -205,13 +207,19 @@ class Operations(kernel.Operations):
         self.recency = Recency(self.ns)
         self.lifetimes = Lifetimes(self.ns, self.blobs, self.recency, self.writes.staged.__contains__)
         self.shared = (sharing.SharedTier(self.ns, self.blobs, self.paths, self.events, self.lifetimes, remote,
-                                          owner=remote_owner, requeue=after_crash)
+                                          owner=remote_owner, requeue=after_crash, startup_set=startup_set)
                        if remote is not None else None)
+        self.prefetcher = Prefetcher(self.shared, self.policy, self.physical) if self.shared is not None else None
         self.negative_timeout = sharing.NEGATIVE_TIMEOUT if remote is not None else NEGATIVE_TIMEOUT
         # revalidations are the only sign of use: an idle TTL shorter than the timeouts needs them sooner
         self.cache_timeout = min(ENTRY_TIMEOUT, self.policy.idle_ttl / 4) if self.policy.idle_ttl else ENTRY_TIMEOUT
         if self.shared is not None:
             self.control.add_command(b"push", self._push_command)
+            self.control.add_command(b"prefetch", self._prefetch_command)
+        #: The startup set to prefetch as soon as the mount serves (``mount --prefetch``).
+        self.prefetch_at_start = prefetch if self.shared is not None else None
+        #: The background nursery of a live, writable mount (prefetches run there).
+        self._nursery: trio.Nursery | None = None
         self._room_lock = trio.Lock()
         self._room_made = 0
         self.evictor = Evictor(self.policy, self.ns, self.recency, self.physical, self.evict_unit, self._evicted)
@@ -746,6 +754,8 @@ class Operations(kernel.Operations):
             if digest not in self.blobs.verified:
                 await self._verify(ino)
                 continue  # it may have been written meanwhile
+            if off == 0 and self.shared is not None:
+                self.shared.record_read(inode)
             data = self._read_blob(inode, digest, off, size)
             break
         counters = self.stats.by_dir[self._top(inode)]
@@ -947,11 +957,37 @@ class Operations(kernel.Operations):
             return (json.dumps({"error": f"{self.shared.remote.url}: {e}"}) + "\n").encode()
         return (json.dumps({"queued": self.shared.queue_all()}) + "\n").encode()
 
+    async def _prefetch_command(self, request: bytes) -> bytes:
+        """``prefetch`` control file: ``set=NAME`` or ``all`` starts a prefetch; ``stats`` shows its progress."""
+        text = request.decode(errors="replace").strip()
+        set_name = None if text == "all" else text.removeprefix("set=")
+        answer = await self.start_prefetch(set_name)
+        return (json.dumps(answer) + "\n").encode()
+
+    async def start_prefetch(self, set_name: str | None) -> dict[str, Any]:
+        """Start a prefetch in the background unless one runs; an error names the tier's problem at once."""
+        assert self.shared is not None and self.prefetcher is not None
+        if self.prefetcher.running:
+            return {"started": False, "error": "a prefetch is already running"}
+        if self._nursery is None:
+            return {"started": False, "error": "the store is read-only"}
+        try:
+            await trio.to_thread.run_sync(self.shared.remote.ping)
+        except RemoteError as e:
+            self.prefetcher.state = {"state": "failed", "error": f"{self.shared.remote.url}: {e}"}
+            return {"started": False, "error": self.prefetcher.state["error"]}
+        self.prefetcher.state = {"state": "running"}
+        self._nursery.start_soon(self.prefetcher.run, set_name)
+        return {"started": True}
+
     async def background(self) -> None:
         """Long-running duties of a live mount: eviction, recency written out in batches, deferred deletes."""
         if self.store.read_only:
             return
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self.prefetch_at_start is not None:
+                nursery.start_soon(self.start_prefetch, self.prefetch_at_start)
             nursery.start_soon(self.evictor.background)
             nursery.start_soon(self._summaries)
             nursery.start_soon(self._idle_commits)
@@ -1015,7 +1051,8 @@ class Operations(kernel.Operations):
             "pid": os.getpid(),
             "store": str(self.store.root),
             **(self.shared.counters | {"upload_queue": self.shared.pending(),
-                                       "remote_last_error": self.shared.remote.last_error} if self.shared else {}),
+                                       "remote_last_error": self.shared.remote.last_error,
+                                       "prefetch": self.prefetcher.state} if self.shared else {}),
         })
         self.cached_snapshot = snap
         return snap
@@ -1028,6 +1065,8 @@ class Operations(kernel.Operations):
             await self.writes.commit_all()
         except (sqlite3.Error, OSError) as e:
             log.error("could not commit every written file at unmount: %s", e)
+        if self.shared is not None:
+            await self.shared.unmounting()
 
     def shutdown(self) -> None:
         """Drop what could not be committed, tidy the index and mark the store clean."""

@@ -64,6 +64,10 @@ MAX_TARGET = 4095
 _NODE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 #: Bytes of small blobs sent in one pipeline.
 _PIPELINE_BYTES = 16 << 20
+#: Keys per pipelined batch of reads.
+_BATCH = 512
+#: A startup set larger than this is read only this far.
+MAX_SET_PATHS = 1_000_000
 _KEYS = {"t", "v", "n", "h", "s", "m", "mt", "tg", "mac"}
 
 # KEYS[1] directory hash; ARGV: name, value, version, node, force.  Keeps the newest
@@ -344,25 +348,9 @@ class RemoteTier:
             return None
         return entry
 
-    def get_entry(self, dir_path: str, name: bytes) -> RemoteEntry | None:
-        """The entry (tombstones included) for one name, or None."""
-        raw = self._call(self.client.hget, self._dir_key(dir_path), name)
-        entry = self.decode(_join(dir_path, name), raw) if raw is not None else None
-        self.counters["remote_hits" if entry and not entry.is_tombstone else "remote_misses"] += 1
-        return entry
-
     def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
         """Every valid entry of a directory (tombstones included), by name."""
-        raw = self._call(self.client.hgetall, self._dir_key(dir_path))
-        out = {}
-        for name, value in raw.items():
-            if not valid_name(name):
-                self.counters["remote_rejected"] += 1
-                continue
-            entry = self.decode(_join(dir_path, name), value)
-            if entry is not None:
-                out[name] = entry
-        return out
+        return self._entries(dir_path, self._call(self.client.hgetall, self._dir_key(dir_path)))
 
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         """Write entries where they are newer than what Redis holds.
@@ -523,6 +511,84 @@ class RemoteTier:
         pipe.execute()
         return gone
 
+    # -- batches (prefetch) -------------------------------------------------
+    def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
+        """Every valid entry of many directories, pipelined (a cluster pipeline splits by master)."""
+        out: dict[str, dict[bytes, RemoteEntry]] = {}
+        for start in range(0, len(dir_paths), _BATCH):
+            batch = dir_paths[start:start + _BATCH]
+            for d, raw in zip(batch, self._call(self._hgetall_many, batch)):
+                out[d] = self._entries(d, raw)
+        return out
+
+    def _hgetall_many(self, dir_paths: list[str]) -> list[dict]:
+        pipe = self.client.pipeline(transaction=False)
+        for d in dir_paths:
+            pipe.hgetall(self._dir_key(d))
+        return pipe.execute()
+
+    def _entries(self, dir_path: str, raw: dict) -> dict[bytes, RemoteEntry]:
+        out = {}
+        for name, value in raw.items():
+            if not valid_name(name):
+                self.counters["remote_rejected"] += 1
+                continue
+            entry = self.decode(_join(dir_path, name), value)
+            if entry is not None:
+                out[name] = entry
+        return out
+
+    def all_dirs(self) -> list[str]:
+        """The path of every directory hash in the namespace (SCAN: never blocks the server)."""
+        prefix = self._dir_key("")
+
+        def scan() -> list[str]:
+            kwargs = {"target_nodes": redis.cluster.RedisCluster.PRIMARIES} if self.cluster else {}
+            keys = self.client.scan_iter(match=_glob_escape(prefix) + "*", count=1000, **kwargs)
+            return sorted({k[len(prefix):].decode(errors="surrogateescape") for k in keys})
+
+        return self._call(scan)
+
+    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
+        """Single-chunk blobs (hex, size), one pipelined GET each; None where missing or not that size."""
+        def get() -> list[bytes | None]:
+            pipe = self.client.pipeline(transaction=False)
+            for h, _ in blobs:
+                pipe.get(self._blob_key(h, 0))
+            return pipe.execute()
+
+        parts = self._call(get)
+        out: list[bytes | None] = []
+        for (_, size), part in zip(blobs, parts):
+            ok = part is not None and len(part) == size
+            out.append(part if ok else None)
+            if ok:
+                self.counters["remote_fetched_bytes"] += size
+        return out
+
+    def add_to_set(self, name: str, paths: list[str]) -> None:
+        """Add paths to a startup set (a Redis SET: sets from several nodes merge by union)."""
+        def add() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for start in range(0, len(paths), _BATCH):
+                pipe.sadd(f"{self.prefix}set:{name}", *paths[start:start + _BATCH])
+            pipe.execute()
+
+        if paths:
+            self._call(add)
+
+    def startup_set(self, name: str) -> list[str]:
+        """The paths of a startup set (SSCAN: never blocks the server), at most MAX_SET_PATHS."""
+        def scan() -> list[str]:
+            out = []
+            for p in self.client.sscan_iter(f"{self.prefix}set:{name}", count=1000):
+                out.append(p.decode(errors="surrogateescape"))
+                if len(out) >= MAX_SET_PATHS:
+                    break
+            return out
+
+        return self._call(scan)
+
     def redis_memory(self) -> int:
         """Bytes of memory the server (all masters) uses, for benchmarks."""
         info = self._call(self.client.info, "memory")
@@ -532,6 +598,10 @@ class RemoteTier:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def _join(dir_path: str, name: bytes) -> str:

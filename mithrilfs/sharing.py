@@ -44,6 +44,8 @@ UPLOAD_BATCH = 512
 DIR_SYNC_SECONDS = 5.0
 #: How often the uploader asks whether the tier lost its data (its epoch token).
 EPOCH_SECONDS = 2.0
+#: A workload's first reads in this long after the mount make its startup set.
+STARTUP_SECONDS = 300.0
 #: How long the kernel may cache "no such name" when other nodes can create names.
 NEGATIVE_TIMEOUT = 2.0
 
@@ -73,7 +75,8 @@ class SharedTier:
     """The local store's view of the remote tier; knows the namespace and blobs, never the kernel protocol."""
 
     def __init__(self, ns: Namespace, blobs: Blobs, paths: DirPaths, events: EventLog, lifetimes: Lifetimes,
-                 remote: RemoteTier, *, owner: tuple[int, int] | None = None, requeue: bool = False) -> None:
+                 remote: RemoteTier, *, owner: tuple[int, int] | None = None, requeue: bool = False,
+                 startup_set: str = "default") -> None:
         self.ns = ns
         self.blobs = blobs
         self.paths = paths
@@ -94,6 +97,11 @@ class SharedTier:
         #: Writer of content materialized this mount (conflict detection), by inode.
         self.origin: dict[int, str] = {}
         self._epoch = ns.get_meta(self._epoch_meta())
+        #: The startup set this mount records into: what its workload reads first.
+        self.startup_set = startup_set
+        self._started = time.monotonic()
+        self._recorded: set[int] = set()
+        self._to_record: list[str] = []
         if requeue:  # after an unclean stop a commit may not have reached the queue
             self.queue_all()
 
@@ -110,17 +118,17 @@ class SharedTier:
 
     # -- read-through ------------------------------------------------------
     async def lookup(self, parent: int, name: bytes) -> int | None:
-        """Materialize *name* from the remote tier if it exists there; its inode or None."""
-        dir_path = self.paths.of_dir(parent)
-        if dir_path is None or _join(dir_path, name) in self.pending_tombstones:
-            return None
-        entry = await self._call(self.remote.get_entry, dir_path, name)
-        if entry is None or entry.is_tombstone:
-            return None
-        existing = self.ns.lookup(parent, name)  # created meanwhile by another request?
-        if existing is not None:
-            return existing
-        return self._materialize(parent, name, entry)
+        """A name missing locally: its inode once the directory's remote names are merged, or None.
+
+        The whole directory comes in one request (its first lookup waits
+        for it); after that a missing name is answered from the index, and
+        the directory is re-synced in the background every few seconds, so
+        a cold walk costs one round trip per directory, not per name.
+        """
+        await self.sync_dir(parent)
+        ino = self.ns.lookup(parent, name)
+        self.counters["remote_hits" if ino is not None else "remote_misses"] += 1
+        return ino
 
     async def sync_dir(self, d: int, *, force: bool = False) -> None:
         """Merge a directory's remote names into the local namespace (rate-limited unless *force*).
@@ -155,16 +163,34 @@ class SharedTier:
         if dir_path is None:
             return
         entries = await self._call(self.remote.list_dir, dir_path)
-        for name, entry in (entries or {}).items():
+        if entries is None:
+            return
+        existing = self.merge(d, dir_path, entries)
+        for name, local, entry in existing:
             if self.ns.get(d) is None:
                 return
-            local = self.ns.lookup(d, name)
-            path = _join(dir_path, name)
-            if local is None:
-                if not entry.is_tombstone and path not in self.pending_tombstones:
-                    self._materialize(d, name, entry)
-            else:
-                await self._reconcile(d, name, local, entry, path)
+            await self._reconcile(d, name, local, entry, _join(dir_path, name))
+
+    def merge(self, d: int, dir_path: str, entries: dict[bytes, RemoteEntry],
+              only: set[bytes] | None = None) -> list[tuple[bytes, int, RemoteEntry]]:
+        """Materialize a directory's remote names it lacks, in one transaction (*only*: just these).
+
+        Returns (name, local inode, entry) for the names it already has, to reconcile.
+        """
+        parent = self.ns.get(d)
+        if parent is None or not parent.is_dir:
+            return []
+        existing = []
+        with self.ns.txn():
+            for name, entry in entries.items():
+                if only is not None and name not in only:
+                    continue
+                local = self.ns.lookup(d, name)
+                if local is not None:
+                    existing.append((name, local, entry))
+                elif not entry.is_tombstone and _join(dir_path, name) not in self.pending_tombstones:
+                    self._create(parent, name, entry)
+        return existing
 
     async def _reconcile(self, parent: int, name: bytes, ino_id: int, entry: RemoteEntry, path: str) -> None:
         """One name both sides have: the newer version wins here; ours, if newer, is sent again."""
@@ -235,14 +261,6 @@ class SharedTier:
         removed: list[Removed] = [(parent, name, old.id)]
         self.lifetimes.tell_kernel(removed)
 
-    def _materialize(self, parent: int, name: bytes, e: RemoteEntry) -> int | None:
-        parent_ino = self.ns.get(parent)
-        if parent_ino is None or not parent_ino.is_dir:
-            return None
-        with self.ns.txn():
-            node = self._create(parent_ino, name, e)
-        return node.id
-
     def _create(self, parent: Inode, name: bytes, e: RemoteEntry) -> Inode:
         """A local inode and name for a remote entry (inside a transaction), with its version as ctime."""
         root = self.ns.get(ROOT_INODE)
@@ -289,6 +307,39 @@ class SharedTier:
             return True
         finally:
             os.unlink(staging)
+
+    def mark_synced(self, d: int) -> None:
+        """The directory's remote names were just merged (by a prefetch): no sync needed for a while."""
+        self._dir_synced[d] = time.monotonic()
+
+    # -- startup sets ------------------------------------------------------
+    def record_read(self, ino: int) -> None:
+        """The first read of a file in this mount: in the first STARTUP_SECONDS, its path joins the set."""
+        if ino in self._recorded or time.monotonic() - self._started > STARTUP_SECONDS:
+            return
+        self._recorded.add(ino)
+        for parent, name in self.ns.names_of(ino)[:1]:
+            dir_path = self.paths.of_dir(parent)
+            if dir_path is not None:
+                self._to_record.append(_join(dir_path, name))
+                self._wake.set()
+
+    async def _send_recorded(self) -> None:
+        if self._to_record:
+            batch, self._to_record = self._to_record, []
+            try:
+                await self.thread(self.remote.add_to_set, self.startup_set, batch)
+            except RemoteError:
+                self._to_record[:0] = batch
+                raise
+
+    async def unmounting(self) -> None:
+        """Send the startup set recorded so far (bounded: an unmount must not wait on a dead Redis)."""
+        with trio.move_on_after(5):
+            try:
+                await self._send_recorded()
+            except RemoteError as e:
+                log.warning("startup set not sent: %s", e)
 
     # -- write-behind ------------------------------------------------------
     def queue_upload(self, ino: int) -> None:
@@ -348,6 +399,7 @@ class SharedTier:
                     await self._check_epoch()
                     next_epoch = time.monotonic() + EPOCH_SECONDS
                 sent = await self._send_due()
+                await self._send_recorded()
                 backoff = 0.5
             except RemoteError as e:
                 log.debug("upload deferred: %s", e)
@@ -364,12 +416,12 @@ class SharedTier:
                     await self._wake.wait()
                 self._wake = trio.Event()
 
-    async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
     async def _check_epoch(self) -> None:
         """Queue everything again when the tier is not the one we uploaded to (restarted empty, new)."""
-        epoch, _ = await self._thread(self.remote.epoch)
+        epoch, _ = await self.thread(self.remote.epoch)
         if epoch == self._epoch:
             return
         n = self.queue_all()
@@ -424,7 +476,7 @@ class SharedTier:
         items = [items[i] for i in keep]
         names = [names[i] for i in keep]
         tomb_items = [(path, RemoteEntry("x", version, self.node)) for path, version in tombs]
-        results = await self._thread(self.remote.publish_entries, items + tomb_items)
+        results = await self.thread(self.remote.publish_entries, items + tomb_items)
         with self.ns.txn():
             self.ns.mark_published(names)
             self.ns.unqueue_uploads(settled)
@@ -464,8 +516,8 @@ class SharedTier:
 
     async def _send_blobs(self, blobs: dict[str, tuple[str, int]]) -> set[str]:
         """Upload the blobs Redis lacks (blobs first, names after); the hashes whose files were gone."""
-        missing = await self._thread(self.remote.missing_blobs, {h: size for h, (_, size) in blobs.items()})
-        return await self._thread(self.remote.upload_blobs, [(h, blobs[h][0]) for h in missing])
+        missing = await self.thread(self.remote.missing_blobs, {h: size for h, (_, size) in blobs.items()})
+        return await self.thread(self.remote.upload_blobs, [(h, blobs[h][0]) for h in missing])
 
     async def _lost_to(self, name_key: tuple[int, bytes], path: str, winner: RemoteEntry) -> None:
         """Our version of a path lost to a newer one from another node: take it locally too."""

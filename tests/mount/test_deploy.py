@@ -73,7 +73,7 @@ def test_kubernetes_pod_shape():
     sec = sidecar["securityContext"]
     assert sec.get("privileged") or "SYS_ADMIN" in sec.get("capabilities", {}).get("add", [])
     assert {"name": "cache", "mountPath": "/cache", "mountPropagation": "Bidirectional"} in sidecar["volumeMounts"]
-    assert sidecar["startupProbe"]["exec"]["command"] == ["mithrilfs", "status", "/cache"]
+    assert sidecar["startupProbe"]["exec"]["command"] == ["mithrilfs", "status", "--ready", "/cache"]
     app = pod["spec"]["containers"][0]
     assert {"name": "cache", "mountPath": "/cache", "mountPropagation": "HostToContainer"} in app["volumeMounts"]
     env = {e["name"]: e["value"] for e in app["env"]}

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import stat
-import sys
 import time
 from pathlib import Path
 

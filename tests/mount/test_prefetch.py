@@ -1,0 +1,158 @@
+"""A new node starts warm: batched names, startup sets and prefetch, against a real redis-server."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+
+import pytest
+
+from conftest import MountFactory, RedisServer, run_cli, wait_uploaded, write_committed
+from test_shared_tier import _remote, blob_key
+from test_shared_trust import wait_for
+
+
+def fill(m, dirs: int, per_dir: int, size: int = 3000) -> dict[str, bytes]:
+    files = {}
+    for d in range(dirs):
+        (m.mountpoint / "triton" / f"k{d:03d}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_dir):
+            path = f"triton/k{d:03d}/f{i}.bin"
+            files[path] = os.urandom(size)
+            write_committed(m.mountpoint / path, files[path])
+    wait_uploaded(m)
+    return files
+
+
+def calls(redis_server: RedisServer, command: str) -> int:
+    for line in redis_server.cli("INFO", "commandstats").stdout.splitlines():
+        if line.startswith(f"cmdstat_{command}:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
+
+
+def test_cold_walk_costs_one_request_per_directory(mount_factory: MountFactory, redis_server: RedisServer):
+    a = mount_factory("a", *_remote(redis_server))
+    files = fill(a, dirs=10, per_dir=20, size=100)
+    b = mount_factory("b", *_remote(redis_server))
+    before = {c: calls(redis_server, c) for c in ("hget", "hgetall")}
+    for path in files:  # the framework's way: stat, then open, name by name
+        assert (b.mountpoint / path).stat().st_size == 100
+    for d in range(10):  # names that exist nowhere: answered from the synced directory
+        assert not (b.mountpoint / "triton" / f"k{d:03d}" / "absent.bin").exists()
+    assert calls(redis_server, "hget") == before["hget"]
+    assert calls(redis_server, "hgetall") - before["hgetall"] <= 12  # root, triton and ten kernels
+
+
+def test_prefetch_all_brings_verified_names_and_blobs(mount_factory: MountFactory, redis_server: RedisServer):
+    a = mount_factory("a", *_remote(redis_server))
+    files = fill(a, dirs=5, per_dir=10)
+    b = mount_factory("b", *_remote(redis_server))
+    res = run_cli("prefetch", str(b.mountpoint), "--all")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("prefetched 50 files") and "0 misses" in res.stdout, res.stdout
+    s = b.stats()
+    assert s["physical_bytes"] == sum(len(v) for v in files.values())
+    redis_server.stop()  # everything is local now
+    for path, data in files.items():
+        assert (b.mountpoint / path).read_bytes() == data
+
+
+def test_startup_set_is_recorded_merged_and_prefetched(mount_factory: MountFactory, redis_server: RedisServer):
+    a = mount_factory("a", *_remote(redis_server))
+    files = fill(a, dirs=4, per_dir=10)
+    paths = sorted(files)
+    # two nodes run workloads that read different files first: their sets merge
+    b = mount_factory("b", *_remote(redis_server, "--startup-set", "serve"))
+    c = mount_factory("c", *_remote(redis_server, "--startup-set", "serve"))
+    for p in paths[:3]:
+        assert (b.mountpoint / p).read_bytes() == files[p]
+    for p in paths[2:6]:
+        assert (c.mountpoint / p).read_bytes() == files[p]
+    wait_for(lambda: redis_server.cli("SCARD", "mfs:default:set:serve").stdout.strip() == "6", 20,
+             "the startup set to be published")
+    # a new node prefetches the set as it mounts, and holds exactly those files
+    d = mount_factory("d", *_remote(redis_server, "--startup-set", "serve", "--prefetch"))
+    s = d.stats()
+    assert s["prefetch"]["state"] == "done" and s["prefetch"]["files"] == 6, s["prefetch"]
+    assert s["physical_bytes"] == sum(len(files[p]) for p in paths[:6])
+    redis_server.stop()
+    for p in paths[:6]:
+        assert (d.mountpoint / p).read_bytes() == files[p]
+    with pytest.raises(OSError):  # outside the set: still lazy, and Redis is gone
+        (d.mountpoint / paths[-1]).read_bytes()
+
+
+def test_prefetch_respects_budget_and_a_bad_blob_is_a_miss(mount_factory: MountFactory, redis_server: RedisServer):
+    a = mount_factory("a", *_remote(redis_server))
+    files = fill(a, dirs=1, per_dir=12, size=100_000)
+    names = sorted(files)
+    redis_server.cli("SET", blob_key(files[names[0]]), "x" * 100_000)  # corrupt, same size
+    redis_server.cli("DEL", blob_key(files[names[1]]))  # lost by Redis
+    b = mount_factory("b", *_remote(redis_server))
+    res = run_cli("prefetch", str(b.mountpoint), "--all")
+    assert res.returncode == 0, res.stderr
+    state = b.stats()["prefetch"]
+    assert (state["files"], state["misses"]) == (10, 2), state
+    assert b.stats()["remote_verify_failures"] == 1
+    with pytest.raises(OSError) as e:
+        (b.mountpoint / names[0]).read_bytes()
+    assert e.value.errno == errno.EIO  # never the corrupt bytes
+    # a node whose budget holds 6 of the 12 fetches no more than that
+    c = mount_factory("c", *_remote(redis_server, "--max-size", "800K", "--low-watermark", "75%"))
+    res = run_cli("prefetch", str(c.mountpoint), "--all")
+    assert res.returncode == 0, res.stderr
+    state = c.stats()["prefetch"]
+    assert state["files"] + state["misses"] == 6 and state["skipped_for_budget"] == 6, state
+    assert "left out for the budget" in res.stdout
+    assert c.stats()["physical_bytes"] <= 800 * 1024 * 0.75
+
+
+def test_prefetch_with_redis_down_fails_within_seconds(mount_factory: MountFactory, redis_server: RedisServer):
+    b = mount_factory("b", *_remote(redis_server))
+    redis_server.stop()
+    t = time.monotonic()
+    res = run_cli("prefetch", str(b.mountpoint), "--all", timeout=60)
+    assert time.monotonic() - t < 10
+    assert res.returncode == 1 and "refused" in res.stderr.lower(), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    res = run_cli("prefetch", str(mount_factory("plain").mountpoint))
+    assert res.returncode == 2 and "without --remote" in res.stderr
+
+
+def test_sidecar_prefetches_before_the_app_is_let_in(mount_factory: MountFactory, redis_server: RedisServer,
+                                                     tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import REPO, Mount, is_mounted
+
+    a = mount_factory("a", *_remote(redis_server))
+    files = fill(a, dirs=3, per_dir=10)
+    b = mount_factory("b", *_remote(redis_server))  # a node that ran the workload: its first reads
+    for p in files:
+        (b.mountpoint / p).read_bytes()
+    wait_for(lambda: redis_server.cli("SCARD", "mfs:default:set:default").stdout.strip() == "30", 20,
+             "the startup set")
+    mp, store = tmp_path / "cache", tmp_path / "sidecar-store"
+    env = dict(os.environ, MITHRILFS_MOUNTPOINT=str(mp), MITHRILFS_STORE=str(store), MITHRILFS_MIN_AGE="0",
+               MITHRILFS_REMOTE=redis_server.url, MITHRILFS_PREFETCH="1",
+               MITHRILFS_BIN=str(Path(sys.executable).parent / "mithrilfs"))
+    proc = subprocess.Popen(["sh", str(REPO / "deploy" / "entrypoint.sh")], env=env, stderr=subprocess.DEVNULL)
+    m = Mount(mp, store, pid=proc.pid)
+    try:
+        wait_for(lambda: is_mounted(mp) and run_cli("status", "--ready", str(mp)).returncode == 0, 60,
+                 "the startup probe to pass")
+        s = json.loads((mp / ".mithrilfs" / "stats.json").read_text())
+        assert s["prefetch"]["state"] == "done" and s["prefetch"]["files"] == 30
+        assert s["physical_bytes"] == sum(len(v) for v in files.values())  # warm before the app starts
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        m.force_cleanup()
+        if proc.poll() is None:
+            proc.kill()
