@@ -701,8 +701,9 @@ class Operations(kernel.Operations):
             if await self.shared.fetch(ino, self.policy.max_bytes):
                 await self._enforce_budget()
                 return
-            # the shared tier lost it (or is down): a miss, not corruption
-            self.lifetimes.forget_content(digest, self._inodes_of(digest))
+            # the shared tier lost it, is down, or this entry's size is wrong: a miss for this
+            # name (others with the same hash may name the right size), not corruption
+            self.lifetimes.forget_content(digest, [ino])
             raise _err(errno.EIO)
         self.quarantine(digest, "missing" if ok is None else "content does not match its hash")
         raise _err(errno.EIO)
@@ -911,6 +912,8 @@ class Operations(kernel.Operations):
         if group is not None and not self.ns.has_children(group):
             self.lifetimes.delete_if_unused(group)
         self.lifetimes.tell_kernel(removed_names)
+        if self.shared is not None:  # evicted here, still in the shared tier: found there at the next lookup
+            self.shared.forget_synced({parent for parent, _, _ in removed_names})
         if removed_names:
             parent, name, ino_id = removed_names[0]
             top = self._top_of_child(parent, ino_id == group, name)

@@ -44,6 +44,8 @@ UPLOAD_BATCH = 512
 DIR_SYNC_SECONDS = 5.0
 #: How often the uploader asks whether the tier lost its data (its epoch token).
 EPOCH_SECONDS = 2.0
+#: A missing name is answered from a directory synced this recently; older, the lookup re-syncs it.
+MISS_RESYNC_SECONDS = 1.0
 #: A workload's first reads in this long after the mount make its startup set.
 STARTUP_SECONDS = 300.0
 #: How long the kernel may cache "no such name" when other nodes can create names.
@@ -122,10 +124,14 @@ class SharedTier:
 
         The whole directory comes in one request (its first lookup waits
         for it); after that a missing name is answered from the index, and
-        the directory is re-synced in the background every few seconds, so
-        a cold walk costs one round trip per directory, not per name.
+        a missing name re-syncs the directory (waited) only when its last
+        sync is ``MISS_RESYNC_SECONDS`` old, so a cold walk costs one round
+        trip per directory, not per name, and a name another node just
+        published is seen within a second.
         """
-        await self.sync_dir(parent)
+        last = self._dir_synced.get(parent)
+        if last is None or time.monotonic() - last >= MISS_RESYNC_SECONDS:
+            await self.sync_dir(parent, force=True)
         ino = self.ns.lookup(parent, name)
         self.counters["remote_hits" if ino is not None else "remote_misses"] += 1
         return ino
@@ -307,6 +313,11 @@ class SharedTier:
             return True
         finally:
             os.unlink(staging)
+
+    def forget_synced(self, dirs: set[int]) -> None:
+        """Names left these directories locally only (evicted): the next lookup there asks Redis again."""
+        for d in dirs:
+            self._dir_synced.pop(d, None)
 
     def mark_synced(self, d: int) -> None:
         """The directory's remote names were just merged (by a prefetch): no sync needed for a while."""
