@@ -99,13 +99,17 @@ def _count(text: str) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = _Parser(prog="mithrilfs", description="A deduplicating, evicting FUSE compile cache.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    p.add_argument("--version", action="version", version=f"mithrilfs {__version__}")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
     m = sub.add_parser("mount", help="mount the cache filesystem")
     m.add_argument("mountpoint", type=Path)
     m.add_argument("--store", type=Path, default=None, help=f"store directory (default {default_store()})")
     m.add_argument("--foreground", "-f", action="store_true", help="stay attached (for containers)")
+    m.add_argument("--nonempty", action="store_true", help="mount over a directory that holds files (hiding them)")
     m.add_argument("--allow-other", action="store_true", help="let other users see the mount")
     m.add_argument("--debug", action="store_true", help="log every FUSE request")
     m.add_argument("--max-size", type=_size, default=parse_size("10G"), metavar="SIZE",
@@ -142,6 +146,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     u = sub.add_parser("umount", aliases=["unmount"], help="flush, unmount and wait for the daemon")
     u.add_argument("mountpoint", type=Path)
+    u.add_argument("--lazy", action="store_true",
+                   help="detach now even if files are in use; the daemon exits once they are closed")
 
     g = sub.add_parser("gc", help="evict now and print what was freed")
     g.add_argument("mountpoint", type=Path)
@@ -233,13 +239,31 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         foreground=args.foreground,
         allow_other=args.allow_other,
         debug=args.debug,
+        nonempty=args.nonempty,
     )
     if opts.prefetch is not None and args.remote is None:
         _usage_error("--prefetch needs --remote")
     status = daemon.mount(opts)
+    if status == 0 and opts.remote is not None and not opts.foreground:
+        _warn_if_unreachable(opts)
     if status == 0 and opts.prefetch is not None and not opts.foreground:
         _follow_prefetch(opts.mountpoint, warn_only=True)
     return status
+
+
+def _warn_if_unreachable(opts: daemon.MountOptions) -> None:
+    """The mount works as a local cache without Redis, but the user should know it is alone."""
+    from .remote import RemoteError, RemoteTier
+
+    tier = RemoteTier(opts.remote, opts.remote_namespace, password=opts.remote_password,  # type: ignore[arg-type]
+                      cluster=opts.remote_cluster)
+    try:
+        tier.ping()
+    except RemoteError as e:
+        print(f"mithrilfs: warning: the shared tier {tier.url} cannot be reached ({e}); mounted as a local cache,"
+              " changes are queued and sent when it answers", file=sys.stderr)
+    finally:
+        tier.close()
 
 
 def _remote_password(args: argparse.Namespace) -> str | None:
@@ -281,7 +305,7 @@ def _cmd_umount(args: argparse.Namespace) -> int:
         before = _read_stats(mp)
     except (OSError, ValueError, UsageError):
         before = None
-    daemon.umount(mp)
+    daemon.umount(mp, lazy=args.lazy)
     if before is not None and "upload_queue" in before:
         pending = daemon.pending_uploads(Path(before["store"]))
         if pending:
@@ -299,6 +323,10 @@ def _usage_error(message: str) -> NoReturn:
 def control_file(mountpoint: Path, name: str) -> Path:
     """A file of the mount's control directory, or a one-line error when it is not a live mount."""
     mp = mountpoint.expanduser().absolute()
+    state = daemon.probe_mount(mp, timeout=5.0)
+    if state in ("dead", "hung"):
+        raise UsageError(f"{mp}: " + ("its daemon is gone (stale mount); run 'mithrilfs umount " + str(mp) + "'"
+                                      " and mount again" if state == "dead" else "the mount does not answer"))
     if not mp.is_dir():
         raise UsageError(f"{mp} is not a directory")
     path = mp / CONTROL_NAME.decode() / name
@@ -309,12 +337,15 @@ def control_file(mountpoint: Path, name: str) -> Path:
 
 def _control_command(path: Path, request: str) -> dict:
     """Run a command through its control file: write the request, read the JSON answer back."""
-    fd = os.open(path, os.O_RDWR)
     try:
-        os.write(fd, request.encode())
-        return json.loads(os.pread(fd, 1 << 16, 0))
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.write(fd, request.encode())
+            return json.loads(os.pread(fd, 1 << 16, 0))
+        finally:
+            os.close(fd)
+    except OSError as e:  # the mount went away under us
+        raise daemon.MountError(f"{path.parent.parent}: the mount stopped answering ({e.strerror})") from None
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
@@ -379,7 +410,11 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
 
 
 def _read_stats(mountpoint: Path) -> dict:
-    return json.loads(control_file(mountpoint, "stats.json").read_text())
+    path = control_file(mountpoint, "stats.json")
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:  # the mount went away under us
+        raise daemon.MountError(f"{mountpoint}: the mount stopped answering ({e.strerror})") from None
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
@@ -479,17 +514,27 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise UsageError("export needs either MOUNTPOINT or --store DIR")
     if args.file.exists():
         raise UsageError(f"{args.file} already exists")
+    if not args.file.absolute().parent.is_dir():
+        raise UsageError(f"{args.file.absolute().parent} does not exist")
     progress = _progress_bar("exporting")
-    if args.source is not None:
-        mp = args.source.expanduser().absolute()
-        control_file(mp, "pid")
-        result = archive.export_mount(mp, args.file, progress)
-    else:
-        store = open_store(_existing_store(args.store))
-        try:
-            result = archive.export_store(store, args.file, progress)
-        finally:
-            store.close()
+    # written under a temporary name and renamed when whole: an interrupted export leaves no archive
+    partial = args.file.with_name(f".{args.file.name}.partial")
+    try:
+        if args.source is not None:
+            mp = args.source.expanduser().absolute()
+            control_file(mp, "pid")
+            result = archive.export_mount(mp, partial, progress)
+        else:
+            store = open_store(_existing_store(args.store))
+            try:
+                result = archive.export_store(store, partial, progress)
+            finally:
+                store.close()
+        os.rename(partial, args.file)
+    except OSError as e:
+        raise daemon.MountError(f"cannot write {args.file}: {e.strerror}") from None
+    finally:
+        partial.unlink(missing_ok=True)
     print(f"exported {result['entries']} entries, {result['blobs']} blobs to {args.file}")
     return 0
 
@@ -604,7 +649,11 @@ _COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # ``mithrilfs`` alone
+        parser.print_help()
+        return 2
     if args.command in ("fsck", "import"):
         os.umask(0o077)  # files they add to a store are private, like the daemon's
     try:
@@ -617,6 +666,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # ``mithrilfs stats --watch 1 MNT | head -3``: the reader is done
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ the store marked clean.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import logging.handlers
 import os
@@ -35,7 +36,7 @@ from .fs import Operations
 from .metrics import MetricsServer
 from .remote import RemoteTier
 from .errors import UsageError
-from .store import RESERVE_BYTES, Store, StoreError, open_store, validate_store
+from .store import HOLDER_FILE, RESERVE_BYTES, Store, StoreError, open_store, validate_store
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class MountOptions:
     startup_set: str = "default"
     #: A startup set to prefetch once the mount serves.
     prefetch: str | None = None
+    #: Mount over a directory that holds files (hiding them).
+    nonempty: bool = False
 
 
 # ----------------------------------------------------------------------
@@ -116,7 +119,7 @@ def clean_stale_mount(mountpoint: Path) -> bool:
     return True
 
 
-def check_mountpoint(mountpoint: Path, store: Path) -> None:
+def check_mountpoint(mountpoint: Path, store: Path, *, nonempty: bool = False) -> None:
     if clean_stale_mount(mountpoint):
         print(f"mithrilfs: cleaned up a stale mount at {mountpoint} (its daemon had died)", file=sys.stderr)
     if not mountpoint.exists():
@@ -125,6 +128,14 @@ def check_mountpoint(mountpoint: Path, store: Path) -> None:
         raise UsageError(f"mount point {mountpoint} is not a directory")
     if os.path.ismount(mountpoint) and is_fuse_mount(mountpoint):
         raise UsageError(f"{mountpoint} is already mounted")
+    if not nonempty:
+        try:
+            hidden = sum(1 for _ in zip(os.scandir(mountpoint), range(1000)))
+        except OSError:
+            hidden = 0
+        if hidden:
+            raise UsageError(f"mount point {mountpoint} is not empty ({hidden}{'+' if hidden == 1000 else ''} entries"
+                             " the mount would hide); empty it, or pass --nonempty to mount over it")
     mp, st = os.path.realpath(mountpoint), os.path.realpath(store)
     if st == mp or st.startswith(mp.rstrip("/") + "/"):
         raise UsageError(f"store {store} is inside the mount point {mountpoint}")
@@ -141,7 +152,7 @@ def check_mountpoint(mountpoint: Path, store: Path) -> None:
 # ----------------------------------------------------------------------
 def mount(opts: MountOptions) -> int:
     """Mount and return the exit status for the CLI (0 once the mount answers)."""
-    check_mountpoint(opts.mountpoint, opts.store)
+    check_mountpoint(opts.mountpoint, opts.store, nonempty=opts.nonempty)
     if opts.foreground:
         _setup_logging(None, opts.debug)
 
@@ -253,6 +264,8 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
             announce(f"cannot mount {opts.mountpoint}: {e}")
             return 1
         session = kernel.Session(fuse.fd, ops, interruptible=remote is not None, debug=opts.debug)
+        if not store.read_only:  # named in the error a second mount of this store gets
+            (store.root / HOLDER_FILE).write_text(json.dumps({"pid": os.getpid(), "mountpoint": str(opts.mountpoint)}))
         log.info("serving %s (store %s%s, pid %d, budget %d bytes)", opts.mountpoint, opts.store,
                  ", read-only" if store.read_only else "", os.getpid(), opts.policy.max_bytes)
         ops.lifetimes.notify_removed = lambda parent, name, ino: session.notify_delete(parent, ino, name)
@@ -269,6 +282,7 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
                 metrics.stop()
             session.close()
             fuse.unmount()
+            (store.root / HOLDER_FILE).unlink(missing_ok=True)
             ops.shutdown()
             ops.events.emit("unmount", mountpoint=str(opts.mountpoint), **{
                 k: ops.cached_snapshot.get(k, 0) for k in ("hits", "misses", "commits", "evictions")})
@@ -393,16 +407,44 @@ def pending_uploads(store: Path) -> int:
         return 0
 
 
-def umount(mountpoint: Path, timeout: float = 60.0) -> None:
+def holders(mountpoint: Path) -> list[str]:
+    """'NAME[PID]' of every process with a file, mapping or working directory under *mountpoint* (as fuser -m)."""
+    root = os.path.realpath(mountpoint)
+    inside = lambda p: p == root or p.startswith(root.rstrip("/") + "/")  # noqa: E731
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            paths = [os.readlink(f"/proc/{entry.name}/cwd")]
+            paths += [os.readlink(f"/proc/{entry.name}/fd/{fd}") for fd in os.listdir(f"/proc/{entry.name}/fd")]
+            with open(f"/proc/{entry.name}/maps") as f:
+                paths += [line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6]
+            if any(inside(p) for p in paths):
+                with open(f"/proc/{entry.name}/comm") as f:
+                    found.append(f"{f.read().strip()}[{entry.name}]")
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def umount(mountpoint: Path, timeout: float = 60.0, *, lazy: bool = False) -> None:
     if not mountpoint.is_dir() and not is_fuse_mount(mountpoint):
         raise UsageError(f"{mountpoint} is not a directory")
     if not is_fuse_mount(mountpoint):
         raise UsageError(f"{mountpoint} is not mounted")
     pid = daemon_pid(mountpoint)
-    res = subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True, text=True)
+    res = subprocess.run(["fusermount3", "-u", *(["-z"] if lazy else []), str(mountpoint)],
+                         capture_output=True, text=True)
     if res.returncode != 0:
         detail = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
+        if "busy" in detail.lower():
+            users = holders(mountpoint)
+            raise MountError(f"cannot unmount {mountpoint}: in use by {', '.join(users) or 'a process'}; "
+                             "stop them, or pass --lazy to detach it now and finish when they are done")
         raise MountError(f"cannot unmount {mountpoint}: {detail}")
+    if lazy:
+        return  # the daemon serves the processes still using it, and exits when they are done
     if pid is None:
         return
     deadline = time.monotonic() + timeout

@@ -235,14 +235,11 @@ class RemoteTier:
         self.key = key
         self.cluster = cluster
         self._password = password or url_password(url)
-        kwargs: dict[str, Any] = dict(socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=OP_TIMEOUT)
+        self._url = url
+        self._kwargs: dict[str, Any] = dict(socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=OP_TIMEOUT)
         if password:
-            kwargs["password"] = password
-        if cluster:
-            self.client: Any = redis.cluster.RedisCluster.from_url(
-                url, cluster_error_retry_attempts=1, require_full_coverage=True, **kwargs)
-        else:
-            self.client = redis.Redis.from_url(url, health_check_interval=0, **kwargs)
+            self._kwargs["password"] = password
+        self._client: Any = None
         self._script_sha: str | None = None
         self._lock = threading.Lock()
         self._backoff = 0.0
@@ -253,6 +250,18 @@ class RemoteTier:
             ("remote_hits", "remote_misses", "remote_fetched_bytes", "remote_uploaded_bytes",
              "remote_uploaded_entries", "remote_tombstones", "remote_verify_failures", "remote_rejected",
              "remote_errors", "remote_conflicts", "remote_adopted", "remote_data_lost"), 0)
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client, made at first use: a cluster client connects as it is made, and a
+        tier that is down at mount time must cost a counted error, not the mount."""
+        if self._client is None:
+            if self.cluster:
+                self._client = redis.cluster.RedisCluster.from_url(
+                    self._url, cluster_error_retry_attempts=1, require_full_coverage=True, **self._kwargs)
+            else:
+                self._client = redis.Redis.from_url(self._url, health_check_interval=0, **self._kwargs)
+        return self._client
 
     # -- availability ----------------------------------------------------
     def available(self) -> bool:
@@ -283,7 +292,7 @@ class RemoteTier:
     def ping(self) -> None:
         """Raise RemoteError naming the cause unless the server answers now (ignores the back-off)."""
         self._down_until = 0.0
-        self._call(self.client.ping)
+        self._call(lambda: self.client.ping())
 
     # -- epoch -------------------------------------------------------------
     def _epoch_keys(self) -> list[str]:
@@ -350,7 +359,7 @@ class RemoteTier:
 
     def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
         """Every valid entry of a directory (tombstones included), by name."""
-        return self._entries(dir_path, self._call(self.client.hgetall, self._dir_key(dir_path)))
+        return self._entries(dir_path, self._call(lambda: self.client.hgetall(self._dir_key(dir_path))))
 
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         """Write entries where they are newer than what Redis holds.
@@ -591,13 +600,14 @@ class RemoteTier:
 
     def redis_memory(self) -> int:
         """Bytes of memory the server (all masters) uses, for benchmarks."""
-        info = self._call(self.client.info, "memory")
+        info = self._call(lambda: self.client.info("memory"))
         if self.cluster:
             return sum(v["used_memory"] for v in info.values())
         return info["used_memory"]
 
     def close(self) -> None:
-        self.client.close()
+        if self._client is not None:
+            self._client.close()
 
 
 def _glob_escape(text: str) -> str:

@@ -144,6 +144,19 @@ def _make_private(root: Path) -> None:
             pass
 
 
+HOLDER_FILE = "mounted.json"
+
+
+def _holder(root: Path) -> str:
+    """Who holds the store, as the daemon wrote it at mount: ' (pid N, mounted at MP; ...)' or ''."""
+    try:
+        held = json.loads((root / HOLDER_FILE).read_text())
+        return (f" (pid {int(held['pid'])}, mounted at {held['mountpoint']}; use that mount, e.g. "
+                f"'mithrilfs run --mount {held['mountpoint']} -- CMD', or unmount it)")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
 def open_store(path: str | os.PathLike[str] | None = None) -> Store:
     root = Path(path) if path is not None else default_store()
     root = root.expanduser().absolute()
@@ -172,7 +185,7 @@ def open_store(path: str | os.PathLike[str] | None = None) -> Store:
     except OSError as e:
         os.close(lock_fd)
         if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise StoreError(f"{root}: store is in use by another mithrilfs process") from None
+            raise StoreError(f"{root}: store is in use by another mithrilfs process{_holder(root)}") from None
         raise
     try:
         cas = CAS(root, create=not read_only)
