@@ -15,12 +15,16 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import stat
 import tarfile
 import time
+from zlib import error as zlib_error
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
+
+import blake3
 
 from .cas import hash_file
 from .control import CONTROL_NAME
@@ -151,9 +155,52 @@ def _read_archive(tar: tarfile.TarFile) -> list[Entry]:
         raw = tar.extractfile(_ENTRIES).read()  # type: ignore[union-attr]
     except (KeyError, AttributeError, ValueError):
         raise ArchiveError("not a mithrilfs archive (no manifest)") from None
-    if stamp.get("format") != ARCHIVE_FORMAT:
-        raise ArchiveError(f"archive format {stamp.get('format')} is not supported")
-    return [Entry(**json.loads(line)) for line in raw.decode().splitlines() if line.strip()]
+    if not isinstance(stamp, dict) or stamp.get("format") != ARCHIVE_FORMAT:
+        raise ArchiveError(f"archive format {stamp.get('format') if isinstance(stamp, dict) else '?'} is not supported")
+    try:
+        lines = raw.decode().splitlines()
+    except UnicodeDecodeError:
+        raise ArchiveError("manifest is not UTF-8") from None
+    return [_parse_entry(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
+
+
+_FIELDS = {"path", "type", "mode", "mtime_ns", "atime_ns", "blob", "size", "target"}
+
+
+def _parse_entry(n: int, line: str) -> Entry:
+    """One manifest line, checked field by field: ArchiveError naming the line and the field."""
+    def bad(why: str) -> ArchiveError:
+        return ArchiveError(f"manifest line {n}: {why}")
+
+    try:
+        d = json.loads(line)
+    except (ValueError, RecursionError):
+        raise bad("not JSON") from None
+    if not isinstance(d, dict):
+        raise bad("not an object")
+    if not set(d) <= _FIELDS or not {"path", "type", "mode", "mtime_ns", "atime_ns"} <= set(d):
+        raise bad(f"unknown or missing keys {sorted(set(d) ^ _FIELDS)}")
+
+    def number(key: str, hi: int) -> int:
+        v = d.get(key, 0)
+        if type(v) is not int or not 0 <= v < hi:
+            raise bad(f"{key} out of range")
+        return v
+
+    path, kind, blob, target = d["path"], d["type"], d.get("blob"), d.get("target")
+    if not isinstance(path, str) or not path or "\0" in path or len(path) > 4096:
+        raise bad("bad path")
+    if kind not in ("dir", "file", "symlink"):
+        raise bad(f"type {kind!r} (only dir, file, symlink)")
+    if blob is not None and not (isinstance(blob, str) and len(blob) == 64
+                                 and all(c in "0123456789abcdef" for c in blob)):
+        raise bad("bad blob hash")
+    if target is not None and (not isinstance(target, str) or "\0" in target or len(target) > 4095):
+        raise bad("bad symlink target")
+    # only the permission bits: a type in the mode would make a device node or a fifo
+    mode = stat.S_IMODE(number("mode", 1 << 32))
+    return Entry(path, kind, mode, number("mtime_ns", 1 << 63), number("atime_ns", 1 << 63), blob,
+                 number("size", 1 << 53), target)
 
 
 def _open(archive: Path) -> tarfile.TarFile:
@@ -167,52 +214,78 @@ def _open(archive: Path) -> tarfile.TarFile:
 
 def check_archive(archive: Path) -> int:
     """Raise ArchiveError unless *archive* is readable; returns its number of entries."""
-    with _open(archive) as tar:
-        return len(_read_archive(tar))
+    try:
+        with _open(archive) as tar:
+            return len(_read_archive(tar))
+    except (tarfile.TarError, EOFError, zlib_error) as e:
+        raise ArchiveError(f"{archive}: truncated or damaged archive ({e})") from None
 
 
 def import_archive(archive: Path, store: Store, progress: Progress = None) -> dict[str, int]:
-    """Merge an archive into an unmounted store; blobs are verified, newer entries win."""
-    tar = _open(archive)
+    """Merge an archive into an unmounted store; blobs are verified, newer entries win.
+
+    A truncated or damaged archive imports nothing (the manifest is read and
+    checked first, every blob before any name); blobs already written by a
+    failed import are garbage and collected.
+    """
     report = {"added": 0, "replaced": 0, "kept": 0, "conflicts": 0, "corrupt_blobs": 0, "blobs": 0}
-    with tar:
-        entries = _read_archive(tar)
-        good = _import_blobs(tar, store, report, progress)
-        ns = store.ns
-        with ns.txn():
-            for entry in sorted(entries, key=lambda e: e.path.count("/")):
-                _merge_entry(store, entry, good, report)
-    store.collect_garbage()
+    try:
+        with _open(archive) as tar:
+            entries = _read_archive(tar)
+            good = _import_blobs(tar, store, entries, report, progress)
+            ns = store.ns
+            with ns.txn():
+                for entry in sorted(entries, key=lambda e: e.path.count("/")):
+                    _merge_entry(store, entry, good, report)
+    except (tarfile.TarError, EOFError, zlib_error) as e:
+        raise ArchiveError(f"{archive}: truncated or damaged archive ({e})") from None
+    finally:
+        store.cas.clear_staging()
+        store.collect_garbage()
     return report
 
 
-def _import_blobs(tar: tarfile.TarFile, store: Store, report: dict[str, int], progress: Progress) -> dict[str, int]:
-    """Extract and verify every blob; returns hex digest -> size of the good ones."""
+def _import_blobs(tar: tarfile.TarFile, store: Store, entries: list[Entry], report: dict[str, int],
+                  progress: Progress) -> dict[str, int]:
+    """Extract and verify the blobs the manifest names, at their declared sizes; hex digest -> size of the good ones.
+
+    Sizes are checked before a byte is written (against the manifest, and
+    all together against the free space of the store's disk), and a blob is
+    hashed while it streams and cut off at its declared size: an archive
+    cannot make the import write more than it declares.
+    """
+    declared = {e.blob: e.size for e in entries if e.type == "file" and e.blob is not None}
     members = [m for m in tar.getmembers() if m.name.startswith("blobs/") and m.isfile()]
+    wanted = [m for m in members if declared.get(m.name[len("blobs/"):]) == m.size]
+    report["corrupt_blobs"] += len(members) - len(wanted)  # unnamed, or not the size the manifest says
+    total = sum(m.size for m in wanted)
+    free = shutil.disk_usage(store.root).free
+    if total > free:
+        raise ArchiveError(f"the archive's blobs need {total} bytes; the store's disk has {free} free")
     good: dict[str, int] = {}
-    for i, member in enumerate(members, start=1):
+    for i, member in enumerate(wanted, start=1):
         digest_hex = member.name[len("blobs/"):]
         fd, staging = store.cas.new_staging()
+        hasher = blake3.blake3()
         try:
             with os.fdopen(fd, "wb") as out:
                 src = tar.extractfile(member)
                 assert src is not None
-                while chunk := src.read(1 << 20):
+                left = member.size
+                while left and (chunk := src.read(min(1 << 20, left))):
+                    hasher.update(chunk)
                     out.write(chunk)
-            try:
-                digest = bytes.fromhex(digest_hex)
-            except ValueError:
-                digest = b""
-            size = store.blobs.add_checked(staging, digest) if digest else None
-            if size is None:
+                    left -= len(chunk)
+            if left or hasher.digest().hex() != digest_hex:
                 report["corrupt_blobs"] += 1
                 continue
-            good[digest_hex] = size
+            store.blobs.add(staging, bytes.fromhex(digest_hex), member.size)
+            good[digest_hex] = member.size
             report["blobs"] += 1
         finally:
             os.unlink(staging)
         if progress:
-            progress(i, len(members))
+            progress(i, len(wanted))
     return good
 
 

@@ -79,14 +79,6 @@ class Blobs:
         finally:
             os.unlink(path)
 
-    def add_checked(self, staging_path: str, expected: bytes) -> int | None:
-        """Adopt a staging file only if it hashes to *expected* (imports); its size, or None when it does not."""
-        if hash_file(staging_path) != expected:
-            return None
-        size = os.stat(staging_path).st_size
-        self.add(staging_path, expected, size)
-        return size
-
     def verify(self, digest: bytes) -> bool | None:
         """Hash the blob file: True when it matches its name, False when not, None when it is missing."""
         if digest in self.verified:

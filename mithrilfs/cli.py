@@ -566,7 +566,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     print(f"imported {args.file}: {r['added']} added, {r['replaced']} replaced by newer, {r['kept']} kept, "
           f"{r['blobs']} blobs verified" + (f", {r['corrupt_blobs']} corrupt blobs skipped" if r["corrupt_blobs"] else "")
           + (f", {r['conflicts']} conflicting paths left alone" if r["conflicts"] else ""))
-    return 0
+    return 1 if r["corrupt_blobs"] else 0  # something in the archive was rejected
 
 
 def _remote_control_file(mp: Path, name: str) -> Path:

@@ -120,3 +120,98 @@ def test_bad_port_and_export_to_a_missing_directory(mount_factory: MountFactory,
     res = run_cli("export", str(m.mountpoint), str(tmp_path / "ok.tar"))
     assert res.returncode == 0 and (tmp_path / "ok.tar").exists()
     assert not list(tmp_path.glob(".*.partial"))
+
+
+# ----------------------------------------------------------------------
+# hostile and broken archives
+# ----------------------------------------------------------------------
+def make_archive(path, entries: list, blobs: dict[str, bytes] | None = None, sparse: dict[str, int] | None = None):
+    """A mithrilfs archive as an attacker would write it: any manifest, any members.
+
+    *sparse*: blob members of that many bytes stored as holes (GNU tar --sparse): a huge member
+    in a tiny archive.
+    """
+    import json
+
+    src = path.with_suffix(".src")
+    (src / "blobs").mkdir(parents=True)
+    for h, data in (blobs or {}).items():
+        (src / "blobs" / h).write_bytes(data)
+    for h, size in (sparse or {}).items():
+        with open(src / "blobs" / h, "wb") as f:
+            f.truncate(size)
+    (src / "entries.jsonl").write_text("".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in entries))
+    (src / "mithrilfs-archive.json").write_text(json.dumps({"format": 1, "entries": len(entries)}))
+    subprocess.run(["tar", "--sparse", "-cf", str(path), "-C", str(src), "blobs", "entries.jsonl",
+                    "mithrilfs-archive.json"], check=True)
+
+
+def entry(path, **kw):
+    return {"path": path, "type": "file", "mode": 0o644, "mtime_ns": 1, "atime_ns": 1, **kw}
+
+
+def test_import_rejects_hostile_archives_with_one_line(tmp_path):
+    from mithrilfs.cas import hash_bytes
+
+    good = b"good kernel"
+    h = hash_bytes(good).hex()
+    cases = {
+        "bad-json": ["{not json"],
+        "nested": ["[" * 5000 + "]" * 5000],
+        "unknown-key": [entry("a", blob=h, size=len(good), evil=1)],
+        "bad-type": [entry("a", type="fifo")],
+        "huge-mode": [entry("a", mode=2**64, blob=h, size=len(good))],
+        "text-time": [entry("a", mtime_ns="yesterday", blob=h, size=len(good))],
+    }
+    for name, entries in cases.items():
+        arc = tmp_path / f"{name}.tar"
+        make_archive(arc, entries, {h: good})
+        res = run_cli("import", str(arc), "--store", str(tmp_path / f"s-{name}"))
+        one_line_error(res)
+        assert "manifest line 1" in res.stderr, (name, res.stderr)
+
+
+def test_import_masks_types_and_never_writes_past_the_manifest(tmp_path, mount_factory: MountFactory):
+    from mithrilfs.cas import hash_bytes
+
+    good = b"good kernel"
+    h = hash_bytes(good).hex()
+    big = "ab" * 32
+    arc = tmp_path / "hostile.tar"
+    make_archive(arc, [
+        {"path": "dev", "type": "dir", "mode": 0o020644, "mtime_ns": 1, "atime_ns": 1},  # a char device's mode
+        entry("dev/k.so", blob=h, size=len(good)),
+        entry("big.so", blob=big, size=10),  # the member claims 10 GB
+    ], {h: good}, sparse={big: 10 * 10**9})
+    assert arc.stat().st_size < 100_000
+    store = tmp_path / "s"
+    res = run_cli("import", str(arc), "--store", str(store))
+    assert res.returncode == 1 and "1 corrupt blobs skipped" in res.stdout, res.stdout + res.stderr
+    used = sum(p.stat().st_size for p in store.rglob("*") if p.is_file())
+    assert used < 50 << 20, used  # the 10 GB member was never written
+    m = mount_factory("imp", store=store)
+    st = os.stat(m.mountpoint / "dev")
+    import stat as st_
+
+    assert st_.S_ISDIR(st.st_mode)  # a directory, not a device node
+    assert (m.mountpoint / "dev" / "k.so").read_bytes() == good
+    assert not (m.mountpoint / "big.so").exists()
+    m.umount()
+    assert run_cli("fsck", "--store", str(store)).returncode == 0
+
+
+def test_import_of_a_truncated_archive_imports_nothing(mount_factory: MountFactory, tmp_path):
+    m = mount_factory()
+    for i in range(5):
+        (m.mountpoint / f"f{i}").write_bytes(os.urandom(200_000))
+    m.umount()  # a clean unmount commits them
+    arc = tmp_path / "full.tar"
+    run_cli("export", "--store", str(m.store), str(arc), check=True)
+    for cut in (arc.stat().st_size // 2, arc.stat().st_size - 12000):
+        cut_arc = tmp_path / f"cut{cut}.tar"
+        cut_arc.write_bytes(arc.read_bytes()[:cut])
+        store = tmp_path / f"s{cut}"
+        res = run_cli("import", str(cut_arc), "--store", str(store))
+        one_line_error(res)
+        assert "archive" in res.stderr
+        assert not store.exists() or not [p for p in (store / "objects").rglob("*") if p.is_file()]
