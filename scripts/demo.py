@@ -32,6 +32,7 @@ def main() -> int:
     ap.add_argument("--mountpoint", type=Path, help="where to mount (default: a new temporary directory)")
     ap.add_argument("--store", type=Path, help="store directory (default: mithrilfs's platform cache dir)")
     args = ap.parse_args()
+    temporary = args.mountpoint is None
     mp = args.mountpoint or Path(tempfile.mkdtemp(prefix="mithrilfs-demo-"))
     mp.mkdir(parents=True, exist_ok=True)
     store_args = ["--store", str(args.store)] if args.store else []
@@ -53,6 +54,8 @@ def main() -> int:
         sh("stats", str(mp))
     finally:
         sh("umount", str(mp))
+        if temporary:
+            mp.rmdir()  # the demo's own mount point, empty again once unmounted
     return 0 if warm["fxgraph_cache_hit"] > 0 and same == "identical" else 1
 
 

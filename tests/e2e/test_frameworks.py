@@ -129,3 +129,14 @@ def test_triton_file_cache_group_across_processes(mnt: Mount):
     # the temporary directories Triton writes through are gone
     assert sorted(os.listdir(mnt.mountpoint / "triton" / "abc123")) == ["__grp__k.json", "k.cubin", "k.json", "k.ptx"]
     assert json.loads(_py(TRITON_GET, "missing-key", env=env)) is None
+
+
+def test_demo_runs_and_leaves_no_temporary_directory(tmp_path):
+    """The README's main job: a real torch.compile cold then warm on the mount, and nothing left behind."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py"), "--store", str(tmp_path / "store")],
+                         env=dict(os.environ, TMPDIR=str(tmp)), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "outputs of the two runs: identical" in res.stdout
+    assert not list(tmp.glob("mithrilfs-demo-*"))  # its mount point was removed (torch keeps its own dirs there)
