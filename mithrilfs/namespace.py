@@ -470,8 +470,9 @@ class Namespace:
     def queue_tombstone(self, path: str, version: int) -> None:
         self.db.execute("INSERT OR REPLACE INTO tombstone_queue (path, version) VALUES (?, ?)", (path, version))
 
-    def queued_tombstones(self) -> list[tuple[str, int]]:
-        return self.db.execute("SELECT path, version FROM tombstone_queue").fetchall()
+    def queued_tombstones(self, limit: int = -1) -> list[tuple[str, int]]:
+        """(path, version) of queued tombstones; at most *limit* (-1: all)."""
+        return self.db.execute("SELECT path, version FROM tombstone_queue LIMIT ?", (limit,)).fetchall()
 
     def unqueue_tombstones(self, done: list[tuple[str, int]]) -> None:
         self.db.executemany("DELETE FROM tombstone_queue WHERE path = ? AND version = ?", done)

@@ -190,18 +190,24 @@ def check_url(url: str) -> None:
         raise ValueError(f"invalid remote {shown!r}: the database must be a number")
 
 
+def _with_password(url: str, replacement: str | None) -> str:
+    """*url* with its password replaced (None: dropped, with its colon); unchanged when it has none."""
+    parsed = urlparse(url)
+    if parsed.password is None:
+        return url
+    user = parsed.username or ""
+    host = parsed.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parsed.port}" if parsed.port else ""
+    userinfo = f"{user}:{replacement}@" if replacement is not None else (f"{user}@" if user else "")
+    return urlunparse(parsed._replace(netloc=f"{userinfo}{host}{port}"))
+
+
 def redact(url: str) -> str:
     """*url* with its password replaced by ``***`` (for logs, errors and process titles)."""
     try:
-        parsed = urlparse(url)
-        if parsed.password is None:
-            return url
-        user = parsed.username or ""
-        host = parsed.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        port = f":{parsed.port}" if parsed.port else ""
-        return urlunparse(parsed._replace(netloc=f"{user}:***@{host}{port}"))
+        return _with_password(url, "***")
     except ValueError:
         return "redis://***"
 
@@ -212,15 +218,7 @@ def url_password(url: str) -> str | None:
 
 def without_password(url: str) -> str:
     """*url* with no password at all (it is passed separately)."""
-    parsed = urlparse(url)
-    if parsed.password is None:
-        return url
-    user = parsed.username or ""
-    host = parsed.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parsed.port}" if parsed.port else ""
-    return urlunparse(parsed._replace(netloc=f"{user + '@' if user else ''}{host}{port}"))
+    return _with_password(url, None)
 
 
 class RemoteTier:

@@ -412,13 +412,11 @@ class SharedTier:
                 sent = await self._send_due()
                 await self._send_recorded()
                 backoff = 0.5
-            except RemoteError as e:
-                log.debug("upload deferred: %s", e)
-                await trio.sleep(backoff)
-                backoff = min(30.0, backoff * 2)
-                continue
-            except Exception:  # a bug or an answer nobody foresaw must not take the mount down
-                log.exception("shared tier uploader failed; retrying in %.1f s", backoff)
+            except Exception as e:  # a bug or an answer nobody foresaw must not take the mount down either
+                if isinstance(e, RemoteError):
+                    log.debug("upload deferred: %s", e)
+                else:
+                    log.exception("shared tier uploader failed; retrying in %.1f s", backoff)
                 await trio.sleep(backoff)
                 backoff = min(30.0, backoff * 2)
                 continue
@@ -451,7 +449,7 @@ class SharedTier:
         """Send one batch of what waited UPLOAD_DELAY; how many queue rows it settled."""
         now = time.time_ns()
         due = self.ns.due_uploads(now - int(UPLOAD_DELAY * 1e9), UPLOAD_BATCH)
-        tombs = self.ns.queued_tombstones()[:UPLOAD_BATCH]
+        tombs = self.ns.queued_tombstones(UPLOAD_BATCH)
         if not due and not tombs:
             return 0
         items: list[tuple[str, RemoteEntry]] = []

@@ -299,6 +299,14 @@ def redis_server() -> Iterator[RedisServer]:
         server.stop()
 
 
+def wait_for(cond, timeout: float = 30, what: str = "condition") -> None:
+    """Poll *cond* until it holds; fail naming *what* after *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
 def wait_uploaded(m: "Mount", timeout: float = 30) -> dict:
     """Wait until a mount's write-behind queue is empty; returns its stats."""
     deadline = time.monotonic() + timeout

@@ -6,9 +6,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
-from conftest import CLI, REPO, MountFactory, is_mounted, run_cli
+from conftest import CLI, REPO, MountFactory, is_mounted, run_cli, wait_for
 from mithrilfs.daemon import holders
 
 
@@ -80,10 +79,8 @@ def test_umount_of_a_busy_mount_names_the_holders_and_offers_lazy(mount_factory:
     holder = subprocess.Popen([sys.executable, "-c", f"f = open({str(m.mountpoint / 'held')!r}); input()"],
                               stdin=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 10
-        while not any(f"[{holder.pid}]" in h for h in holders(m.mountpoint)):
-            assert time.monotonic() < deadline, "the holder did not open its file"
-            time.sleep(0.05)
+        wait_for(lambda: any(f"[{holder.pid}]" in h for h in holders(m.mountpoint)), 10,
+                 "the holder to open its file")
         res = run_cli("umount", str(m.mountpoint))
         one_line_error(res)
         assert f"[{holder.pid}]" in res.stderr and "--lazy" in res.stderr

@@ -9,9 +9,8 @@ import time
 
 import pytest
 
-from conftest import MountFactory, RedisServer, run_cli, wait_uploaded, write_committed
+from conftest import MountFactory, RedisServer, run_cli, wait_for, wait_uploaded, write_committed
 from test_shared_tier import _remote, blob_key
-from test_shared_trust import wait_for
 
 
 def fill(m, dirs: int, per_dir: int, size: int = 3000) -> dict[str, bytes]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MountFactory, RedisServer, run_cli, wait_uploaded, write_committed
+from conftest import MountFactory, RedisServer, run_cli, wait_for, wait_uploaded, write_committed
 from test_shared_tier import _remote, blob_key, entry
 
 ROOT_DIR = "mfs:default:d:"
@@ -26,13 +26,6 @@ def hget(redis_server: RedisServer, key: str, field: str) -> dict | None:
     out = redis_server.cli("--no-raw", "HGET", key, field).stdout.strip()
     raw = redis_server.cli("HGET", key, field).stdout.rstrip("\n")
     return json.loads(raw) if raw and out != "(nil)" else None
-
-
-def wait_for(cond, timeout: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def listing_becomes(d: Path, expected: list[str], timeout: float = 20) -> None:
