@@ -5,7 +5,7 @@
 #
 #   MITHRILFS_MOUNTPOINT     where to mount (default /cache; share it with the app containers)
 #   MITHRILFS_STORE          the store, on a volume that outlives the container (default /store)
-#   MITHRILFS_MAX_SIZE       byte budget, e.g. 50G (default 10G)
+#   MITHRILFS_MAX_SIZE       byte budget, e.g. 50G (default: the store's setting from `mithrilfs config`, else 10G)
 #   MITHRILFS_MIN_AGE / MITHRILFS_IDLE_TTL      eviction options (see mithrilfs mount --help)
 #   MITHRILFS_REMOTE         redis://host:port/db or rediss://... (shared tier)
 #   MITHRILFS_REMOTE_PASSWORD_FILE   the Redis password (or MITHRILFS_REMOTE_PASSWORD itself)

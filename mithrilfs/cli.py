@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from . import daemon
 from .control import CONTROL_NAME
@@ -98,6 +98,43 @@ def _count(text: str) -> int:
     return int(text)
 
 
+#: The options a store keeps (``settings.SETTINGS``): flag, parser, metavar, help, default.
+_SETTING_OPTIONS = (
+    ("--max-size", _size, "SIZE", "byte budget of the store: 500M, 10G, 1.5T or bytes", "10G"),
+    ("--high-watermark", _fraction, "PCT", "start evicting above this share of the budget", "95%%"),
+    ("--low-watermark", _fraction, "PCT", "evict down to this share of the budget", "85%%"),
+    ("--min-age", _duration, "DURATION", "never evict files changed more recently", "5s"),
+    ("--idle-ttl", _duration, "DURATION", "evict anything unused for this long, even under budget", "never"),
+    ("--min-entries", _count, "N", "never evict below N files or groups", "0"),
+)
+
+
+def _add_settings(p: argparse.ArgumentParser, default_from: str) -> None:
+    """The options a store keeps; unset ones are None (so the store's value can stand)."""
+    for flag, parse, metavar, text, default in _SETTING_OPTIONS:
+        p.add_argument(flag, type=parse, default=None, metavar=metavar, help=f"{text} (default: {default_from}{default})")
+
+
+def _given_settings(args: argparse.Namespace) -> dict[str, Any]:
+    from .settings import SETTINGS
+
+    return {k: getattr(args, k) for k in SETTINGS if getattr(args, k) is not None}
+
+
+def _store_policy(store: Path, given: dict[str, Any]) -> EvictionPolicy:
+    """The store's settings with *given* (the command line's) on top; a one-line error when they conflict."""
+    from . import settings
+    from .store import validate_store
+
+    try:
+        validate_store(store)
+        return settings.policy(settings.load(store) if store.exists() else {}, given)
+    except StoreError as e:
+        raise UsageError(str(e)) from None
+    except ValueError as e:
+        raise UsageError(f"{e} (settings of {store} with this command line's)") from None
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -112,18 +149,7 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--nonempty", action="store_true", help="mount over a directory that holds files (hiding them)")
     m.add_argument("--allow-other", action="store_true", help="let other users see the mount")
     m.add_argument("--debug", action="store_true", help="log every FUSE request")
-    m.add_argument("--max-size", type=_size, default=parse_size("10G"), metavar="SIZE",
-                   help="byte budget of the store: 500M, 10G, 1.5T or bytes (default 10G)")
-    m.add_argument("--high-watermark", type=_fraction, default=0.95, metavar="PCT",
-                   help="start evicting above this share of the budget (default 95%%)")
-    m.add_argument("--low-watermark", type=_fraction, default=0.85, metavar="PCT",
-                   help="evict down to this share of the budget (default 85%%)")
-    m.add_argument("--min-age", type=_duration, default=5.0, metavar="DURATION",
-                   help="never evict files changed more recently (default 5s)")
-    m.add_argument("--idle-ttl", type=_duration, default=None, metavar="DURATION",
-                   help="evict anything unused for this long, even under budget (default: never)")
-    m.add_argument("--min-entries", type=_count, default=0, metavar="N",
-                   help="never evict below N files or groups (default 0)")
+    _add_settings(m, "the store's setting ('mithrilfs config'), else ")
     m.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
                    help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
     m.add_argument("--remote", type=_remote_url, default=None, metavar="URL",
@@ -153,6 +179,20 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("mountpoint", type=Path)
     g.add_argument("--to", type=_bytes, default=None, metavar="SIZE",
                    help="evict down to this many bytes (default: the low watermark)")
+    g.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    cl = sub.add_parser("clear", help="evict every file not being written, now (ccache -C)")
+    cl.add_argument("mountpoint", type=Path)
+    cl.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    c = sub.add_parser("config", help="show or change the settings a store keeps for its mounts (ccache -M)",
+                       description="Settings kept in the store are used by every later mount unless its command "
+                                   "line gives another value; a mounted store applies them at once.")
+    c.add_argument("store", type=Path, nargs="?", default=None, metavar="STORE",
+                   help=f"store directory (default {default_store()})")
+    _add_settings(c, "")
+    c.add_argument("--reset", action="store_true", help="forget every stored setting (back to the defaults)")
+    c.add_argument("--json", action="store_true", help="print the settings as JSON")
 
     pu = sub.add_parser("push", help="upload everything not yet in the shared tier")
     pu.add_argument("mountpoint", type=Path)
@@ -168,11 +208,15 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("mountpoint", type=Path)
     s.add_argument("--json", action="store_true", help="print the JSON document")
     s.add_argument("--watch", type=_duration, default=None, metavar="SECONDS", help="refresh every SECONDS")
+    s.add_argument("--top", type=_count, default=None, metavar="N", help="also list the N largest files")
+    s.add_argument("--zero", action="store_true",
+                   help="set every counter to zero, those kept over remounts too (ccache -z)")
 
     st = sub.add_parser("status", help="exit 0 with one line when the mount is live (health probe)")
     st.add_argument("mountpoint", type=Path)
     st.add_argument("--ready", action="store_true",
                     help="also exit 1 while a prefetch runs (a startup probe that holds the app back)")
+    st.add_argument("--json", action="store_true", help="print the state as JSON")
 
     e = sub.add_parser("env", help="print shell exports pointing Inductor and Triton at the mount")
     e.add_argument("mountpoint", type=Path)
@@ -187,10 +231,12 @@ def _build_parser() -> argparse.ArgumentParser:
     x.add_argument("source", type=Path, nargs="?", default=None, metavar="MOUNTPOINT")
     x.add_argument("file", type=Path, metavar="FILE")
     x.add_argument("--store", type=Path, default=None, help="export an unmounted store instead of a mount")
+    x.add_argument("--json", action="store_true", help="print the result as JSON")
 
     i = sub.add_parser("import", help="merge an archive into a store (newer entries win)")
     i.add_argument("file", type=Path, metavar="FILE")
     i.add_argument("--store", type=Path, default=None, help=f"store directory (default {default_store()})")
+    i.add_argument("--json", action="store_true", help="print the result as JSON")
 
     f = sub.add_parser(
         "fsck", help="verify a store (not mounted); --repair fixes what it finds",
@@ -198,18 +244,14 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--store", type=Path, default=None, help=f"store directory (default {default_store()})")
     f.add_argument("--repair", action="store_true", help="quarantine corrupt blobs, fix the index")
+    f.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
 
 def _cmd_mount(args: argparse.Namespace) -> int:
     store = (args.store or default_store()).expanduser().absolute()
-    try:
-        policy = EvictionPolicy(
-            max_bytes=args.max_size, high=args.high_watermark, low=args.low_watermark,
-            min_age=args.min_age, idle_ttl=args.idle_ttl, min_entries=args.min_entries,
-        )
-    except ValueError as e:
-        _usage_error(str(e))
+    given = _given_settings(args)
+    policy = _store_policy(store, given)
     key = None
     if args.remote_key_file is not None:
         if args.remote is None:
@@ -240,6 +282,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         allow_other=args.allow_other,
         debug=args.debug,
         nonempty=args.nonempty,
+        fixed_settings=frozenset(given),
     )
     if opts.prefetch is not None and args.remote is None:
         _usage_error("--prefetch needs --remote")
@@ -350,26 +393,71 @@ def _control_command(path: Path, request: str) -> dict:
 
 def _cmd_gc(args: argparse.Namespace) -> int:
     path = control_file(args.mountpoint, "gc")
-    answer = _control_command(path, f"to={args.to}" if args.to is not None else "run")
-    print(
-        f"evicted {answer['units']} units ({answer['files']} files), freed {format_size(answer['bytes'])};"
-        f" now {format_size(answer['physical_bytes'])} of {format_size(answer['max_bytes'])}"
-        + (f"; {answer['skipped_pinned']} in use or too young, kept" if answer["skipped_pinned"] else "")
-    )
+    return _evict(args, path, f"to={args.to}" if args.to is not None else "run")
+
+
+def _cmd_clear(args: argparse.Namespace) -> int:
+    return _evict(args, control_file(args.mountpoint, "clear"), "run")
+
+
+def _evict(args: argparse.Namespace, path: Path, request: str) -> int:
+    """Run an eviction command (``gc``, ``clear``), drawing its progress, and say what it freed in words."""
+    before = _read_stats(args.mountpoint)
+    if path.name == "clear":
+        target = 0
+    else:
+        target = args.to if args.to is not None else before["low_bytes"]
+    to_free = max(0, before["physical_bytes"] - target)
+    draw = _progress_bar("evicting", sizes=True) if to_free and not args.json else None
+    answer = _while_drawing(lambda: _control_command(path, request), args.mountpoint, draw, to_free)
+    if args.json:
+        print(json.dumps(answer, sort_keys=True))
+        return 0
+    kept = answer["skipped_pinned"]
+    units = f" in {answer['units']:,} entries" if answer["units"] != answer["files"] else ""
+    print(f"evicted {answer['files']:,} {'file' if answer['files'] == 1 else 'files'}{units}, "
+          f"{format_size(answer['bytes'])}; the cache now holds {format_size(answer['physical_bytes'])} of its "
+          f"{format_size(answer['max_bytes'])} budget"
+          + (f"; {kept:,} {'entry' if kept == 1 else 'entries'} in use or too young, kept" if kept else ""))
     return 0
 
 
-def _progress_bar(label: str):
-    """A progress callback drawing a bar on stderr when it is a terminal, else nothing."""
+def _while_drawing(command: Callable[[], dict], mountpoint: Path, draw: Callable[[int, int], None] | None,
+                   total: int) -> dict:
+    """Run a blocking control command; meanwhile draw the eviction's progress from ``stats``."""
+    if draw is None:
+        return command()
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(command)
+        while not running.done():
+            try:
+                current = _read_stats(mountpoint).get("eviction") or {}
+            except (UsageError, daemon.MountError):
+                break
+            draw(min(current.get("bytes", 0), total), total)
+            concurrent.futures.wait([running], timeout=0.1)
+        answer = running.result()
+    draw(total, total)
+    return answer
+
+
+def _progress_bar(label: str, *, sizes: bool = False) -> Callable[[int, int], None] | None:
+    """A progress callback drawing a bar on stderr when it is a terminal, else nothing.
+
+    It draws counts (every 64th) or, with *sizes*, bytes (every call).
+    """
     if not sys.stderr.isatty():
         return None
 
     def draw(done: int, total: int) -> None:
-        if done != total and done % 64:
+        if not sizes and done != total and done % 64:
             return
         width = 30
         filled = width * done // max(total, 1)
-        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        shown = f"{format_size(done)} of {format_size(total)}" if sizes else f"{done}/{total}"
+        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {shown}\x1b[K")
         if done == total:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -393,20 +481,30 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
         print(f"mithrilfs: error: {msg}", file=sys.stderr)
         return FSCK_OPERATIONAL_ERROR
     try:
-        report = fsck.check(store, _progress_bar("verifying blobs"))
+        report = fsck.check(store, None if args.json else _progress_bar("verifying blobs"))
         found = bool(report.problems())
+        after = None
         if found and args.repair:
             fsck.repair(store, report)
             after = fsck.check(store)
-            if not after.problems():
-                print(f"fsck {root}: {report.summary()}; repaired")
-                return FSCK_REPAIRED
-            print(f"fsck {root}: {report.summary()}; repair left: {after.summary()}")
-            return FSCK_UNREPAIRED
-        print(f"fsck {root}: {report.summary()}" + ("; run with --repair to fix" if found else ""))
-        return FSCK_UNREPAIRED if found else 0
     finally:
         store.close()
+    status = 0 if not found else FSCK_UNREPAIRED if after is None or after.problems() else FSCK_REPAIRED
+    if args.json:
+        doc = fsck.as_json(report) | {"store": str(root), "exit_status": status}
+        if after is not None:
+            doc["left_after_repair"] = after.problems()
+        print(json.dumps(doc, sort_keys=True))
+        return status
+    if after is None:
+        print(f"fsck {root}: {report.summary()}" + ("; run with --repair to fix" if found else ""))
+    elif not after.problems():
+        print(f"fsck {root}: {report.summary()}; repaired")
+    else:
+        print(f"fsck {root}: {report.summary()}; repair left: {after.summary()}")
+    for name in report.corrupt_files:
+        print(f"  corrupt: {name}" + (" (removed: a cache miss from now on)" if after is not None else ""))
+    return status
 
 
 def _read_stats(mountpoint: Path) -> dict:
@@ -418,16 +516,23 @@ def _read_stats(mountpoint: Path) -> dict:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from .stats import format_table
+    from .stats import format_table, format_usage
 
+    if args.zero:
+        _control_command(control_file(args.mountpoint, "zero"), "zero")
+        if not args.json and args.watch is None:
+            print(f"statistics zeroed ({args.mountpoint.expanduser().absolute()})")
+            return 0
+    usage_file = control_file(args.mountpoint, "usage")
     while True:
         snap = _read_stats(args.mountpoint)
+        snap["usage"] = _control_command(usage_file, f"top={args.top or 0}")
         if args.json:
             print(json.dumps(snap, sort_keys=True), flush=True)
         else:
             if args.watch and sys.stdout.isatty():
                 sys.stdout.write("\x1b[H\x1b[2J")
-            print(format_table(snap), flush=True)
+            print(format_table(snap) + "\n\n" + format_usage(snap["usage"], top=args.top is not None), flush=True)
         if not args.watch:
             return 0
         time.sleep(args.watch)
@@ -436,23 +541,33 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
     state = daemon.probe_mount(mp, timeout=1.0)
-    if state != "live":
-        why = {"unmounted": "not mounted", "dead": "daemon is gone (stale mount)",
-               "hung": "mounted but not answering within 1 s"}[state]
-        print(f"{mp}: {why}")
-        return 1
-    try:
-        snap = _read_stats(mp)
-    except (OSError, ValueError, UsageError):
-        print(f"{mp}: mounted, but not a mithrilfs mount")
-        return 1
-    prefetch = snap.get("prefetch", {})
-    if args.ready and prefetch.get("state") == "running":
+    snap: dict[str, Any] = {}
+    if state == "live":
+        try:
+            snap = _read_stats(mp)
+        except (OSError, ValueError, UsageError, daemon.MountError):
+            state = "foreign"
+    prefetch = snap.get("prefetch") or {}
+    if state == "live" and args.ready and prefetch.get("state") == "running":
+        state = "prefetching"
+    status = 0 if state == "live" else 1
+    if args.json:
+        keys = ("pid", "store", "files", "physical_bytes", "max_bytes", "hit_rate", "read_only", "upload_queue",
+                "remote_last_error")
+        print(json.dumps({"mountpoint": str(mp), "state": state, "ready": status == 0,
+                          **{k: snap[k] for k in keys if k in snap}, "prefetch": prefetch or None}, sort_keys=True))
+        return status
+    if state == "live":
+        print(f"{mp}: live{' (read-only store: serves cached files, writes fail)' if snap.get('read_only') else ''}, "
+              f"pid {snap['pid']}, {snap['files']} files, {format_size(snap['physical_bytes'])} of "
+              f"{format_size(snap['max_bytes'])}, hit rate {snap['hit_rate']:.0%}")
+    elif state == "prefetching":
         print(f"{mp}: live, prefetching ({prefetch.get('files', 0)} of {prefetch.get('total_files', '?')} files)")
-        return 1
-    print(f"{mp}: live, pid {snap['pid']}, {snap['files']} files, "
-          f"{format_size(snap['physical_bytes'])} of {format_size(snap['max_bytes'])}, hit rate {snap['hit_rate']:.0%}")
-    return 0
+    else:
+        print(f"{mp}: " + {"unmounted": "not mounted", "dead": "daemon is gone (stale mount)",
+                           "hung": "mounted but not answering within 1 s",
+                           "foreign": "mounted, but not a mithrilfs mount"}[state])
+    return status
 
 
 def cache_env(mountpoint: Path) -> dict[str, str]:
@@ -482,7 +597,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     mounted_here = daemon.probe_mount(mp) != "live"
     if mounted_here:
         store = (args.store or default_store()).expanduser().absolute()
-        daemon.mount(daemon.MountOptions(mountpoint=mp, store=store))
+        try:
+            daemon.mount(daemon.MountOptions(mountpoint=mp, store=store, policy=_store_policy(store, {})))
+        except BaseException:
+            if temp is not None:
+                temp.rmdir()
+            raise
     try:
         before = _read_stats(mp)
         env = dict(os.environ, **cache_env(mp))
@@ -516,7 +636,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.file} already exists")
     if not args.file.absolute().parent.is_dir():
         raise UsageError(f"{args.file.absolute().parent} does not exist")
-    progress = _progress_bar("exporting")
+    progress = None if args.json else _progress_bar("exporting")
     # written under a temporary name and renamed when whole: an interrupted export leaves no archive
     partial = args.file.with_name(f".{args.file.name}.partial")
     try:
@@ -535,12 +655,21 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise daemon.MountError(f"cannot write {args.file}: {e.strerror}") from None
     finally:
         partial.unlink(missing_ok=True)
-    print(f"exported {result['entries']} entries, {result['blobs']} blobs to {args.file}")
+    if args.json:
+        print(json.dumps(result | {"file": str(args.file)}, sort_keys=True))
+    else:
+        print(f"exported {result['entries']:,} entries, {result['blobs']:,} blobs to {args.file}")
     return 0
 
 
 def _existing_store(path: Path | None) -> Path:
+    from .store import validate_store
+
     root = (path or default_store()).expanduser().absolute()
+    try:
+        validate_store(root)  # an unreadable store is named as such, not as missing
+    except StoreError as e:
+        raise UsageError(str(e)) from None
     if not (root / "FORMAT").exists():
         raise UsageError(f"{root}: not a mithrilfs store")
     return root
@@ -558,15 +687,19 @@ def _cmd_import(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     store = open_store((args.store or default_store()).expanduser().absolute())
     try:
-        r = archive.import_archive(args.file, store, _progress_bar("importing"))
+        r = archive.import_archive(args.file, store, None if args.json else _progress_bar("importing"))
     except archive.ArchiveError as e:
         raise UsageError(str(e)) from None
     finally:
         store.close()
+    status = 1 if r["corrupt_blobs"] else 0  # something in the archive was rejected
+    if args.json:
+        print(json.dumps(r | {"file": str(args.file), "exit_status": status}, sort_keys=True))
+        return status
     print(f"imported {args.file}: {r['added']} added, {r['replaced']} replaced by newer, {r['kept']} kept, "
           f"{r['blobs']} blobs verified" + (f", {r['corrupt_blobs']} corrupt blobs skipped" if r["corrupt_blobs"] else "")
           + (f", {r['conflicts']} conflicting paths left alone" if r["conflicts"] else ""))
-    return 1 if r["corrupt_blobs"] else 0  # something in the archive was rejected
+    return status
 
 
 def _remote_control_file(mp: Path, name: str) -> Path:
@@ -643,9 +776,61 @@ def _cmd_push(args: argparse.Namespace) -> int:
 #: ``push`` gives up after this long without progress while the tier reports errors.
 PUSH_STALL_SECONDS = 5.0
 
+def _cmd_config(args: argparse.Namespace) -> int:
+    """Show or change the store's settings; a mounted store applies them at once."""
+    from . import settings
+    from .store import holder_record, open_store, validate_store
+
+    root = (args.store or default_store()).expanduser().absolute()
+    given = _given_settings(args)
+    # checked before anything changes: settings that do not fit together are a one-line error
+    if args.reset:
+        validate_store(root)  # a damaged settings file is what --reset is for
+    else:
+        _store_policy(root, {})
+    stored = ({} if args.reset else settings.load(root) if root.exists() else {}) | given
+    try:
+        settings.policy(stored)
+    except ValueError as e:
+        raise UsageError(f"{e} (settings of {root} with this command line's)") from None
+    if not (root / "FORMAT").exists():
+        open_store(root).close()  # a new store, made as a mount would make it
+    if given or args.reset:
+        settings.save(root, stored)
+    applied = None
+    held = holder_record(root)
+    if (given or args.reset) and held is not None:
+        mp = Path(held["mountpoint"])
+        if daemon.probe_mount(mp, timeout=5.0) == "live":
+            applied = _control_command(control_file(mp, "settings"), "reload")
+    policy = settings.policy(stored)
+    shown = {k: getattr(policy, field) for k, (field, _) in settings.SETTINGS.items()}
+    if args.json:
+        print(json.dumps({"store": str(root), "settings": shown, "stored": sorted(stored),
+                          "applied_to": held["mountpoint"] if applied and applied.get("applied") else None},
+                         sort_keys=True))
+        return 0
+    print(f"store {root}")
+    for key, value in shown.items():
+        text = ("never" if value is None else format_size(value) if key == "max_size"
+                else f"{value:.0%}" if "watermark" in key else f"{value:g}s" if key in ("min_age", "idle_ttl")
+                else str(value))
+        print(f"  {key.replace('_', '-'):<16}{text:<12}{'(stored)' if key in stored else '(default)'}")
+    if applied is not None:
+        if "error" in applied:
+            print(f"mithrilfs: warning: the mount at {held['mountpoint']} could not apply them: {applied['error']}",
+                  file=sys.stderr)
+        else:
+            kept = ", ".join("--" + k.replace("_", "-") for k in applied.get("kept", []))
+            print(f"applied to the mount at {held['mountpoint']}"
+                  + (f" (its command line's {kept} kept until it is mounted again)" if kept else ""))
+    return 0
+
+
 _COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc, "fsck": _cmd_fsck,
              "stats": _cmd_stats, "status": _cmd_status, "env": _cmd_env, "run": _cmd_run,
-             "export": _cmd_export, "import": _cmd_import, "push": _cmd_push, "prefetch": _cmd_prefetch}
+             "export": _cmd_export, "import": _cmd_import, "push": _cmd_push, "prefetch": _cmd_prefetch,
+             "clear": _cmd_clear, "config": _cmd_config}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -654,7 +839,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # ``mithrilfs`` alone
         parser.print_help()
         return 2
-    if args.command in ("fsck", "import"):
+    if args.command in ("fsck", "import", "config"):
         os.umask(0o077)  # files they add to a store are private, like the daemon's
     try:
         return _COMMANDS[args.command](args)

@@ -71,6 +71,8 @@ class MountOptions:
     prefetch: str | None = None
     #: Mount over a directory that holds files (hiding them).
     nonempty: bool = False
+    #: Settings (``settings.SETTINGS`` names) given on the command line: they beat the store's.
+    fixed_settings: frozenset[str] = frozenset()
 
 
 # ----------------------------------------------------------------------
@@ -157,8 +159,10 @@ def mount(opts: MountOptions) -> int:
         _setup_logging(None, opts.debug)
 
         def announce(msg: str) -> None:
-            if msg == "ok":
+            if msg.startswith("ok"):
                 print(f"mithrilfs: mounted {opts.mountpoint} (store {opts.store})", file=sys.stderr, flush=True)
+                if msg == READY_READ_ONLY:
+                    print(read_only_notice(opts.store), file=sys.stderr, flush=True)
             else:
                 print(f"mithrilfs: {msg}", file=sys.stderr, flush=True)
 
@@ -185,13 +189,24 @@ def mount(opts: MountOptions) -> int:
     os.close(w)
     msg = _read_line(r, READY_TIMEOUT)
     os.close(r)
-    if msg == "ok":
+    if msg is not None and msg.startswith("ok"):
+        if msg == READY_READ_ONLY:
+            print(read_only_notice(opts.store), file=sys.stderr)
         return 0
     if msg is None:
         os.kill(pid, signal.SIGTERM)
         raise MountError(f"the mount did not answer within {READY_TIMEOUT:.0f} s")
     os.waitpid(pid, 0)
     raise MountError(msg or "the daemon exited before the mount was ready")
+
+
+#: What the daemon announces once its mount answers; the read-only store's variant makes the CLI say so.
+READY, READY_READ_ONLY = "ok", "ok read-only"
+
+
+def read_only_notice(store: Path) -> str:
+    return (f"mithrilfs: note: the store {store} is on a read-only filesystem: mounted read-only"
+            " (cached files are served; writes fail with EROFS)")
 
 
 def _read_line(fd: int, timeout: float) -> str | None:
@@ -234,7 +249,22 @@ def _setup_logging(path: Path | None, debug: bool) -> None:
 
 
 def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: bool = False) -> int:
-    """Open the store, mount, serve until unmounted or signalled; returns the exit status."""
+    """Open the store, mount, serve until unmounted or signalled; returns the exit status.
+
+    An unexpected failure is logged with its traceback (where a log exists)
+    and announced in one line: before the mount is ready, that line is what
+    the ``mount`` command prints instead of a bare "the daemon exited".
+    """
+    try:
+        return _serve(opts, announce, log_in_store=log_in_store)
+    except Exception as e:
+        log.exception("the daemon failed")
+        where = f"; see {opts.store / LOG_FILE}" if log_in_store and logging.getLogger().handlers else ""
+        announce(f"the daemon failed: {type(e).__name__}: {e}{where}")
+        return 1
+
+
+def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: bool = False) -> int:
     os.umask(0o077)  # the store's files (index, log, blobs) are the daemon's alone
     try:
         store = open_store(opts.store)
@@ -250,7 +280,7 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
             remote = RemoteTier(opts.remote, opts.remote_namespace, opts.remote_key,
                                 password=opts.remote_password, cluster=opts.remote_cluster)
         ops = Operations(store, opts.policy, remote, remote_owner=opts.remote_owner, after_crash=after_crash,
-                         startup_set=opts.startup_set, prefetch=opts.prefetch)
+                         startup_set=opts.startup_set, prefetch=opts.prefetch, fixed_settings=opts.fixed_settings)
         metrics = None
         if opts.metrics_port is not None:
             try:
@@ -371,7 +401,7 @@ async def _announce_when_live(session: kernel.Session, ops: Operations, mountpoi
     await trio.to_thread.run_sync(_raise_readahead, mountpoint, abandon_on_cancel=True)
     ops.events.emit("mount", mountpoint=str(mountpoint), store=str(ops.store.root), pid=os.getpid(),
                     max_bytes=ops.policy.max_bytes, read_only=ops.store.read_only)
-    announce("ok")
+    announce(READY_READ_ONLY if ops.store.read_only else READY)
 
 
 # ----------------------------------------------------------------------

@@ -164,6 +164,8 @@ class Evictor:
     on_result: Callable[[EvictionResult], None] = lambda r: None
     _wake: trio.Event = field(default_factory=trio.Event)
     _lock: trio.Lock = field(default_factory=trio.Lock)
+    #: The pass under way (``stats`` shows it: the progress bar of ``gc`` and ``clear``).
+    current: EvictionResult | None = None
 
     def over_high(self) -> bool:
         return self.physical() > self.policy.high_bytes
@@ -172,56 +174,81 @@ class Evictor:
         if self.over_high():
             self._wake.set()
 
-    async def run(self, target_bytes: int | None, *, reason: str, idle_before_ns: int | None = None) -> EvictionResult:
-        """Evict LRU units until physical bytes <= target and no unit is idle past *idle_before_ns*."""
+    async def run(self, target_bytes: int | None, *, reason: str, idle_before_ns: int | None = None,
+                  everything: bool = False) -> EvictionResult:
+        """Evict LRU units until physical bytes <= target and no unit is idle past *idle_before_ns*.
+
+        *everything* (``clear``): every unit not being written goes, however
+        young, and ``min_entries`` does not hold it back.
+        """
         async with self._lock:
-            result = EvictionResult(reason)
-            self.recency.flush()
-            young_cutoff = time.time_ns() - int(self.policy.min_age * 1e9)
-            units_left = count_units(self.ns) if self.policy.min_entries else 0
-            for unit in lru_units(self.ns):
-                # content of evicted files the kernel still holds goes at FORGET: count it as
-                # freed, or one pass would evict everything while the notifications travel
-                need_bytes = target_bytes is not None and self.physical() - result.deferred_bytes > target_bytes
-                idle = idle_before_ns is not None and unit.recency_ns < idle_before_ns
-                if not (need_bytes or idle):
-                    break
-                if self.policy.min_entries and units_left <= self.policy.min_entries:
-                    break
-                freed = self.evict_unit(unit, young_cutoff)
-                if freed is None:
-                    result.skipped_pinned += 1
-                    continue
-                result.units += 1
-                result.files += len(unit.inodes)
-                result.bytes += freed[0] + freed[1]
-                result.deferred_bytes += freed[1]
-                units_left -= 1
-                if result.units % 64 == 0:
-                    await trio.sleep(0)  # let requests in between batches
-            if result.units or reason != "pressure":
-                self.on_result(result)
-            return result
+            result = self.current = EvictionResult(reason)
+            try:
+                return await self._run(result, target_bytes, idle_before_ns, everything)
+            finally:
+                self.current = None
+
+    async def _run(self, result: EvictionResult, target_bytes: int | None, idle_before_ns: int | None,
+                   everything: bool) -> EvictionResult:
+        self.recency.flush()
+        young_cutoff = time.time_ns() - (0 if everything else int(self.policy.min_age * 1e9))
+        min_entries = 0 if everything else self.policy.min_entries
+        units_left = count_units(self.ns) if min_entries else 0
+        for unit in lru_units(self.ns):
+            # content of evicted files the kernel still holds goes at FORGET: count it as
+            # freed, or one pass would evict everything while the notifications travel
+            need_bytes = target_bytes is not None and self.physical() - result.deferred_bytes > target_bytes
+            idle = idle_before_ns is not None and unit.recency_ns < idle_before_ns
+            if not (need_bytes or idle):
+                break
+            if min_entries and units_left <= min_entries:
+                break
+            freed = self.evict_unit(unit, young_cutoff)
+            if freed is None:
+                result.skipped_pinned += 1
+                continue
+            result.units += 1
+            result.files += len(unit.inodes)
+            result.bytes += freed[0] + freed[1]
+            result.deferred_bytes += freed[1]
+            units_left -= 1
+            if result.units % 64 == 0:
+                await trio.sleep(0)  # let requests in between batches
+        if result.units or result.reason != "pressure":
+            self.on_result(result)
+        return result
 
     async def make_room(self, needed: int) -> EvictionResult:
         """The backing disk is full before the budget is: free *needed* bytes now."""
         return await self.run(max(0, self.physical() - needed), reason="enospc")
 
     async def background(self) -> None:
-        """Evict on pressure (woken by commits) and, with an idle TTL, periodically."""
-        period = min(max(self.policy.idle_ttl / 4, 0.5), 60.0) if self.policy.idle_ttl else None
+        """Evict on pressure (woken by commits) and, with an idle TTL, periodically.
+
+        A pass that stopped above the high watermark because the files left
+        were too young runs again once they have aged (without it, a budget
+        lowered by ``config`` or a burst of young files would stay exceeded
+        until the next commit).  Periods are read from the policy each time:
+        ``config`` may change it under a live mount.
+        """
+        young_left = False
         while True:
-            with trio.move_on_after(period if period is not None else float("inf")):
+            period = min(max(self.policy.idle_ttl / 4, 0.5), 60.0) if self.policy.idle_ttl else float("inf")
+            if young_left:
+                period = min(period, max(self.policy.min_age, 0.5))
+            with trio.move_on_after(period):
                 await self._wake.wait()
             self._wake = trio.Event()
             idle_before = None
             if self.policy.idle_ttl:
                 idle_before = time.time_ns() - int(self.policy.idle_ttl * 1e9)
             target = self.policy.low_bytes if self.over_high() else None
+            young_left = False
             if target is None and idle_before is None:
                 continue
             try:
-                await self.run(target, reason="pressure" if target is not None else "idle-ttl",
-                               idle_before_ns=idle_before)
+                result = await self.run(target, reason="pressure" if target is not None else "idle-ttl",
+                                        idle_before_ns=idle_before)
+                young_left = result.skipped_pinned > 0 and self.over_high()
             except Exception:
                 log.exception("eviction pass failed")

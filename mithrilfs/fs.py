@@ -17,6 +17,7 @@ holds the inode (an open file, an mmapped ``.so``) and goes at FORGET.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import json
@@ -33,13 +34,13 @@ from . import kernel
 from .kernel import DirBuffer, EntryAttributes, FileInfo, FUSEError, SetattrFields, StatvfsData
 from .control import CONTROL_DIR_INODE, CONTROL_NAME, ControlFiles
 from .eviction import EvictionPolicy, EvictionResult, Evictor, Recency, Unit
-from . import sharing
+from . import settings, sharing
 from .lifetime import Lifetimes, Removed
 from .namespace import ROOT_INODE, DirPaths, Inode
 from .prefetch import Prefetcher
 from .remote import RemoteError, RemoteTier
 from .stats import ROOT_KEY, EventLog, Stats
-from .store import Store, is_disk_full
+from .store import Store, StoreError, is_disk_full
 from .units import parse_size
 from .writepath import IDLE_COMMIT_SECONDS, OFFLOAD_MIN, Staged, WritePath
 
@@ -58,6 +59,8 @@ _BLKSIZE = 128 * 1024
 #: Longest name in a directory, as on ext4 (statfs reports it; longer ones get ENAMETOOLONG).
 NAME_MAX = 255
 RECENCY_FLUSH_SECONDS = 5.0
+#: Index meta key of the counters that outlive a mount (``stats``'s "all mounts").
+COUNTERS_META = "counters"
 SNAPSHOT_SECONDS = 1.0
 SUMMARY_SECONDS = 60.0
 
@@ -183,7 +186,8 @@ class Operations(kernel.Operations):
 
     def __init__(self, store: Store, policy: EvictionPolicy | None = None, remote: RemoteTier | None = None, *,
                  remote_owner: tuple[int, int] | None = None, after_crash: bool = False,
-                 startup_set: str = "default", prefetch: str | None = None) -> None:
+                 startup_set: str = "default", prefetch: str | None = None,
+                 fixed_settings: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.store = store
         self.ns = store.ns
@@ -193,9 +197,16 @@ class Operations(kernel.Operations):
         self.control.add_json(b"stats.json", self.stats_snapshot)
         self.control.add_command(b"gc", self._gc_command)
         self.control.add_command(b"commit", self._commit_command)
+        self.control.add_command(b"clear", self._clear_command)
+        self.control.add_command(b"zero", self._zero_command)
+        self.control.add_command(b"usage", self._usage_command)
+        self.control.add_command(b"settings", self._settings_command)
+        #: Settings given on the mount's command line: ``config`` changes to them wait for the next mount.
+        self.fixed_settings = fixed_settings
         self.blobs = store.blobs
         self._offload = trio.CapacityLimiter(2)
-        self.stats = Stats()
+        self._saved_counters = self.ns.get_meta(COUNTERS_META)
+        self.stats = Stats(self._saved_counters)
         self.evicted_files = 0
         self.events = EventLog(None if store.read_only else store.root / "events.jsonl")
         self.paths = DirPaths(self.ns)
@@ -840,13 +851,16 @@ class Operations(kernel.Operations):
 
     @_request
     async def statfs(self, ctx: Any) -> StatvfsData:
+        """``df MNT``: the budget is the size, the store's bytes are used; free is the budget's room
+        or the disk's, whichever is less (a cache on a nearly full disk must not look roomy)."""
         st = os.statvfs(self.store.root)
         s = StatvfsData()
         s.f_bsize = st.f_bsize
         s.f_frsize = st.f_frsize
-        s.f_blocks = st.f_blocks
-        s.f_bfree = st.f_bfree
-        s.f_bavail = st.f_bavail
+        s.f_blocks = self.policy.max_bytes // st.f_frsize
+        room = max(0, s.f_blocks - -(-self.physical() // st.f_frsize))
+        s.f_bfree = min(room, st.f_bfree)
+        s.f_bavail = min(room, st.f_bavail)
         s.f_files = st.f_files
         s.f_ffree = st.f_ffree
         s.f_favail = st.f_favail
@@ -941,6 +955,66 @@ class Operations(kernel.Operations):
         answer = result.as_dict() | {"physical_bytes": self.physical(), "max_bytes": self.policy.max_bytes}
         return (json.dumps(answer) + "\n").encode()
 
+    async def _clear_command(self, request: bytes) -> bytes:
+        """``clear`` control file (ccache -C): evict every file not being written, now, however young.
+
+        Files a process holds open keep their content until closed; their
+        names go like the rest.  Nothing is published: the shared tier keeps them.
+        """
+        result = await self.evictor.run(0, reason="clear", everything=True)
+        answer = result.as_dict() | {"physical_bytes": self.physical(), "max_bytes": self.policy.max_bytes}
+        return (json.dumps(answer) + "\n").encode()
+
+    async def _settings_command(self, request: bytes) -> bytes:
+        """``settings`` control file: apply the store's settings now (``mithrilfs config`` on a mounted store).
+
+        Settings fixed on the mount's command line keep their values.  A
+        smaller budget evicts at once.
+        """
+        try:
+            stored = settings.load(self.store.root)
+            fixed = {k: getattr(self.policy, settings.SETTINGS[k][0]) for k in self.fixed_settings}
+            new = settings.policy(stored, fixed)
+        except (StoreError, ValueError) as e:
+            return (json.dumps({"error": str(e)}) + "\n").encode()
+        for f in dataclasses.fields(new):
+            setattr(self.policy, f.name, getattr(new, f.name))
+        self.evictor.notify_growth()
+        return (json.dumps({"applied": True, "kept": sorted(self.fixed_settings)}) + "\n").encode()
+
+    async def _zero_command(self, request: bytes) -> bytes:
+        """``zero`` control file (``stats --zero``, ccache -z): every counter starts over, kept ones too."""
+        self.stats.zero()
+        self.save_counters()
+        return (json.dumps({"zeroed_at": self.stats.since}) + "\n").encode()
+
+    def save_counters(self) -> None:
+        """Keep the counters in the index, where the store's next mount finds them."""
+        record = self.stats.persisted()
+        if self.store.read_only or record == self._saved_counters:
+            return
+        with self.ns.txn():
+            self.ns.set_meta(COUNTERS_META, record)
+        self._saved_counters = record
+
+    async def _usage_command(self, request: bytes) -> bytes:
+        """``usage`` control file: ``top=N`` answers bytes and files per top-level directory, and the N
+        largest files (``stats --top N``); the scans run on a reader in a thread."""
+        text = request.decode(errors="replace").strip().removeprefix("top=")
+        limit = int(text) if text.isdigit() else 0
+        reader = self.ns.reader()
+        try:
+            by_top, largest = await trio.to_thread.run_sync(
+                lambda: (reader.usage_by_top(), reader.largest_files(min(limit, 10_000))), limiter=self._offload)
+        finally:
+            reader.close()
+        answer = {
+            "by_top": [{"name": top, "files": n, "bytes": size, "stored_bytes": stored}
+                       for top, n, size, stored in by_top],
+            "largest": [{"path": self.paths.of_name(parent, name), "bytes": size} for parent, name, size in largest],
+        }
+        return (json.dumps(answer) + "\n").encode()
+
     async def _commit_command(self, request: bytes) -> bytes:
         """``commit`` control file: commit every written file now, unconfirmed (``mithrilfs run`` at its end)."""
         written = len(self.writes.staged)
@@ -1000,8 +1074,9 @@ class Operations(kernel.Operations):
                 await trio.sleep(RECENCY_FLUSH_SECONDS)
                 try:
                     self.recency.flush()
+                    self.save_counters()
                 except (sqlite3.Error, OSError) as e:
-                    log.warning("could not write recency to the index: %s", e)
+                    log.warning("could not write recency and counters to the index: %s", e)
                 self.lifetimes.retry_doomed()
                 self.store.ensure_reserve()  # taken back once a full disk has room again
 
@@ -1047,12 +1122,15 @@ class Operations(kernel.Operations):
             "logical_bytes": logical,
             "physical_bytes": self.physical(),
             "max_bytes": self.policy.max_bytes,
+            "low_bytes": self.policy.low_bytes,
             "files": files,
             "blobs": blobs,
             "written_files": len(self.writes.staged),
             "evicted_files": self.evicted_files,
             "pid": os.getpid(),
             "store": str(self.store.root),
+            "read_only": self.store.read_only,
+            "eviction": self.evictor.current.as_dict() if self.evictor.current is not None else None,
             **(self.shared.counters | {"upload_queue": self.shared.pending(),
                                        "remote_last_error": self.shared.remote.last_error,
                                        "prefetch": self.prefetcher.state} if self.shared else {}),
@@ -1079,6 +1157,7 @@ class Operations(kernel.Operations):
             return
         try:
             self.recency.flush()
+            self.save_counters()
             self.ns.recover(after_crash=False)
             self.store.collect_garbage()
             self.ns.mark_clean()

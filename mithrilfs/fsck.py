@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .cas import DIGEST_SIZE
-from .namespace import ROOT_INODE
+from .namespace import ROOT_INODE, DirPaths
 from .store import Store
 
 Progress = Callable[[int, int], None]
@@ -36,6 +36,8 @@ class FsckReport:
     unlinked_inodes: int = 0
     bad_sizes: int = 0
     staging_files: int = 0
+    #: Paths (from the mount root) of the files whose content is a corrupt blob: what a repair removes.
+    corrupt_files: list[str] = field(default_factory=list)
 
     def problems(self) -> dict[str, int]:
         found = {
@@ -89,6 +91,8 @@ def check(store: Store, progress: Progress | None = None) -> FsckReport:
         if progress:
             progress(i, total)
 
+    report.corrupt_files = _names_of(store, report.corrupt)
+
     rows = {h: (size, rc) for h, size, rc in db.execute("SELECT hash, size, refcount FROM blobs")}
     actual_refs = dict(db.execute("SELECT hash, count(*) FROM inodes WHERE hash IS NOT NULL GROUP BY hash"))
     for digest in set(rows) | set(actual_refs):
@@ -118,6 +122,21 @@ def check(store: Store, progress: Progress | None = None) -> FsckReport:
     report.unlinked_inodes = db.execute("SELECT count(*) FROM inodes WHERE nlink <= 0").fetchone()[0]
     report.bad_nlinks = sum(1 for _ in _wrong_nlinks(store))
     return report
+
+
+def _names_of(store: Store, digests: list[bytes]) -> list[str]:
+    paths = DirPaths(store.ns)
+    found = []
+    for digest in digests:
+        for ino in store.ns.inodes_with_hash(digest):
+            found += [paths.of_name(parent, name) for parent, name in store.ns.names_of(ino)]
+    return sorted(found)
+
+
+def as_json(report: FsckReport) -> dict:
+    """The report for ``fsck --json``: counts by problem, and the corrupt files by name."""
+    return {"blobs_checked": report.blobs_checked, "problems": report.problems(),
+            "corrupt_files": report.corrupt_files}
 
 
 def _wrong_nlinks(store: Store):

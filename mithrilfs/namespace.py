@@ -508,6 +508,39 @@ class Namespace:
         ).fetchone()
         return files, logical, self.blob_count()
 
+    def usage_by_top(self) -> list[tuple[str, int, int, int]]:
+        """(top-level name, files, their bytes, bytes of their distinct blobs) per entry of the root.
+
+        What takes the space, as ``stats`` shows it: inductor, triton, ...
+        A recursive walk of the entries, so a full scan: run it on a reader
+        in a thread.  Files at the root count under their own name.
+        """
+        rows = self.db.execute(
+            """WITH RECURSIVE tree(ino, top) AS (
+                   SELECT inode, name FROM dentries WHERE parent = ?
+                   UNION ALL
+                   SELECT d.inode, tree.top FROM dentries d JOIN tree ON d.parent = tree.ino
+               ), files AS (
+                   SELECT tree.top AS top, i.hash AS hash, i.size AS size
+                   FROM tree JOIN inodes i ON i.id = tree.ino WHERE (i.mode & 61440) = 32768
+               )
+               SELECT f.top, f.n, f.bytes, coalesce(u.stored, 0) FROM
+                   (SELECT top, count(*) AS n, coalesce(sum(size), 0) AS bytes FROM files GROUP BY top) f
+                   LEFT JOIN (SELECT top, sum(b.size) AS stored FROM (SELECT DISTINCT top, hash FROM files) h
+                              JOIN blobs b ON b.hash = h.hash GROUP BY top) u ON u.top = f.top
+               ORDER BY 4 DESC, 3 DESC""",
+            (ROOT_INODE,),
+        ).fetchall()
+        return [(bytes(top).decode(errors="surrogateescape"), n, size, stored) for top, n, size, stored in rows]
+
+    def largest_files(self, limit: int) -> list[tuple[int, bytes, int]]:
+        """(parent, name, size) of the *limit* largest named regular files."""
+        return self.db.execute(
+            "SELECT d.parent, d.name, i.size FROM inodes i JOIN dentries d ON d.inode = i.id"
+            " WHERE (i.mode & 61440) = 32768 ORDER BY i.size DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+
     # -- recovery --------------------------------------------------------
     def recover(self, *, after_crash: bool | None = None) -> dict[str, int]:
         """Repair what an unclean stop can leave: run at every mount, before serving.
@@ -585,3 +618,9 @@ class DirPaths:
             path = f"{path}/{part}" if path else part
             self._paths[child] = path
         return path
+
+    def of_name(self, parent: int, name: bytes) -> str:
+        """A name's path ('?/name' when its directory has no name any more)."""
+        base = self.of_dir(parent)
+        part = name.decode(errors="surrogateescape")
+        return "?/" + part if base is None else f"{base}/{part}" if base else part

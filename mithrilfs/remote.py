@@ -44,8 +44,9 @@ from typing import Any, BinaryIO, Callable
 from urllib.parse import urlparse, urlunparse
 
 import blake3
-import redis
-import redis.cluster
+
+# redis-py is imported where it is used: a mount without --remote (and every CLI command)
+# starts without it, 0.15 s sooner
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,8 @@ class RemoteTier:
         """The redis-py client, made at first use: a cluster client connects as it is made, and a
         tier that is down at mount time must cost a counted error, not the mount."""
         if self._client is None:
+            import redis.cluster
+
             if self.cluster:
                 self._client = redis.cluster.RedisCluster.from_url(
                     self._url, cluster_error_retry_attempts=1, require_full_coverage=True, **self._kwargs)
@@ -271,6 +274,8 @@ class RemoteTier:
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if not self.available():
             raise RemoteError(f"{self.url} unavailable ({self.last_error}); backing off")
+        import redis
+
         try:
             result = fn(*args)
         except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
@@ -398,6 +403,8 @@ class RemoteTier:
         if not self.cluster:
             return self._pipelined_script(self.client, calls)
         # redis-py's cluster pipeline refuses scripts: one plain pipeline per master instead
+        import redis
+
         by_node: dict[str, tuple[Any, list[int]]] = {}
         for i, call in enumerate(calls):
             node = self.client.get_node_from_key(call[0])
@@ -413,6 +420,8 @@ class RemoteTier:
         return results
 
     def _pipelined_script(self, client: Any, calls: list[tuple]) -> list[Any]:
+        import redis
+
         for attempt in (0, 1):
             pipe = client.pipeline(transaction=False)
             for call in calls:
@@ -550,6 +559,8 @@ class RemoteTier:
         prefix = self._dir_key("")
 
         def scan() -> list[str]:
+            import redis.cluster
+
             kwargs = {"target_nodes": redis.cluster.RedisCluster.PRIMARIES} if self.cluster else {}
             keys = self.client.scan_iter(match=_glob_escape(prefix) + "*", count=1000, **kwargs)
             return sorted({k[len(prefix):].decode(errors="surrogateescape") for k in keys})

@@ -29,20 +29,69 @@ ROOT_KEY = "/"
 _SAMPLES = 1024
 
 
+def _zeroes() -> dict[str, int]:
+    return dict.fromkeys(COUNTERS, 0)
+
+
 class Stats:
-    def __init__(self) -> None:
-        self.by_dir: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COUNTERS, 0))
+    """This mount's counters, plus those of earlier mounts of the store (kept in its index).
+
+    ccache users expect counters that outlive a restart and a way to zero
+    them: ``kept`` holds what earlier mounts counted since the last zero,
+    ``persisted()`` is what the index stores (kept plus this mount's), and
+    ``zero()`` starts both over.
+    """
+
+    def __init__(self, persisted: str | None = None) -> None:
+        self.by_dir: dict[str, dict[str, int]] = defaultdict(_zeroes)
         self.latency_ns: dict[str, deque[int]] = {op: deque(maxlen=_SAMPLES) for op in TIMED_OPS}
+        self.kept: dict[str, dict[str, int]] = defaultdict(_zeroes)
+        self.since = time.time()
+        self._restore(persisted)
+
+    def _restore(self, persisted: str | None) -> None:
+        """Earlier mounts' counters; a damaged record starts them over rather than failing the mount."""
+        if not persisted:
+            return
+        try:
+            doc = json.loads(persisted)
+            since = float(doc["since"])
+            kept = {str(top): {k: int(c.get(k, 0)) for k in COUNTERS} for top, c in doc["by_dir"].items()}
+        except (ValueError, TypeError, KeyError, AttributeError):
+            log.warning("the stored counters are unreadable; starting them over")
+            return
+        self.since = since
+        self.kept.update(kept)
 
     def add(self, top: str, counter: str, n: int = 1) -> None:
         self.by_dir[top][counter] += n
 
+    def zero(self) -> None:
+        """``stats --zero``: this mount's counters, earlier mounts' and the latency samples start over."""
+        self.by_dir.clear()
+        self.kept.clear()
+        for samples in self.latency_ns.values():
+            samples.clear()
+        self.since = time.time()
+
+    def all_mounts(self) -> dict[str, dict[str, int]]:
+        """Counters since the last zero, this mount's included, per top-level directory."""
+        out: dict[str, dict[str, int]] = defaultdict(_zeroes)
+        for source in (self.kept, self.by_dir):
+            for top, counters in source.items():
+                for k, v in counters.items():
+                    out[top][k] += v
+        return dict(out)
+
+    def persisted(self) -> str:
+        return json.dumps({"since": self.since, "by_dir": self.all_mounts()}, sort_keys=True)
+
     def record_latency(self, op: str, ns: int) -> None:
         self.latency_ns[op].append(ns)
 
-    def totals(self) -> dict[str, int]:
-        out = dict.fromkeys(COUNTERS, 0)
-        for counters in self.by_dir.values():
+    def totals(self, by_dir: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
+        out = _zeroes()
+        for counters in (self.by_dir if by_dir is None else by_dir).values():
             for k, v in counters.items():
                 out[k] += v
         return out
@@ -61,21 +110,25 @@ class Stats:
     def snapshot(self, gauges: dict[str, Any]) -> dict[str, Any]:
         """The document behind ``stats.json``: gauges, totals, rates, latency, by_dir."""
         totals = self.totals()
-        lookups = totals["hits"] + totals["misses"]
         physical = gauges.get("physical_bytes", 0)
         logical = gauges.get("logical_bytes", 0)
+        every = self.all_mounts()
         return {
             **gauges,
             **totals,
-            "hit_rate": round(totals["hits"] / lookups, 4) if lookups else 0.0,
+            "hit_rate": _hit_rate(totals),
             "dedup_ratio": round(logical / physical, 4) if physical else 1.0,
             "latency_us": self.latency_us(),
-            "by_dir": {
-                top: dict(c, hit_rate=round(c["hits"] / (c["hits"] + c["misses"]), 4) if c["hits"] + c["misses"]
-                          else 0.0)
-                for top, c in sorted(self.by_dir.items())
-            },
+            "by_dir": {top: dict(c, hit_rate=_hit_rate(c)) for top, c in sorted(self.by_dir.items())},
+            # the same counters over every mount since the last ``stats --zero``
+            "all_mounts": dict(self.totals(every), since=round(self.since, 3), hit_rate=_hit_rate(self.totals(every)),
+                               by_dir={top: dict(c, hit_rate=_hit_rate(c)) for top, c in sorted(every.items())}),
         }
+
+
+def _hit_rate(c: dict[str, int]) -> float:
+    lookups = c["hits"] + c["misses"]
+    return round(c["hits"] / lookups, 4) if lookups else 0.0
 
 
 def _percentile(ordered: list[int], q: float) -> float:
@@ -128,14 +181,33 @@ def format_table(snap: dict[str, Any]) -> str:
         f"{'directory':<16}{'hits':>9}{'misses':>9}{'hit%':>7}{'reads':>9}{'read':>11}{'writes':>9}{'written':>11}"
         f"{'commits':>9}{'dedup':>7}{'evicted':>9}",
     ]
-    rows = list(snap["by_dir"].items()) + [("total", {k: snap[k] for k in COUNTERS} | {"hit_rate": snap["hit_rate"]})]
-    for top, c in rows:
+    this_mount = {k: snap[k] for k in COUNTERS} | {"hit_rate": snap["hit_rate"]}
+    rows = [(top, c, "") for top, c in snap["by_dir"].items()] + [("this mount", this_mount, "")]
+    every = snap.get("all_mounts")
+    if every:
+        since = time.strftime("%Y-%m-%d %H:%M", time.localtime(every["since"]))
+        rows.append(("all mounts", every, f"   since {since}"))
+    for top, c, note in rows:
         lines.append(
             f"{top[:15]:<16}{c['hits']:>9}{c['misses']:>9}{c['hit_rate'] * 100:>6.1f}%{c['reads']:>9}"
             f"{format_size(c['read_bytes']):>11}{c['writes']:>9}{format_size(c['write_bytes']):>11}"
-            f"{c['commits']:>9}{c['dedup_hits']:>7}{c['evictions']:>9}"
+            f"{c['commits']:>9}{c['dedup_hits']:>7}{c['evictions']:>9}{note}"
         )
     lat = snap["latency_us"]
     lines.append("")
     lines.append("latency (us)  " + "   ".join(f"{op} p50 {q['p50']:.0f} p99 {q['p99']:.0f}" for op, q in lat.items()))
+    return "\n".join(lines)
+
+
+def format_usage(usage: dict[str, Any], *, top: bool) -> str:
+    """What takes the space: files and bytes per top-level directory, then the largest files."""
+    from .units import format_size
+
+    lines = [f"{'stored in':<16}{'files':>9}{'bytes':>11}{'on disk':>11}"]
+    for row in usage["by_top"]:
+        lines.append(f"{row['name'][:15]:<16}{row['files']:>9}{format_size(row['bytes']):>11}"
+                     f"{format_size(row['stored_bytes']):>11}")
+    if top:
+        lines += ["", f"largest {len(usage['largest'])} files"]
+        lines += [f"{format_size(row['bytes']):>11}  {row['path']}" for row in usage["largest"]]
     return "\n".join(lines)

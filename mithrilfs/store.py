@@ -93,11 +93,14 @@ class Store:
 def validate_store(path: str | os.PathLike[str]) -> None:
     """Refuse, without changing anything, a path that cannot be (or become) a store."""
     root = Path(path)
-    if not root.exists():
-        return
-    if not root.is_dir():
-        raise StoreError(f"{root}: store is not a directory")
-    _check_format(root, create=False)
+    try:
+        if not root.exists():
+            return
+        if not root.is_dir():
+            raise StoreError(f"{root}: store is not a directory")
+        _check_format(root, create=False)
+    except PermissionError:
+        raise StoreError(f"{root}: cannot open store: permission denied{_owner_hint(root)}") from None
 
 
 def _check_format(root: Path, *, create: bool = True) -> None:
@@ -144,17 +147,46 @@ def _make_private(root: Path) -> None:
             pass
 
 
+def _owner_hint(root: Path) -> str:
+    """Why a store cannot be used when another user owns it (a store made by root, used as a user)."""
+    import pwd
+
+    existing = next((p for p in (root, *root.parents) if os.path.lexists(p)), root)
+    try:
+        uid = existing.stat().st_uid
+    except OSError:
+        return ""
+    if uid == os.geteuid():
+        return ""
+    try:
+        owner = f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        owner = f"uid {uid}"
+    return (f"; {existing} belongs to {owner} and this is uid {os.geteuid()}: use a store of your own"
+            f" (--store DIR; the default is {default_store()}) or run as its owner")
+
+
 HOLDER_FILE = "mounted.json"
+
+
+def holder_record(root: Path) -> dict | None:
+    """{'pid': N, 'mountpoint': MP} of the daemon that mounted the store, while it runs; else None."""
+    try:
+        held = json.loads((root / HOLDER_FILE).read_text())
+        pid, mountpoint = int(held["pid"]), str(held["mountpoint"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {"pid": pid, "mountpoint": mountpoint}
 
 
 def _holder(root: Path) -> str:
     """Who holds the store, as the daemon wrote it at mount: ' (pid N, mounted at MP; ...)' or ''."""
-    try:
-        held = json.loads((root / HOLDER_FILE).read_text())
-        return (f" (pid {int(held['pid'])}, mounted at {held['mountpoint']}; use that mount, e.g. "
-                f"'mithrilfs run --mount {held['mountpoint']} -- CMD', or unmount it)")
-    except (OSError, ValueError, KeyError, TypeError):
+    held = holder_record(root)
+    if held is None:
         return ""
+    return (f" (pid {held['pid']}, mounted at {held['mountpoint']}; use that mount, e.g. "
+            f"'mithrilfs run --mount {held['mountpoint']} -- CMD', or unmount it)")
 
 
 def open_store(path: str | os.PathLike[str] | None = None) -> Store:
@@ -165,7 +197,7 @@ def open_store(path: str | os.PathLike[str] | None = None) -> Store:
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as e:
-        raise StoreError(f"{root}: cannot create store: {e.strerror}") from None
+        raise StoreError(f"{root}: cannot create store: {e.strerror}{_owner_hint(root)}") from None
     read_only = bool(os.statvfs(root).f_flag & os.ST_RDONLY)
     if not read_only:
         _make_private(root)
@@ -179,7 +211,7 @@ def open_store(path: str | os.PathLike[str] | None = None) -> Store:
             _check_format(root)
             lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as e:
-        raise StoreError(f"{root}: cannot open store: {e.strerror}") from None
+        raise StoreError(f"{root}: cannot open store: {e.strerror}{_owner_hint(root)}") from None
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

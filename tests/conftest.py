@@ -34,6 +34,29 @@ def run_cli(*args: str, check: bool = False, timeout: float = 120, **kw) -> subp
     return res
 
 
+def as_user(uid: int, *python_args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python3 ARGS`` as another user (no supplementary groups), in a process of its own.
+
+    The system Python runs it (the test's interpreter may sit where other
+    users cannot reach), with this checkout and its virtualenv's packages on
+    its path.
+    """
+    import sysconfig
+
+    path = os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3",
+                           *python_args], capture_output=True, text=True, timeout=60, cwd="/",
+                          env=dict(os.environ, PYTHONPATH=path, **(env or {})))
+
+
+def traversable(path: Path) -> None:
+    """Let other users reach *path* (pytest makes its base directory 0700)."""
+    for p in (path, *path.parents):
+        if p == Path("/tmp"):
+            break
+        os.chmod(p, p.stat().st_mode | 0o011)
+
+
 def write_committed(p: Path, data: bytes) -> None:
     """Write a file and fsync it, a commit point: the kernel tells the daemon nothing at close."""
     with open(p, "wb") as f:

@@ -214,7 +214,13 @@ def _mount_fusermount(mountpoint: str, allow_other: bool, read_only: bool) -> Fu
 def _fusermount_hint(message: str) -> str:
     line = message.splitlines()[-1] if message else message
     if "/dev/fuse" in line:
-        return line + " (this user may not use /dev/fuse: it is usually mode 0666; in a container, pass the device)"
+        try:
+            st = os.stat("/dev/fuse")
+            here = f"here it is mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}"
+        except OSError:
+            here = "here it is missing"
+        return line + (f" (this user may not use /dev/fuse: {here}; non-root mounts need it mode 0666"
+                       " (as root: chmod 0666 /dev/fuse), or mount as root; in a container, pass the device)")
     if "user_allow_other" in line:
         return line + " (add user_allow_other to /etc/fuse.conf, or mount without --allow-other)"
     if "Permission denied" in line or "Operation not permitted" in line:

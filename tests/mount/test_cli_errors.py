@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from conftest import CLI, REPO, MountFactory, is_mounted, run_cli, wait_for
+from conftest import CLI, REPO, MountFactory, as_user, is_mounted, run_cli, traversable, wait_for
 from mithrilfs.daemon import holders
 
 
@@ -212,3 +212,85 @@ def test_import_of_a_truncated_archive_imports_nothing(mount_factory: MountFacto
         one_line_error(res)
         assert "archive" in res.stderr
         assert not store.exists() or not [p for p in (store / "objects").rglob("*") if p.is_file()]
+
+
+# ----------------------------------------------------------------------
+# users, stores and daemons that cannot go on
+# ----------------------------------------------------------------------
+def test_non_root_mount_says_what_is_missing(tmp_path):
+    """A user mounts through fusermount3: one line that names /dev/fuse's mode when it is root's alone."""
+    mp, store = tmp_path / "user-mnt", tmp_path / "user-store"
+    for d in (mp, store):
+        d.mkdir()
+        os.chown(d, 1000, 1000)
+    traversable(tmp_path)
+    res = as_user(1000, "-m", "mithrilfs", "mount", str(mp), "--store", str(store), env={"HOME": str(tmp_path)})
+    if os.stat("/dev/fuse").st_mode & 0o006 == 0o006:  # usable by every user: the mount works
+        try:
+            assert res.returncode == 0, res.stderr
+            assert is_mounted(mp)
+        finally:
+            as_user(1000, "-m", "mithrilfs", "umount", str(mp))
+        return
+    one_line_error(res)
+    assert "/dev/fuse" in res.stderr and "mode 0600" in res.stderr and "0666" in res.stderr, res.stderr
+    assert not is_mounted(mp)
+
+
+def test_non_root_user_of_a_root_store_is_told_whose_it_is(tmp_path):
+    store = tmp_path / "root-store"
+    run_cli("config", str(store), check=True)  # made by root, private to root
+    (tmp_path / "user-mnt").mkdir()
+    os.chown(tmp_path / "user-mnt", 1000, 1000)
+    traversable(tmp_path)
+    for args in (["mount", str(tmp_path / "user-mnt"), "--store", str(store)], ["fsck", "--store", str(store)],
+                 ["export", "--store", str(store), "/tmp/never-written.tar"], ["config", str(store), "--max-size", "1G"],
+                 ["import", str(REPO / "LICENSE"), "--store", str(store)]):
+        res = as_user(1000, "-m", "mithrilfs", *args, env={"HOME": str(tmp_path)})
+        one_line_error(res)
+        if args[0] != "import":  # import names the bad archive first
+            assert "belongs to root (uid 0)" in res.stderr and "--store" in res.stderr, (args, res.stderr)
+    assert not os.path.exists("/tmp/never-written.tar")
+
+
+def test_a_daemon_that_fails_before_the_mount_is_ready_says_why(tmp_path):
+    store, mp = tmp_path / "s", tmp_path / "mp"
+    mp.mkdir()
+    run_cli("config", str(store), check=True)
+    (store / "mithrilfs.log").mkdir()  # the daemon cannot open its log
+    res = run_cli("mount", str(mp), "--store", str(store))
+    one_line_error(res)
+    assert "the daemon failed" in res.stderr and "IsADirectoryError" in res.stderr and "mithrilfs.log" in res.stderr
+    assert not is_mounted(mp)
+
+
+def test_ctrl_c_during_export_leaves_no_archive(mount_factory: MountFactory, tmp_path):
+    m = mount_factory()
+    for i in range(400):
+        (m.mountpoint / f"f{i}").write_bytes(os.urandom(100_000))
+    m.umount()
+    out = tmp_path / "x.tar"
+    proc = subprocess.Popen([*CLI, "export", "--store", str(m.store), str(out)], stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (tmp_path / ".x.tar.partial").exists() or proc.poll() is not None, 30, "the export to start")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode in (130, 0), err  # 0: it finished first, and then the archive is whole
+    assert "Traceback" not in err
+    assert not (tmp_path / ".x.tar.partial").exists()
+    if proc.returncode == 130:
+        assert not out.exists()
+    else:
+        assert run_cli("import", str(out), "--store", str(tmp_path / "check")).returncode == 0
+
+
+def test_fusermount_refusals_get_a_hint():
+    """fusermount3's own refusals (a user without user_allow_other, without /dev/fuse) say what to do."""
+    from mithrilfs.kernel.mount import _fusermount_hint
+
+    hint = _fusermount_hint("fusermount3: option allow_other only allowed if 'user_allow_other' is set in "
+                            "/etc/fuse.conf")
+    assert "add user_allow_other to /etc/fuse.conf" in hint and "--allow-other" in hint
+    hint = _fusermount_hint("fusermount3: failed to open /dev/fuse: Permission denied")
+    assert f"mode {os.stat('/dev/fuse').st_mode & 0o7777:04o}" in hint and "0666" in hint
+    hint = _fusermount_hint("fusermount3: user has no write access to mountpoint /x")
+    assert hint.endswith("/x")  # nothing to add to a message that already says what is wrong

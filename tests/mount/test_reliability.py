@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MountFactory, is_mounted, pid_alive, run_cli, wait_unmounted, write_committed
+from conftest import MountFactory, daemon_pid, is_mounted, pid_alive, run_cli, wait_unmounted, write_committed
 
 # Self-checking content: b"MFS1" + 8-byte length + 32-byte blake3 of the payload + payload.
 CHECKER = textwrap.dedent(
@@ -306,7 +306,10 @@ def test_read_only_store_serves_reads_and_refuses_writes(mount_factory: MountFac
     m.umount()
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     try:
-        m.mount()
+        res = run_cli("mount", str(m.mountpoint), "--store", str(m.store), check=True)
+        m.pid = daemon_pid(m.mountpoint)
+        assert "read-only" in res.stderr, res.stderr  # said at mount, not silent
+        assert "read-only store" in run_cli("status", str(m.mountpoint), check=True).stdout
         assert (m.mountpoint / "dir" / "kept.so").read_bytes() == b"committed" * 1000
         for attempt in (
             lambda: (m.mountpoint / "new").write_bytes(b"x"),

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MountFactory, RedisServer, run_cli, wait_for, wait_uploaded, write_committed
+from conftest import (MountFactory, RedisServer, as_user, run_cli, traversable, wait_for, wait_uploaded,
+                      write_committed)
 from test_shared_tier import _remote, blob_key, entry
 
 ROOT_DIR = "mfs:default:d:"
@@ -287,20 +288,6 @@ def test_one_version_per_path_and_conflicts_are_counted(mount_factory: MountFact
 # ----------------------------------------------------------------------
 # permissions and secrets
 # ----------------------------------------------------------------------
-def as_user(uid: int, code: str) -> subprocess.CompletedProcess:
-    """Run Python code as another user (no supplementary groups), from a process of its own."""
-    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3",
-                           "-c", code], capture_output=True, text=True, timeout=60)
-
-
-def traversable(path: Path) -> None:
-    """Let other users reach *path* (pytest makes its base directory 0700)."""
-    for p in (path, *path.parents):
-        if p == Path("/tmp"):
-            break
-        os.chmod(p, p.stat().st_mode | 0o011)
-
-
 def test_remote_entries_take_the_mount_owner_and_published_modes(mount_factory: MountFactory,
                                                                    redis_server: RedisServer):
     a = mount_factory("a", *_remote(redis_server))
@@ -314,7 +301,7 @@ def test_remote_entries_take_the_mount_owner_and_published_modes(mount_factory: 
     traversable(mount_factory.root)
     b = mount_factory("b", *_remote(redis_server), "--allow-other")
     os.chown(b.mountpoint, 1000, 1000)  # the application's user owns its cache
-    res = as_user(1000, f"open({str(b.mountpoint / 'inductor' / 'ab' / 'mine.so')!r}, 'wb').write(b'x');"
+    res = as_user(1000, "-c", f"open({str(b.mountpoint / 'inductor' / 'ab' / 'mine.so')!r}, 'wb').write(b'x');"
                         f"print(open({str(b.mountpoint / 'inductor' / 'ab' / 'kernel.so')!r}, 'rb').read())")
     assert res.returncode == 0, res.stderr
     assert "b'code'" in res.stdout
