@@ -98,41 +98,54 @@ def _count(text: str) -> int:
     return int(text)
 
 
-#: The options a store keeps (``settings.SETTINGS``): flag, parser, metavar, help, default.
+#: The options a store keeps: ``settings.SETTINGS`` name (the flag is --name-with-dashes), parser,
+#: metavar, help, default.
 _SETTING_OPTIONS = (
-    ("--max-size", _size, "SIZE", "byte budget of the store: 500M, 10G, 1.5T or bytes", "10G"),
-    ("--high-watermark", _fraction, "PCT", "start evicting above this share of the budget", "95%%"),
-    ("--low-watermark", _fraction, "PCT", "evict down to this share of the budget", "85%%"),
-    ("--min-age", _duration, "DURATION", "never evict files changed more recently", "5s"),
-    ("--idle-ttl", _duration, "DURATION", "evict anything unused for this long, even under budget", "never"),
-    ("--min-entries", _count, "N", "never evict below N files or groups", "0"),
+    ("max_size", _size, "SIZE", "byte budget of the store: 500M, 10G, 1.5T or bytes", "10G"),
+    ("high_watermark", _fraction, "PCT", "start evicting above this share of the budget", "95%%"),
+    ("low_watermark", _fraction, "PCT", "evict down to this share of the budget", "85%%"),
+    ("min_age", _duration, "DURATION", "never evict files changed more recently", "5s"),
+    ("idle_ttl", _duration, "DURATION", "evict anything unused for this long, even under budget", "never"),
+    ("min_entries", _count, "N", "never evict below N files or groups", "0"),
 )
 
 
 def _add_settings(p: argparse.ArgumentParser, default_from: str) -> None:
     """The options a store keeps; unset ones are None (so the store's value can stand)."""
-    for flag, parse, metavar, text, default in _SETTING_OPTIONS:
-        p.add_argument(flag, type=parse, default=None, metavar=metavar, help=f"{text} (default: {default_from}{default})")
+    for name, parse, metavar, text, default in _SETTING_OPTIONS:
+        p.add_argument("--" + name.replace("_", "-"), type=parse, default=None, metavar=metavar,
+                       help=f"{text} (default: {default_from}{default})")
 
 
 def _given_settings(args: argparse.Namespace) -> dict[str, Any]:
-    from .settings import SETTINGS
-
-    return {k: getattr(args, k) for k in SETTINGS if getattr(args, k) is not None}
+    return {name: getattr(args, name) for name, *_ in _SETTING_OPTIONS if getattr(args, name) is not None}
 
 
-def _store_policy(store: Path, given: dict[str, Any]) -> EvictionPolicy:
-    """The store's settings with *given* (the command line's) on top; a one-line error when they conflict."""
+def _stored_settings(store: Path) -> dict[str, Any]:
+    """The settings *store* keeps ({} for a store not made yet); a one-line error when it cannot tell."""
     from . import settings
     from .store import validate_store
 
     try:
         validate_store(store)
-        return settings.policy(settings.load(store) if store.exists() else {}, given)
+        return settings.load(store) if store.exists() else {}
     except StoreError as e:
         raise UsageError(str(e)) from None
+
+
+def _policy(store: Path, settings_: dict[str, Any], given: dict[str, Any]) -> EvictionPolicy:
+    """*settings_* with *given* (the command line's) on top; a one-line error when they conflict."""
+    from . import settings
+
+    try:
+        return settings.policy(settings_, given)
     except ValueError as e:
         raise UsageError(f"{e} (settings of {store} with this command line's)") from None
+
+
+def _store_policy(store: Path, given: dict[str, Any]) -> EvictionPolicy:
+    """The store's settings with *given* (the command line's) on top."""
+    return _policy(store, _stored_settings(store), given)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -392,21 +405,20 @@ def _control_command(path: Path, request: str) -> dict:
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
-    path = control_file(args.mountpoint, "gc")
-    return _evict(args, path, f"to={args.to}" if args.to is not None else "run")
+    return _evict(args, "gc", f"to={args.to}" if args.to is not None else "run", args.to)
 
 
 def _cmd_clear(args: argparse.Namespace) -> int:
-    return _evict(args, control_file(args.mountpoint, "clear"), "run")
+    return _evict(args, "clear", "run", 0)
 
 
-def _evict(args: argparse.Namespace, path: Path, request: str) -> int:
-    """Run an eviction command (``gc``, ``clear``), drawing its progress, and say what it freed in words."""
+def _evict(args: argparse.Namespace, command: str, request: str, target: int | None) -> int:
+    """Run an eviction command (``gc``, ``clear``) down to *target* bytes (None: the low watermark),
+    drawing its progress, and say what it freed in words."""
+    path = control_file(args.mountpoint, command)
     before = _read_stats(args.mountpoint)
-    if path.name == "clear":
-        target = 0
-    else:
-        target = args.to if args.to is not None else before["low_bytes"]
+    if target is None:
+        target = before["low_bytes"]
     to_free = max(0, before["physical_bytes"] - target)
     draw = _progress_bar("evicting", sizes=True) if to_free and not args.json else None
     answer = _while_drawing(lambda: _control_command(path, request), args.mountpoint, draw, to_free)
@@ -786,13 +798,10 @@ def _cmd_config(args: argparse.Namespace) -> int:
     # checked before anything changes: settings that do not fit together are a one-line error
     if args.reset:
         validate_store(root)  # a damaged settings file is what --reset is for
+        stored = dict(given)
     else:
-        _store_policy(root, {})
-    stored = ({} if args.reset else settings.load(root) if root.exists() else {}) | given
-    try:
-        settings.policy(stored)
-    except ValueError as e:
-        raise UsageError(f"{e} (settings of {root} with this command line's)") from None
+        stored = _stored_settings(root) | given
+    policy = _policy(root, stored, {})
     if not (root / "FORMAT").exists():
         open_store(root).close()  # a new store, made as a mount would make it
     if given or args.reset:
@@ -803,7 +812,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
         mp = Path(held["mountpoint"])
         if daemon.probe_mount(mp, timeout=5.0) == "live":
             applied = _control_command(control_file(mp, "settings"), "reload")
-    policy = settings.policy(stored)
     shown = {k: getattr(policy, field) for k, (field, _) in settings.SETTINGS.items()}
     if args.json:
         print(json.dumps({"store": str(root), "settings": shown, "stored": sorted(stored),

@@ -588,6 +588,12 @@ class Namespace:
             self.set_meta("clean", "1")
 
 
+def join_path(dir_path: str, name: bytes) -> str:
+    """A name's path below *dir_path* ("" for the root), as stats, the shared tier and fsck spell it."""
+    text = name.decode(errors="surrogateescape")
+    return f"{dir_path}/{text}" if dir_path else text
+
+
 class DirPaths:
     """Each directory's path from the mount root ("" for the root), cached.
 
@@ -614,13 +620,10 @@ class DirPaths:
             chain.append((d, name))
             d = parent
         for child, name in reversed(chain):
-            part = name.decode(errors="surrogateescape")
-            path = f"{path}/{part}" if path else part
-            self._paths[child] = path
+            path = self._paths[child] = join_path(path, name)
         return path
 
     def of_name(self, parent: int, name: bytes) -> str:
         """A name's path ('?/name' when its directory has no name any more)."""
         base = self.of_dir(parent)
-        part = name.decode(errors="surrogateescape")
-        return "?/" + part if base is None else f"{base}/{part}" if base else part
+        return join_path("?" if base is None else base, name)

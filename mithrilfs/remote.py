@@ -45,6 +45,8 @@ from urllib.parse import urlparse, urlunparse
 
 import blake3
 
+from .namespace import join_path
+
 # redis-py is imported where it is used: a mount without --remote (and every CLI command)
 # starts without it, 0.15 s sooner
 
@@ -549,7 +551,7 @@ class RemoteTier:
             if not valid_name(name):
                 self.counters["remote_rejected"] += 1
                 continue
-            entry = self.decode(_join(dir_path, name), value)
+            entry = self.decode(join_path(dir_path, name), value)
             if entry is not None:
                 out[name] = entry
         return out
@@ -621,8 +623,3 @@ class RemoteTier:
 
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
-def _join(dir_path: str, name: bytes) -> str:
-    text = name.decode(errors="surrogateescape")
-    return f"{dir_path}/{text}" if dir_path else text

@@ -33,7 +33,7 @@ import trio
 from .blobs import Blobs
 from .cas import EMPTY_DIGEST
 from .lifetime import Lifetimes, Removed
-from .namespace import ROOT_INODE, DirPaths, Inode, Namespace
+from .namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path
 from .remote import RemoteEntry, RemoteError, RemoteTier
 from .stats import EventLog
 
@@ -66,11 +66,6 @@ def node_id(ns: Namespace) -> str:
 def version_of(ino: Inode) -> int:
     """An inode's version: the microsecond it last changed (ctime; users cannot set it)."""
     return ino.ctime_ns // 1000
-
-
-def _join(dir_path: str, name: bytes) -> str:
-    text = name.decode(errors="surrogateescape")
-    return f"{dir_path}/{text}" if dir_path else text
 
 
 class SharedTier:
@@ -175,7 +170,7 @@ class SharedTier:
         for name, local, entry in existing:
             if self.ns.get(d) is None:
                 return
-            await self._reconcile(d, name, local, entry, _join(dir_path, name))
+            await self._reconcile(d, name, local, entry, join_path(dir_path, name))
 
     def merge(self, d: int, dir_path: str, entries: dict[bytes, RemoteEntry],
               only: set[bytes] | None = None) -> list[tuple[bytes, int, RemoteEntry]]:
@@ -194,7 +189,7 @@ class SharedTier:
                 local = self.ns.lookup(d, name)
                 if local is not None:
                     existing.append((name, local, entry))
-                elif not entry.is_tombstone and _join(dir_path, name) not in self.pending_tombstones:
+                elif not entry.is_tombstone and join_path(dir_path, name) not in self.pending_tombstones:
                     self._create(parent, name, entry)
         return existing
 
@@ -332,7 +327,7 @@ class SharedTier:
         for parent, name in self.ns.names_of(ino)[:1]:
             dir_path = self.paths.of_dir(parent)
             if dir_path is not None:
-                self._to_record.append(_join(dir_path, name))
+                self._to_record.append(join_path(dir_path, name))
                 self._wake.set()
 
     async def _send_recorded(self) -> None:
@@ -379,7 +374,7 @@ class SharedTier:
         dir_path = self.paths.of_dir(parent)
         if dir_path is None:
             return
-        path = _join(dir_path, name)
+        path = join_path(dir_path, name)
         version = time.time_ns() // 1000
         self.ns.queue_tombstone(path, version)
         self.pending_tombstones[path] = version
@@ -469,7 +464,7 @@ class SharedTier:
                 dir_path = self._add_dirs(parent, items, names, dirs_done)
                 if dir_path is None:
                     continue
-                path = _join(dir_path, name)
+                path = join_path(dir_path, name)
                 if stat.S_ISLNK(node.mode):
                     entry = RemoteEntry("l", version_of(node), self.node, mode=0o777, mtime_ns=node.mtime_ns,
                                         target=(node.target or b"").decode(errors="surrogateescape"))
@@ -518,7 +513,7 @@ class SharedTier:
             up_path = self.paths.of_dir(up_parent)
             if node is None or up_path is None:
                 return None
-            items.append((_join(up_path, name), RemoteEntry("d", version_of(node), self.node,
+            items.append((join_path(up_path, name), RemoteEntry("d", version_of(node), self.node,
                                                              mode=stat.S_IMODE(node.mode), mtime_ns=node.mtime_ns)))
             names.append((up_parent, name))
         return self.paths.of_dir(parent)

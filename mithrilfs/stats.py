@@ -113,6 +113,7 @@ class Stats:
         physical = gauges.get("physical_bytes", 0)
         logical = gauges.get("logical_bytes", 0)
         every = self.all_mounts()
+        every_totals = self.totals(every)
         return {
             **gauges,
             **totals,
@@ -121,7 +122,7 @@ class Stats:
             "latency_us": self.latency_us(),
             "by_dir": {top: dict(c, hit_rate=_hit_rate(c)) for top, c in sorted(self.by_dir.items())},
             # the same counters over every mount since the last ``stats --zero``
-            "all_mounts": dict(self.totals(every), since=round(self.since, 3), hit_rate=_hit_rate(self.totals(every)),
+            "all_mounts": dict(every_totals, since=round(self.since, 3), hit_rate=_hit_rate(every_totals),
                                by_dir={top: dict(c, hit_rate=_hit_rate(c)) for top, c in sorted(every.items())}),
         }
 

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -112,6 +113,25 @@ class Mount:
             if pid_alive(self.pid):
                 os.kill(self.pid, signal.SIGKILL)
         self.pid = None
+
+
+ENTRYPOINT = REPO / "deploy" / "entrypoint.sh"
+#: The console script the entrypoint runs (``MITHRILFS_BIN``): this virtualenv's.
+MITHRILFS_BIN = str(Path(sys.executable).parent / "mithrilfs")
+
+
+@contextmanager
+def running_entrypoint(env: dict[str, str], mountpoint: Path, store: Path) -> Iterator[subprocess.Popen]:
+    """The container entrypoint started with *env*; its mount is always cleaned up and the process ended."""
+    proc = subprocess.Popen(["sh", str(ENTRYPOINT)], env=env, stderr=subprocess.DEVNULL)
+    m = Mount(mountpoint, store, pid=proc.pid)
+    try:
+        yield proc
+    finally:
+        m.force_cleanup()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @dataclass

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, is_mounted, run_cli
+from conftest import ENTRYPOINT, MITHRILFS_BIN, REPO, is_mounted, run_cli
 
 pytestmark = pytest.mark.e2e
 WORKLOAD = REPO / "scripts" / "compile_workload.py"
-BIN = str(Path(sys.executable).parent / "mithrilfs")
 
 
 @pytest.fixture
@@ -50,9 +49,9 @@ def _app(env: dict) -> dict:
 @pytest.mark.timeout(900)
 def test_sidecar_in_its_own_namespace_serves_apps_in_theirs(shared_dir: Path, tmp_path: Path):
     cache, store = shared_dir / "cache", tmp_path / "store"
-    env = dict(os.environ, MITHRILFS_MOUNTPOINT=str(cache), MITHRILFS_STORE=str(store), MITHRILFS_BIN=BIN)
+    env = dict(os.environ, MITHRILFS_MOUNTPOINT=str(cache), MITHRILFS_STORE=str(store), MITHRILFS_BIN=MITHRILFS_BIN)
     sidecar = subprocess.Popen(["unshare", "-m", "--propagation", "unchanged", "sh",
-                                str(REPO / "deploy" / "entrypoint.sh")], env=env, stderr=subprocess.DEVNULL)
+                                str(ENTRYPOINT)], env=env, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not (is_mounted(cache) and (cache / ".mithrilfs" / "pid").exists()):

@@ -6,61 +6,42 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import yaml
 
-from conftest import REPO, Mount, free_port, is_mounted, run_cli, write_committed
-
-ENTRYPOINT = REPO / "deploy" / "entrypoint.sh"
-BIN = str(Path(sys.executable).parent / "mithrilfs")
-
-
-def _wait(pred, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
+from conftest import (ENTRYPOINT, MITHRILFS_BIN, REPO, free_port, is_mounted, run_cli, running_entrypoint,
+                      wait_for, write_committed)
 
 def test_entrypoint_mounts_from_environment_and_stops_cleanly_on_sigterm(tmp_path):
     mp, store = tmp_path / "cache", tmp_path / "store"
     port = free_port()
     env = dict(os.environ, MITHRILFS_MOUNTPOINT=str(mp), MITHRILFS_STORE=str(store), MITHRILFS_MAX_SIZE="123M",
-               MITHRILFS_METRICS_PORT=str(port), MITHRILFS_MIN_AGE="0", MITHRILFS_BIN=BIN)
-    proc = subprocess.Popen(["sh", str(ENTRYPOINT)], env=env, stderr=subprocess.PIPE, text=True)
-    m = Mount(mp, store, pid=proc.pid)
-    try:
-        _wait(lambda: is_mounted(mp) and (mp / ".mithrilfs" / "stats.json").exists())
+               MITHRILFS_METRICS_PORT=str(port), MITHRILFS_MIN_AGE="0", MITHRILFS_BIN=MITHRILFS_BIN)
+    with running_entrypoint(env, mp, store) as proc:
+        wait_for(lambda: is_mounted(mp) and (mp / ".mithrilfs" / "stats.json").exists(), what="the mount")
         stats = json.loads((mp / ".mithrilfs" / "stats.json").read_text())
         assert stats["max_bytes"] == 123 << 20 and stats["pid"] == proc.pid  # exec'd: signals reach mithrilfs
         (mp / "inductor").mkdir()
         write_committed(mp / "inductor" / "artifact.so", b"kept across restarts")
-        _wait(lambda: b"mithrilfs_files" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())
+        wait_for(lambda: b"mithrilfs_files" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read(),
+                 what="the metrics")
         assert run_cli("status", str(mp)).returncode == 0  # what HEALTHCHECK runs
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert not is_mounted(mp)
-        assert run_cli("fsck", "--store", str(store)).returncode == 0
-        # the next start of the container finds everything
-        proc = subprocess.Popen(["sh", str(ENTRYPOINT)], env=env, stderr=subprocess.DEVNULL)
-        m.pid = proc.pid
-        _wait(lambda: is_mounted(mp) and (mp / "inductor").exists())
+    assert run_cli("fsck", "--store", str(store)).returncode == 0
+    # the next start of the container finds everything
+    with running_entrypoint(env, mp, store) as proc:
+        wait_for(lambda: is_mounted(mp) and (mp / "inductor").exists(), what="the second mount")
         assert (mp / "inductor" / "artifact.so").read_bytes() == b"kept across restarts"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-    finally:
-        m.force_cleanup()
-        if proc.poll() is None:
-            proc.kill()
 
 
 def test_entrypoint_bad_environment_fails_with_one_line(tmp_path):
     env = dict(os.environ, MITHRILFS_MOUNTPOINT=str(tmp_path / "c"), MITHRILFS_STORE=str(tmp_path / "s"),
-               MITHRILFS_MAX_SIZE="lots", MITHRILFS_BIN=BIN)
+               MITHRILFS_MAX_SIZE="lots", MITHRILFS_BIN=MITHRILFS_BIN)
     res = subprocess.run(["sh", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "invalid size" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 

@@ -125,11 +125,8 @@ def test_prefetch_with_redis_down_fails_within_seconds(mount_factory: MountFacto
 def test_sidecar_prefetches_before_the_app_is_let_in(mount_factory: MountFactory, redis_server: RedisServer,
                                                      tmp_path):
     import signal
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    from conftest import REPO, Mount, is_mounted
+    from conftest import MITHRILFS_BIN, is_mounted, running_entrypoint
 
     a = mount_factory("a", *_remote(redis_server))
     files = fill(a, dirs=3, per_dir=10)
@@ -140,11 +137,8 @@ def test_sidecar_prefetches_before_the_app_is_let_in(mount_factory: MountFactory
              "the startup set")
     mp, store = tmp_path / "cache", tmp_path / "sidecar-store"
     env = dict(os.environ, MITHRILFS_MOUNTPOINT=str(mp), MITHRILFS_STORE=str(store), MITHRILFS_MIN_AGE="0",
-               MITHRILFS_REMOTE=redis_server.url, MITHRILFS_PREFETCH="1",
-               MITHRILFS_BIN=str(Path(sys.executable).parent / "mithrilfs"))
-    proc = subprocess.Popen(["sh", str(REPO / "deploy" / "entrypoint.sh")], env=env, stderr=subprocess.DEVNULL)
-    m = Mount(mp, store, pid=proc.pid)
-    try:
+               MITHRILFS_REMOTE=redis_server.url, MITHRILFS_PREFETCH="1", MITHRILFS_BIN=MITHRILFS_BIN)
+    with running_entrypoint(env, mp, store) as proc:
         wait_for(lambda: is_mounted(mp) and run_cli("status", "--ready", str(mp)).returncode == 0, 60,
                  "the startup probe to pass")
         s = json.loads((mp / ".mithrilfs" / "stats.json").read_text())
@@ -152,7 +146,3 @@ def test_sidecar_prefetches_before_the_app_is_let_in(mount_factory: MountFactory
         assert s["physical_bytes"] == sum(len(v) for v in files.values())  # warm before the app starts
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-    finally:
-        m.force_cleanup()
-        if proc.poll() is None:
-            proc.kill()
