@@ -299,6 +299,7 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
         log.info("serving %s (store %s%s, pid %d, budget %d bytes)", opts.mountpoint, opts.store,
                  ", read-only" if store.read_only else "", os.getpid(), opts.policy.max_bytes)
         ops.lifetimes.notify_removed = lambda parent, name, ino: session.notify_delete(parent, ino, name)
+        ops.lifetimes.notify_changed = session.invalidate_inode
         ops.stats_snapshot()
         if metrics is not None:
             metrics.start()

@@ -17,6 +17,7 @@ holds the inode (an open file, an mmapped ``.so``) and goes at FORGET.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -26,7 +27,7 @@ import os
 import sqlite3
 import stat
 import time
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
 import trio
 
@@ -42,7 +43,7 @@ from .remote import RemoteError, RemoteTier
 from .stats import ROOT_KEY, EventLog, Stats
 from .store import Store, StoreError, is_disk_full
 from .units import parse_size
-from .writepath import IDLE_COMMIT_SECONDS, OFFLOAD_MIN, Staged, WritePath
+from .writepath import IDLE_COMMIT_SECONDS, OFFLOAD_MIN, ContentDropped, Staged, WritePath
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +82,14 @@ async def _retry_when_full(ops: "Operations", attempt: Callable[[], Awaitable[An
     try:
         return await attempt()
     except (OSError, sqlite3.OperationalError) as e:
-        if not is_disk_full(e):
+        if not _room_would_help(e):
             raise
     return await _retry_after_room(ops, attempt, data=data)
+
+
+def _room_would_help(e: BaseException) -> bool:
+    """A full disk that evicting may cure (a file whose writes already failed for room is past that)."""
+    return is_disk_full(e) and not isinstance(e, ContentDropped)
 
 
 async def _retry_after_room(ops: "Operations", attempt: Callable[[], Awaitable[Any]], *, data: bool) -> Any:
@@ -92,12 +98,14 @@ async def _retry_after_room(ops: "Operations", attempt: Callable[[], Awaitable[A
     The reserve (``Store.ensure_reserve``) is room for the index alone: an
     index-only retry (a commit, unlink, rename, a delete at FORGET) may use
     it, and it is taken back afterwards when there is room again; a retry
-    that writes file data (*data*) runs with the reserve in place, on what
-    eviction freed, so written bytes can never take the index's last room.
+    that writes file data (*data*) runs only with the reserve in place, on
+    what eviction freed, so written bytes can never take the index's last
+    room (without it the retry fails as the attempt did).
     """
     await ops.make_room()
     if data:
-        ops.store.ensure_reserve()
+        if not ops.store.ensure_reserve():
+            raise OSError(errno.ENOSPC, "no room on the store's disk for the index's reserve")
         return await attempt()
     try:
         return await attempt()
@@ -123,7 +131,7 @@ def _error_policy(*, data: bool) -> Callable[[F], F]:
                 try:
                     return await fn(self, *args, **kwargs)
                 except (OSError, sqlite3.OperationalError) as e:
-                    if not is_disk_full(e):
+                    if not _room_would_help(e):
                         raise
                 return await _retry_after_room(self, lambda: fn(self, *args, **kwargs), data=data)
             except FUSEError:
@@ -233,6 +241,9 @@ class Operations(kernel.Operations):
         self._nursery: trio.Nursery | None = None
         self._room_lock = trio.Lock()
         self._room_made = 0
+        #: Inodes a request in flight works on (a rename, link or chmod that committed them first):
+        #: the eviction their own commit starts must not take them from under the request.
+        self._in_use: dict[int, int] = {}
         self.evictor = Evictor(self.policy, self.ns, self.recency, self.physical, self.evict_unit, self._evicted)
 
     # ------------------------------------------------------------------
@@ -307,6 +318,20 @@ class Operations(kernel.Operations):
     def _touch_dir(self, parent: int) -> None:
         now = time.time_ns()
         self.ns.update_attrs(self._inode(parent), mtime_ns=now, ctime_ns=now)
+
+    @contextlib.contextmanager
+    def _using(self, *inodes: int) -> Iterator[None]:
+        """Keep *inodes* from eviction while a request works on them (see ``_in_use``)."""
+        for ino in inodes:
+            self._in_use[ino] = self._in_use.get(ino, 0) + 1
+        try:
+            yield
+        finally:
+            for ino in inodes:
+                if (left := self._in_use[ino] - 1) > 0:
+                    self._in_use[ino] = left
+                else:
+                    del self._in_use[ino]
 
     def _check_not_control(self, parent: int, name: bytes) -> None:
         _check_name_length(name)
@@ -421,7 +446,8 @@ class Operations(kernel.Operations):
         changes: dict[str, int] = {}
         if fields.update_mode:
             # GNU ld chmods its output last: the content is whole
-            await self.writes.commit_inode(inode)
+            with self._using(inode):
+                await self.writes.commit_inode(inode)
             ino = self._inode(inode)
             changes["mode"] = stat.S_IFMT(ino.mode) | stat.S_IMODE(attr.st_mode)
         if fields.update_uid:
@@ -500,7 +526,8 @@ class Operations(kernel.Operations):
             raise _err(errno.EPERM)
         if self._inode(inode).is_dir:
             raise _err(errno.EPERM)
-        await self.writes.commit_inode(inode)  # a second name: the content is whole
+        with self._using(inode):
+            await self.writes.commit_inode(inode)  # a second name: the content is whole
         ino = self._inode(inode)
         if ino.nlink == 0:
             raise _err(errno.ENOENT)
@@ -572,10 +599,25 @@ class Operations(kernel.Operations):
         self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Any
     ) -> None:
         self._check_not_control(parent_inode_new, name_new)
-        # the frameworks publish by rename: what the source holds is whole; commit it first
-        await self.writes.commit_inode(self._lookup_existing(parent_inode_old, name_old).id)
-        if flags & kernel.RENAME_EXCHANGE and (other := self.ns.lookup(parent_inode_new, name_new)) is not None:
-            await self.writes.commit_inode(other)
+        source = self._lookup_existing(parent_inode_old, name_old).id
+        other = self.ns.lookup(parent_inode_new, name_new) if flags & kernel.RENAME_EXCHANGE else None
+        # a rename the kernel sent completes whatever the budget: the commits below may start an
+        # eviction, which must not take the files being renamed
+        with self._using(source, *([other] if other is not None else [])):
+            # the frameworks publish by rename: what the source holds is whole; commit it first
+            await self.writes.commit_inode(source)
+            if other is not None:
+                await self.writes.commit_inode(other)
+            replaced = self._rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+        if replaced is not None:
+            await self._delete_if_unused(replaced)
+
+    def _rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
+                flags: int) -> int | None:
+        """The rename itself, once the files involved are committed: index changes only, no await.
+
+        Returns the inode whose name it replaced, to be deleted once nothing holds it.
+        """
         src = self._lookup_existing(parent_inode_old, name_old)
         dst_id = self.ns.lookup(parent_inode_new, name_new)
         dst = self._inode(dst_id) if dst_id is not None else None
@@ -592,12 +634,12 @@ class Operations(kernel.Operations):
                 self._tops.clear()
             self._publish(src)
             self._publish(dst)
-            return
+            return None
         if dst is not None:
             if flags & kernel.RENAME_NOREPLACE:
                 raise _err(errno.EEXIST)
             if dst.id == src.id:
-                return
+                return None
             if dst.is_dir:
                 if not src.is_dir:
                     raise _err(errno.EISDIR)
@@ -622,8 +664,7 @@ class Operations(kernel.Operations):
             self.paths.clear()  # a subtree moved: recompute lazily
             self._tops.clear()
         self._publish(src)
-        if dst is not None:
-            await self._delete_if_unused(dst.id)
+        return dst.id if dst is not None else None
 
     def _exchange(self, p_a: int, n_a: bytes, a: Inode, p_b: int, n_b: bytes, b: Inode) -> None:
         with self.ns.txn():
@@ -657,8 +698,11 @@ class Operations(kernel.Operations):
             raise _err(errno.EINVAL)
         return self.writes.staged_for(inode, self._top(ino))
 
-    async def make_room(self) -> None:
+    async def make_room(self, at_least: int = 0) -> None:
         """The backing disk is full before the budget is: evict a slice of the cache now.
+
+        A slice is a tenth of what the store holds, at least 1 MiB and at
+        least *at_least* (the write waiting for it).
 
         The reserve file is released first: it gives the index room to
         record the evictions (and an index-only retry room, see
@@ -672,7 +716,7 @@ class Operations(kernel.Operations):
             log.warning("backing store is full at %d bytes: evicting to make room", self.physical())
             self.store.release_reserve()
             try:
-                await self.evictor.make_room(max(self.physical() // 10, 1 << 20))
+                await self.evictor.make_room(max(self.physical() // 10, 1 << 20, at_least))
                 self.ns.shrink_wal()
             finally:
                 self._room_made += 1
@@ -788,7 +832,7 @@ class Operations(kernel.Operations):
         finally:
             os.close(fd)
 
-    @_data_request
+    @_request
     async def write(self, inode: int, fh: int, off: int, buf: bytes) -> int:
         if self.control.is_control(inode):
             if not self.control.is_command(inode):
@@ -797,11 +841,46 @@ class Operations(kernel.Operations):
             await self.control.run_command(inode, bytes(buf))
             return len(buf)
         of = self._staged(inode)
-        n = await self.writes.write(of, off, buf)
+        n = await self._write_with_room(of, off, buf)
         counters = self.stats.by_dir[of.top]
         counters["writes"] += 1
         counters["write_bytes"] += n
         return n
+
+    async def _write_with_room(self, of: Staged, off: int, buf: bytes) -> int:
+        """Write into staging; on a full disk, one slice of the cache per file, then the file fails.
+
+        A file gets one eviction slice (``make_room``) for all its writes:
+        a writer that still does not fit after that would otherwise evict
+        the whole cache and fail anyway.  The retry runs only with the
+        index's reserve in place.  A file that fails gives its staging back
+        at once (``WritePath.fail``), so the disk, the reserve and unlink
+        work again; its content is not kept.
+        """
+        if of.failed:
+            raise _err(errno.ENOSPC)
+        try:
+            return await self.writes.write(of, off, buf)
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+        if not of.room_made:
+            of.room_made = True
+            await self.make_room(len(buf))
+            if self.store.ensure_reserve():
+                try:
+                    return await self.writes.write(of, off, buf)
+                except OSError as e:
+                    if not is_disk_full(e):
+                        raise
+        await self.writes.fail(of)
+        self.store.ensure_reserve()
+        self.lifetimes.notify_changed(of.inode.id)  # the kernel's size and pages are of the dropped content
+        log.warning("inode %d: no room on the store's disk for its writes even after evicting: its content "
+                    "is dropped (ENOSPC)", of.inode.id)
+        self.events.emit("error", op="write", error="no space left on the store's disk; the file's content "
+                         "was dropped")
+        raise _err(errno.ENOSPC)
 
     @_request
     async def fsync(self, inode: int, fh: int, datasync: bool) -> None:
@@ -888,8 +967,8 @@ class Operations(kernel.Operations):
     def evict_unit(self, unit: Unit, young_cutoff_ns: int) -> tuple[int, int] | None:
         """Remove every name of a unit, like unlink would; None when it is pinned.
 
-        Pinned: a member has uncommitted writes or changed after
-        *young_cutoff_ns*.  An evicted inode the kernel still holds (a
+        Pinned: a member has uncommitted writes, a request in flight works
+        on it (``_in_use``), or it changed after *young_cutoff_ns*.  An evicted inode the kernel still holds (a
         process has it open or mapped, or only its dentry is cached) keeps
         its content until FORGET, which the delete notification brings at
         once for the merely cached.  Returns (bytes freed now, bytes of
@@ -897,7 +976,7 @@ class Operations(kernel.Operations):
         """
         inodes = []
         for ino_id in unit.inodes:
-            if ino_id in self.writes.staged:
+            if ino_id in self.writes.staged or ino_id in self._in_use:
                 return None
             ino = self.ns.get(ino_id)
             if ino is None:

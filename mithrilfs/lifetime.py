@@ -53,6 +53,8 @@ class Lifetimes:
         self.unreadable: set[int] = set()
         #: Tells the kernel a name the daemon removed on its own is gone (set once a session exists).
         self.notify_removed: Callable[[int, bytes, int], None] | None = None
+        #: Tells the kernel an inode's attributes and pages are stale (its content changed under it).
+        self.notify_changed: Callable[[int], None] = lambda ino: None
 
     def ref(self, ino: int) -> None:
         self.lookups[ino] = self.lookups.get(ino, 0) + 1

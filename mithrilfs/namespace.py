@@ -550,7 +550,8 @@ class Namespace:
         so a crash between steps can never leak or double-free a blob.  After
         an unclean stop (*after_crash*; by default what the clean mark says,
         and the unmount's own tidy-up passes False) the names of unconfirmed
-        commits are dropped.
+        commits are dropped; after a clean one (and at the unmount's tidy-up)
+        every unconfirmed mark is settled: kept for good.
         """
         with self.txn():
             unconfirmed = 0
@@ -563,7 +564,9 @@ class Namespace:
                 self.db.execute("UPDATE inodes SET nlink = 0 WHERE id IN (SELECT inode FROM unconfirmed)")
                 self.db.execute("DELETE FROM unconfirmed")
             else:
-                self.db.execute("DELETE FROM unconfirmed WHERE inode NOT IN (SELECT id FROM inodes)")
+                # after a clean stop no writer can still be running: what it left is final, and a
+                # mark kept now would drop a name at some later unclean stop
+                self.db.execute("DELETE FROM unconfirmed")
             unlinked = self.db.execute("DELETE FROM inodes WHERE nlink <= 0").rowcount
             dangling = 0
             if not clean or unlinked:

@@ -20,6 +20,15 @@ confirmed (idle timer, unmount) is recorded as unconfirmed in the index,
 because it may be a snapshot of a writer that only paused; an unclean stop
 drops those names.
 
+A write that finds no room on the store's disk even after one slice of
+the cache was evicted for its file (``fs``) fails the file (``fail``): its
+staging is dropped at once, so a writer that can never fit gives back what
+it took instead of leaving the disk full, and the inode keeps its last
+committed content.  Its next writes fail at once (no more eviction for a
+file that already failed), its next commit point fails once with ENOSPC
+(``ContentDropped``) so the writer learns its content was not kept, and a
+truncate to empty starts it over.
+
 Writes of ``WRITE_OFFLOAD_MIN`` and more copy and hash in a worker thread;
 a file's own lock orders them against truncates and commits and keeps the
 running hash in arrival order.  The code re-checks what it relies on after
@@ -29,6 +38,7 @@ every ``await``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -64,6 +74,16 @@ def crash_point(name: str) -> None:
         _crash_hits[name] = _crash_hits.get(name, 0) + 1
         if _crash_hits[name] >= int(nth or 1):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class ContentDropped(OSError):
+    """A commit point of a file whose writes failed for room: its content was dropped, not committed.
+
+    An ENOSPC that must not make room again: the file already had its slice.
+    """
+
+    def __init__(self, ino: int) -> None:
+        super().__init__(errno.ENOSPC, f"inode {ino}: its writes failed for room and its content was dropped")
 
 
 async def _acquire(lock: trio.Lock) -> None:
@@ -116,6 +136,10 @@ class Staged:
     hashed: int = 0
     #: time.monotonic() of the last write or truncate, for the idle timer.
     changed: float = 0.0
+    #: The file already had a slice of the cache evicted for it (a full disk): never a second.
+    room_made: bool = False
+    #: A write failed for room and the staging was dropped (see the module doc).
+    failed: bool = False
     _lock: trio.Lock | None = None
 
     @property
@@ -167,6 +191,15 @@ class WritePath:
     def idle(self, quiet_since: float) -> list[Staged]:
         """Written inodes with no write or truncate since *quiet_since* (monotonic), not busy."""
         return [of for of in self.staged.values() if of.dirty and of.changed < quiet_since and not of.busy()]
+
+    async def fail(self, of: Staged) -> None:
+        """A write found no room even after a slice of the cache went: drop what was staged (module doc)."""
+        async with _Held(of.lock):
+            self._drop_staging_file(of)
+            of.size, of.mtime_ns = of.inode.size, of.inode.mtime_ns
+            of.dirty = False
+            of.failed = True
+            of.write_gen += 1
 
     @staticmethod
     def _drop_staging_file(of: Staged) -> None:
@@ -257,6 +290,8 @@ class WritePath:
         return n
 
     async def truncate(self, of: Staged, size: int) -> None:
+        if size == 0:  # starting over (O_TRUNC): a file whose writes failed for room may try again
+            of.failed = of.room_made = False
         if size == of.size and of.staging_fd is None:
             self._forget_if_settled(of)
             return  # no change (O_TRUNC of an empty lock file): nothing to commit
@@ -278,8 +313,13 @@ class WritePath:
         *confirmed*: the caller knows the content is whole (rename, fsync,
         chmod, link, forget); an idle-timer or unmount commit is not, and
         is recorded as unconfirmed.  With nothing to commit, a confirmation
-        still clears an earlier unconfirmed mark.
+        still clears an earlier unconfirmed mark.  A file whose writes
+        failed for room raises ``ContentDropped`` once.
         """
+        if of.failed:
+            of.failed = False
+            self._forget_if_settled(of)
+            raise ContentDropped(of.inode.id)
         if not of.dirty or of.staging_fd is None or of.inode.nlink == 0:
             # nothing written, or no name can ever show it (dropped at forget)
             self._settled(of, confirmed)
@@ -323,7 +363,8 @@ class WritePath:
 
     def _forget_if_settled(self, of: Staged) -> None:
         """Drop the write state of an inode with nothing uncommitted, unless a request waits on its lock."""
-        if of.staging_fd is None and not of.awaited() and self.staged.get(of.inode.id) is of:
+        if (of.staging_fd is None and not of.failed and not of.awaited()
+                and self.staged.get(of.inode.id) is of):
             del self.staged[of.inode.id]
 
     async def commit_inode(self, ino: int, *, confirmed: bool = True) -> None:
@@ -336,8 +377,12 @@ class WritePath:
 
     async def commit_all(self) -> None:
         """A clean unmount (or the ``commit`` control file): commit everything written, unconfirmed
-        (a writer may have been cut off)."""
+        (a writer may have been cut off); files whose writes failed for room keep their last content."""
         for of in list(self.staged.values()):
+            if of.failed:
+                of.failed = False
+                self._forget_if_settled(of)
+                continue
             await self.commit(of, confirmed=False)
 
     def shutdown(self) -> None:
