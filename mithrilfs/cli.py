@@ -380,6 +380,8 @@ def control_file(mountpoint: Path, name: str) -> Path:
     """A file of the mount's control directory, or a one-line error when it is not a live mount."""
     mp = mountpoint.expanduser().absolute()
     state = daemon.probe_mount(mp, timeout=5.0)
+    if state == "forbidden":
+        raise daemon.MountError(daemon.forbidden_message(mp))
     if state in ("dead", "hung"):
         raise UsageError(f"{mp}: " + ("its daemon is gone (stale mount); run 'mithrilfs umount " + str(mp) + "'"
                                       " and mount again" if state == "dead" else "the mount does not answer"))
@@ -392,9 +394,17 @@ def control_file(mountpoint: Path, name: str) -> Path:
 
 
 def _control_command(path: Path, request: str) -> dict:
-    """Run a command through its control file: write the request, read the JSON answer back."""
+    """Run a command through its control file: write the request, read the JSON answer back.
+
+    Commands change the mount, so only its owner may run them; anyone who sees the mount reads.
+    """
     try:
-        fd = os.open(path, os.O_RDWR)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except PermissionError:
+            owner = path.stat().st_uid
+            raise daemon.MountError(f"{path.parent.parent}: '{path.name}' needs the rights of the mount's owner "
+                                    f"(uid {owner}; this is uid {os.getuid()}): run it as uid {owner}") from None
         try:
             os.write(fd, request.encode())
             return json.loads(os.pread(fd, 1 << 16, 0))
@@ -520,7 +530,11 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
 
 
 def _read_stats(mountpoint: Path) -> dict:
-    path = control_file(mountpoint, "stats.json")
+    return _read_json(mountpoint, control_file(mountpoint, "stats.json"))
+
+
+def _read_json(mountpoint: Path, path: Path) -> dict:
+    """A JSON control file's content."""
     try:
         return json.loads(path.read_text())
     except OSError as e:  # the mount went away under us
@@ -535,10 +549,12 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         if not args.json and args.watch is None:
             print(f"statistics zeroed ({args.mountpoint.expanduser().absolute()})")
             return 0
-    usage_file = control_file(args.mountpoint, "usage")
+    # the largest files are a command (the owner's); bytes per directory anyone who sees the mount reads
+    usage_file = control_file(args.mountpoint, "usage" if args.top else "usage.json")
     while True:
         snap = _read_stats(args.mountpoint)
-        snap["usage"] = _control_command(usage_file, f"top={args.top or 0}")
+        snap["usage"] = (_control_command(usage_file, f"top={args.top}") if args.top
+                         else _read_json(args.mountpoint, usage_file) | {"largest": []})
         if args.json:
             print(json.dumps(snap, sort_keys=True), flush=True)
         else:
@@ -575,6 +591,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
               f"{format_size(snap['max_bytes'])}, hit rate {snap['hit_rate']:.0%}")
     elif state == "prefetching":
         print(f"{mp}: live, prefetching ({prefetch.get('files', 0)} of {prefetch.get('total_files', '?')} files)")
+    elif state == "forbidden":
+        print(daemon.forbidden_message(mp))
     else:
         print(f"{mp}: " + {"unmounted": "not mounted", "dead": "daemon is gone (stale mount)",
                            "hung": "mounted but not answering within 1 s",

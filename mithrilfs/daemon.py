@@ -78,18 +78,35 @@ class MountOptions:
 # ----------------------------------------------------------------------
 # checks on the mount point (run in the CLI process, before forking)
 # ----------------------------------------------------------------------
-def is_fuse_mount(path: Path) -> bool:
+def fuse_mount_options(path: Path) -> dict[str, str] | None:
+    """The mount options of the FUSE mount at *path* (``user_id``, ``allow_other``...), None if there is none."""
     target = os.path.realpath(path)
+    found = None
     with open("/proc/self/mounts") as f:
         for line in f:
             parts = line.split()
-            if len(parts) > 2 and unescape_mount_field(parts[1]) == target and parts[2].startswith("fuse"):
-                return True
-    return False
+            if len(parts) > 3 and unescape_mount_field(parts[1]) == target and parts[2].startswith("fuse"):
+                found = dict(opt.partition("=")[::2] for opt in parts[3].split(","))  # the topmost wins
+    return found
+
+
+def is_fuse_mount(path: Path) -> bool:
+    return fuse_mount_options(path) is not None
+
+
+def forbidden_message(mountpoint: Path) -> str:
+    """Why this user cannot enter a FUSE mount: it is another user's, mounted without --allow-other."""
+    opts = fuse_mount_options(mountpoint) or {}
+    owner = opts.get("user_id", "?")
+    if "allow_other" in opts:
+        return f"{mountpoint}: uid {os.getuid()} may not enter this mount (mounted by uid {owner})"
+    return (f"{mountpoint}: uid {os.getuid()} cannot enter this mount: uid {owner} mounted it without "
+            "--allow-other (mount it with --allow-other to let other users in)")
 
 
 def probe_mount(mountpoint: Path, timeout: float = 1.0) -> str:
-    """'live', 'dead' (daemon gone: ENOTCONN), 'hung' (no answer in *timeout*) or 'unmounted'.
+    """'live', 'dead' (daemon gone: ENOTCONN), 'hung' (no answer in *timeout*), 'unmounted', or
+    'forbidden' (another user's mount this user may not enter: ``forbidden_message`` says why).
 
     statfs always reaches the daemon (a stat may be answered from the
     kernel's attribute cache even after the daemon died), and it runs in a
@@ -101,11 +118,13 @@ def probe_mount(mountpoint: Path, timeout: float = 1.0) -> str:
 
     def ask() -> None:
         try:
-            os.statvfs(mountpoint)
+            os.statvfs(mountpoint)  # answered, zeroed, even to a user the mount refuses...
+            os.stat(mountpoint)  # ...which this tells: EACCES
             outcome.append("live")
         except OSError as e:
             # ENOTCONN, or ECONNABORTED for a request that was queued as the daemon died
-            outcome.append("dead" if e.errno in (errno.ENOTCONN, errno.ECONNABORTED) else "live")
+            outcome.append("dead" if e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+                           else "forbidden" if e.errno in (errno.EACCES, errno.EPERM) else "live")
 
     t = threading.Thread(target=ask, daemon=True)
     t.start()

@@ -208,6 +208,7 @@ class Operations(kernel.Operations):
         self.control.add_command(b"clear", self._clear_command)
         self.control.add_command(b"zero", self._zero_command)
         self.control.add_command(b"usage", self._usage_command)
+        self.control.add_json_async(b"usage.json", self._usage)
         self.control.add_command(b"settings", self._settings_command)
         #: Settings given on the mount's command line: ``config`` changes to them wait for the next mount.
         self.fixed_settings = fixed_settings
@@ -271,7 +272,14 @@ class Operations(kernel.Operations):
         e.st_ctime_ns = ino.ctime_ns
         return e
 
+    async def _fresh_control_attr(self, ino: int) -> EntryAttributes:
+        """A control file's attributes with its content produced afresh (a LOOKUP or GETATTR)."""
+        if ino != CONTROL_DIR_INODE:
+            await self.control.refresh(ino)
+        return self._control_attr(ino)
+
     def _control_attr(self, ino: int) -> EntryAttributes:
+        """A control file's attributes as of its last production."""
         e = EntryAttributes()
         e.st_ino = ino
         e.entry_timeout = 0
@@ -287,7 +295,7 @@ class Operations(kernel.Operations):
             e.st_mode = stat.S_IFREG | (0o644 if self.control.is_command(ino) else 0o444)
             e.st_nlink = 1
             # a new size or mtime makes the kernel drop the pages it cached of the last content
-            e.st_size, e.st_mtime_ns = self.control.refresh(ino)
+            e.st_size, e.st_mtime_ns = self.control.shown(ino)
         return e
 
     def _top_of_dir(self, d: int) -> str:
@@ -349,7 +357,7 @@ class Operations(kernel.Operations):
             ino = self.control.lookup(name) if parent_inode == CONTROL_DIR_INODE else None
             if ino is None:
                 raise _err(errno.ENOENT)
-            return self._control_attr(ino)
+            return await self._fresh_control_attr(ino)
         if parent_inode == ROOT_INODE and name == CONTROL_NAME:
             return self._control_attr(CONTROL_DIR_INODE)
         if name == b".":
@@ -420,7 +428,7 @@ class Operations(kernel.Operations):
     @_request
     async def getattr(self, inode: int, ctx: Any = None) -> EntryAttributes:
         if self.control.is_control(inode):
-            return self._control_attr(inode)
+            return await self._fresh_control_attr(inode)
         ino = self._inode(inode)
         if ino.is_reg:
             # the kernel revalidates attributes of a file in use once per cache timeout: a use, for eviction
@@ -794,7 +802,7 @@ class Operations(kernel.Operations):
     @_request
     async def read(self, inode: int, fh: int, off: int, size: int) -> bytes:
         if self.control.is_control(inode):
-            return self.control.read(inode, off, size)
+            return await self.control.read(inode, off, size)
         while True:
             of = self.writes.staged.get(inode)
             if of is not None and of.staging_fd is not None:
@@ -1077,10 +1085,13 @@ class Operations(kernel.Operations):
         self._saved_counters = record
 
     async def _usage_command(self, request: bytes) -> bytes:
-        """``usage`` control file: ``top=N`` answers bytes and files per top-level directory, and the N
-        largest files (``stats --top N``); the scans run on a reader in a thread."""
+        """``usage`` control file: ``top=N`` answers ``usage.json`` and the N largest files (``stats --top N``)."""
         text = request.decode(errors="replace").strip().removeprefix("top=")
-        limit = int(text) if text.isdigit() else 0
+        return (json.dumps(await self._usage(int(text) if text.isdigit() else 0)) + "\n").encode()
+
+    async def _usage(self, limit: int = 0) -> dict[str, Any]:
+        """Bytes and files per top-level directory (``usage.json``, readable by anyone who sees the mount),
+        and the *limit* largest files; the scans run on a reader in a thread."""
         reader = self.ns.reader()
         try:
             by_top, largest = await trio.to_thread.run_sync(
@@ -1092,7 +1103,7 @@ class Operations(kernel.Operations):
                        for top, n, size, stored in by_top],
             "largest": [{"path": self.paths.of_name(parent, name), "bytes": size} for parent, name, size in largest],
         }
-        return (json.dumps(answer) + "\n").encode()
+        return answer
 
     async def _commit_command(self, request: bytes) -> bytes:
         """``commit`` control file: commit every written file now, unconfirmed (``mithrilfs run`` at its end)."""

@@ -7,6 +7,7 @@ CLI), a tmpfs store where a full disk is the point.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MountFactory, pid_alive, run_cli, wait_for, wait_unmounted, write_committed
+from conftest import (MountFactory, as_user, pid_alive, run_cli, traversable, wait_for, wait_unmounted,
+                      write_committed)
 
 K, M = 1024, 1024 * 1024
 
@@ -132,3 +134,42 @@ def test_idle_commits_survive_a_crash_after_a_clean_remount(mount_factory: Mount
     m.mount()
     assert sorted(os.listdir(m.mountpoint)) == ["A", "D"]
     assert (m.mountpoint / "A").read_text() == "a\n"
+
+
+NOBODY = 65534
+
+
+@pytest.mark.timeout(120)
+def test_stats_and_status_work_for_other_users_of_an_allow_other_mount(mount_factory: MountFactory):
+    traversable(mount_factory.root)
+    m = mount_factory("shared", "--allow-other")
+    (m.mountpoint / "inductor").mkdir()
+    write_committed(m.mountpoint / "inductor" / "k.py", b"x" * 5000)
+    stats = as_user(NOBODY, "-m", "mithrilfs", "stats", "--json", str(m.mountpoint))
+    assert stats.returncode == 0, stats.stderr
+    doc = json.loads(stats.stdout)
+    assert doc["files"] == 1 and {r["name"]: r["bytes"] for r in doc["usage"]["by_top"]}["inductor"] == 5000
+    table = as_user(NOBODY, "-m", "mithrilfs", "stats", str(m.mountpoint))
+    assert table.returncode == 0 and "inductor" in table.stdout, table.stderr
+    assert as_user(NOBODY, "-m", "mithrilfs", "status", str(m.mountpoint)).returncode == 0
+    # commands change the mount: the owner's; said in one line
+    for args in (["gc"], ["clear"], ["stats", "--zero"], ["stats", "--top", "3"]):
+        res = as_user(NOBODY, "-m", "mithrilfs", *args, str(m.mountpoint))
+        assert res.returncode == 1, (args, res.stdout, res.stderr)
+        assert "needs the rights of the mount's owner (uid 0" in res.stderr, (args, res.stderr)
+        assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    assert (m.mountpoint / "inductor" / "k.py").exists()  # nobody's clear evicted nothing
+
+
+@pytest.mark.timeout(120)
+def test_a_user_who_cannot_enter_the_mount_is_told_why(mount_factory: MountFactory):
+    traversable(mount_factory.root)
+    m = mount_factory("private")
+    for args in (["stats"], ["status"], ["gc"], ["env"]):
+        res = as_user(NOBODY, "-m", "mithrilfs", *args, str(m.mountpoint))
+        assert res.returncode == 1, (args, res.stdout, res.stderr)
+        out = (res.stdout + res.stderr).strip()
+        assert "Traceback" not in out and len(out.splitlines()) == 1, (args, out)
+        assert f"uid {NOBODY} cannot enter this mount: uid 0 mounted it without --allow-other" in out, (args, out)
+    res = as_user(NOBODY, "-m", "mithrilfs", "status", "--json", str(m.mountpoint))
+    assert res.returncode == 1 and json.loads(res.stdout)["state"] == "forbidden"
