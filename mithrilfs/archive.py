@@ -28,7 +28,7 @@ import blake3
 
 from .cas import hash_file
 from .control import CONTROL_NAME
-from .namespace import ROOT_INODE
+from .namespace import ROOT_INODE, valid_name
 from .store import Store
 
 ARCHIVE_FORMAT = 1
@@ -197,8 +197,10 @@ def _parse_entry(n: int, line: str) -> Entry:
         raise bad("bad blob hash")
     if target is not None and (not isinstance(target, str) or "\0" in target or len(target) > 4095):
         raise bad("bad symlink target")
-    # only the permission bits: a type in the mode would make a device node or a fifo
+    # only the permission bits: a type in the mode would make a device node or a fifo; no
+    # set-user/group-id file (the importer would own it); a symlink's mode is always 0777, as the kernel's
     mode = stat.S_IMODE(number("mode", 1 << 32))
+    mode = {"file": mode & 0o777, "dir": mode & ~stat.S_ISUID, "symlink": 0o777}[kind]
     return Entry(path, kind, mode, number("mtime_ns", 1 << 63), number("atime_ns", 1 << 63), blob,
                  number("size", 1 << 53), target)
 
@@ -228,7 +230,7 @@ def import_archive(archive: Path, store: Store, progress: Progress = None) -> di
     checked first, every blob before any name); blobs already written by a
     failed import are garbage and collected.
     """
-    report = {"added": 0, "replaced": 0, "kept": 0, "conflicts": 0, "corrupt_blobs": 0, "blobs": 0}
+    report = {"added": 0, "replaced": 0, "kept": 0, "conflicts": 0, "rejected": 0, "corrupt_blobs": 0, "blobs": 0}
     try:
         with _open(archive) as tar:
             entries = _read_archive(tar)
@@ -295,15 +297,15 @@ def _merge_entry(store: Store, e: Entry, good: dict[str, int], report: dict[str,
         report["conflicts"] += 1  # its blob failed verification: leave the path alone
         return
     parent = ROOT_INODE
-    parts = [p for p in e.path.split("/") if p not in ("", ".")]
-    if not parts or ".." in parts:
-        report["conflicts"] += 1
+    parts = [p.encode(errors="surrogateescape") for p in e.path.split("/") if p not in ("", ".")]
+    if not parts or not all(valid_name(p) for p in parts):
+        report["rejected"] += 1  # a name the mount could not serve (too long, ".."): never in the index
         return
     for part in parts[:-1]:
-        child = ns.lookup(parent, part.encode(errors="surrogateescape"))
+        child = ns.lookup(parent, part)
         if child is None:
             d = ns.create_inode(stat.S_IFDIR | 0o755, os.getuid(), os.getgid(), nlink=2)
-            ns.link(parent, part.encode(errors="surrogateescape"), d.id)
+            ns.link(parent, part, d.id)
             ns.add_link(ns.get(parent), +1)  # type: ignore[arg-type]
             child = d.id
         node = ns.get(child)
@@ -311,7 +313,7 @@ def _merge_entry(store: Store, e: Entry, good: dict[str, int], report: dict[str,
             report["conflicts"] += 1
             return
         parent = child
-    name = parts[-1].encode(errors="surrogateescape")
+    name = parts[-1]
     existing_id = ns.lookup(parent, name)
     existing = ns.get(existing_id) if existing_id is not None else None
     kind = {"dir": stat.S_IFDIR, "file": stat.S_IFREG, "symlink": stat.S_IFLNK}[e.type]

@@ -23,7 +23,7 @@ from .errors import UsageError
 from .remote import url_password, without_password
 from .eviction import EvictionPolicy
 from .store import StoreError, default_store
-from .units import format_size, parse_duration, parse_size
+from .units import SIZE_HELP, format_size, parse_duration, parse_size
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,6 +61,16 @@ def _fraction(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"watermark must be between 0% and 100%: {text!r}")
     return value
+
+
+def _file_mode(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777:
+        raise argparse.ArgumentTypeError(f"invalid mode {text!r} (permission bits in octal, e.g. 0640)")
+    return mode
 
 
 def _port(text: str) -> int:
@@ -101,7 +111,7 @@ def _count(text: str) -> int:
 #: The options a store keeps: ``settings.SETTINGS`` name (the flag is --name-with-dashes), parser,
 #: metavar, help, default.
 _SETTING_OPTIONS = (
-    ("max_size", _size, "SIZE", "byte budget of the store: 500M, 10G, 1.5T or bytes", "10G"),
+    ("max_size", _size, "SIZE", "byte budget of the store: 500M, 10G, 1.5T or bytes; " + SIZE_HELP, "10G"),
     ("high_watermark", _fraction, "PCT", "start evicting above this share of the budget", "95%%"),
     ("low_watermark", _fraction, "PCT", "evict down to this share of the budget", "85%%"),
     ("min_age", _duration, "DURATION", "never evict files changed more recently", "5s"),
@@ -244,6 +254,8 @@ def _build_parser() -> argparse.ArgumentParser:
     x.add_argument("source", type=Path, nargs="?", default=None, metavar="MOUNTPOINT")
     x.add_argument("file", type=Path, metavar="FILE")
     x.add_argument("--store", type=Path, default=None, help="export an unmounted store instead of a mount")
+    x.add_argument("--mode", type=_file_mode, default=None, metavar="OCTAL",
+                   help="permissions of the archive (default 0600: it holds every cached file's bytes)")
     x.add_argument("--json", action="store_true", help="print the result as JSON")
 
     i = sub.add_parser("import", help="merge an archive into a store (newer entries win)")
@@ -526,6 +538,8 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
         print(f"fsck {root}: {report.summary()}; repair left: {after.summary()}")
     for name in report.corrupt_files:
         print(f"  corrupt: {name}" + (" (removed: a cache miss from now on)" if after is not None else ""))
+    for name in report.bad_names:
+        print(f"  name the mount cannot serve: {name}" + (" (removed)" if after is not None else ""))
     return status
 
 
@@ -641,12 +655,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except FileNotFoundError:
             print(f"mithrilfs: error: command not found: {cmd[0]}", file=sys.stderr)
             status = 127
+        except OSError as e:  # as a shell says it: not executable, a directory, a bad binary
+            print(f"mithrilfs: error: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
+            status = 126
         # the kernel does not tell the daemon about closes: commit what the command left written
         _control_command(control_file(mp, "commit"), "run")
         after = _read_stats(mp)
         d = {k: after[k] - before[k] for k in ("hits", "misses", "writes", "write_bytes", "commits", "dedup_hits")}
+        ended = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
         print(f"mithrilfs: {d['hits']} hits, {d['misses']} misses, {d['commits']} files written "
-              f"({format_size(d['write_bytes'])}, {d['dedup_hits']} deduplicated); exit status {status}",
+              f"({format_size(d['write_bytes'])}, {d['dedup_hits']} deduplicated); {ended}",
               file=sys.stderr)
     finally:
         if mounted_here:
@@ -680,6 +698,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
                 result = archive.export_store(store, partial, progress)
             finally:
                 store.close()
+        if args.mode is not None:
+            os.chmod(partial, args.mode)
         os.rename(partial, args.file)
     except OSError as e:
         raise daemon.MountError(f"cannot write {args.file}: {e.strerror}") from None
@@ -722,12 +742,15 @@ def _cmd_import(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     finally:
         store.close()
-    status = 1 if r["corrupt_blobs"] else 0  # something in the archive was rejected
+    # anything in the archive not imported as it stands: a corrupt blob, a name the mount cannot
+    # serve, a path whose place the store holds with something else
+    status = 1 if r["corrupt_blobs"] or r["rejected"] or r["conflicts"] else 0
     if args.json:
         print(json.dumps(r | {"file": str(args.file), "exit_status": status}, sort_keys=True))
         return status
     print(f"imported {args.file}: {r['added']} added, {r['replaced']} replaced by newer, {r['kept']} kept, "
           f"{r['blobs']} blobs verified" + (f", {r['corrupt_blobs']} corrupt blobs skipped" if r["corrupt_blobs"] else "")
+          + (f", {r['rejected']} names the mount cannot serve rejected" if r["rejected"] else "")
           + (f", {r['conflicts']} conflicting paths left alone" if r["conflicts"] else ""))
     return status
 
@@ -865,8 +888,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # ``mithrilfs`` alone
         parser.print_help()
         return 2
-    if args.command in ("fsck", "import", "config"):
-        os.umask(0o077)  # files they add to a store are private, like the daemon's
+    if args.command in ("fsck", "import", "config", "export"):
+        os.umask(0o077)  # files they add to a store are private, like the daemon's; an archive too
     try:
         return _COMMANDS[args.command](args)
     except UsageError as e:
@@ -880,6 +903,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # ``mithrilfs stats --watch 1 MNT | head -3``: the reader is done
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # what no command foresaw (a path too long for the kernel, say): one line, not a traceback
+        name = str(e.filename) if e.filename is not None else ""
+        if len(name) > 100:
+            name = f"{name[:60]}...({len(name)} bytes)"
+        print(f"mithrilfs: error: {name + ': ' if name else ''}{e.strerror or e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

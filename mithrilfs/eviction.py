@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 import trio
 
 from .namespace import Namespace
+from .units import MAX_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class EvictionPolicy:
     def __post_init__(self) -> None:
         if self.max_bytes <= 0:
             raise ValueError("the size budget must be positive")
+        if self.max_bytes > MAX_SIZE:
+            raise ValueError(f"the size budget must fit in 64 bits (at most {MAX_SIZE} bytes)")
         if not 0 < self.low <= self.high <= 1:
             raise ValueError("watermarks must satisfy 0 < low <= high <= 1")
         if self.min_age < 0 or (self.idle_ttl is not None and self.idle_ttl <= 0) or self.min_entries < 0:

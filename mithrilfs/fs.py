@@ -37,7 +37,7 @@ from .control import CONTROL_DIR_INODE, CONTROL_NAME, ControlFiles
 from .eviction import EvictionPolicy, EvictionResult, Evictor, Recency, Unit
 from . import settings, sharing
 from .lifetime import Lifetimes, Removed
-from .namespace import ROOT_INODE, DirPaths, Inode
+from .namespace import NAME_MAX, ROOT_INODE, DirPaths, Inode
 from .prefetch import Prefetcher
 from .remote import RemoteError, RemoteTier
 from .stats import ROOT_KEY, EventLog, Stats
@@ -57,8 +57,6 @@ log = logging.getLogger(__name__)
 ENTRY_TIMEOUT = 60.0
 NEGATIVE_TIMEOUT = 300.0
 _BLKSIZE = 128 * 1024
-#: Longest name in a directory, as on ext4 (statfs reports it; longer ones get ENAMETOOLONG).
-NAME_MAX = 255
 RECENCY_FLUSH_SECONDS = 5.0
 #: Index meta key of the counters that outlive a mount (``stats``'s "all mounts").
 COUNTERS_META = "counters"
@@ -440,6 +438,10 @@ class Operations(kernel.Operations):
         self, inode: int, attr: EntryAttributes, fields: SetattrFields, fh: int | None, ctx: Any
     ) -> EntryAttributes:
         if self.control.is_control(inode):
+            # a shell's ``echo run > .mithrilfs/gc`` opens with O_TRUNC, which arrives as a size of 0
+            if (self.control.is_command(inode) and not (fields.update_mode or fields.update_uid or fields.update_gid)
+                    and (not fields.update_size or attr.st_size == 0)):
+                return self._control_attr(inode)
             raise _err(errno.EPERM)
         ino = self._inode(inode)
         now = time.time_ns()
@@ -938,16 +940,17 @@ class Operations(kernel.Operations):
 
     @_request
     async def statfs(self, ctx: Any) -> StatvfsData:
-        """``df MNT``: the budget is the size, the store's bytes are used; free is the budget's room
-        or the disk's, whichever is less (a cache on a nearly full disk must not look roomy)."""
+        """``df MNT``: the store's bytes are used; the size is the budget, or what the cache can reach on
+        its disk (its bytes plus the disk's room) when that is less, so free is the room either leaves
+        (a cache on a nearly full disk must not look roomy, nor full when it is not)."""
         st = os.statvfs(self.store.root)
         s = StatvfsData()
         s.f_bsize = st.f_bsize
         s.f_frsize = st.f_frsize
-        s.f_blocks = self.policy.max_bytes // st.f_frsize
-        room = max(0, s.f_blocks - -(-self.physical() // st.f_frsize))
-        s.f_bfree = min(room, st.f_bfree)
-        s.f_bavail = min(room, st.f_bavail)
+        used = -(-self.physical() // st.f_frsize)
+        size = min(self.policy.max_bytes // st.f_frsize, used + st.f_bavail)
+        s.f_blocks = max(size, used)
+        s.f_bfree = s.f_bavail = max(0, size - used)
         s.f_files = st.f_files
         s.f_ffree = st.f_ffree
         s.f_favail = st.f_favail

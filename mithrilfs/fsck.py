@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .cas import DIGEST_SIZE
-from .namespace import ROOT_INODE, DirPaths
+from .namespace import ROOT_INODE, DirPaths, valid_name
 from .store import Store
 
 Progress = Callable[[int, int], None]
@@ -38,6 +38,8 @@ class FsckReport:
     staging_files: int = 0
     #: Paths (from the mount root) of the files whose content is a corrupt blob: what a repair removes.
     corrupt_files: list[str] = field(default_factory=list)
+    #: Paths of names the mount cannot serve (over 255 bytes, "/", NUL, "." or ".."): no rm could remove them.
+    bad_names: list[str] = field(default_factory=list)
 
     def problems(self) -> dict[str, int]:
         found = {
@@ -52,6 +54,7 @@ class FsckReport:
             "unlinked inodes": self.unlinked_inodes,
             "wrong sizes": self.bad_sizes,
             "staging files": self.staging_files,
+            "names the mount cannot serve": len(self.bad_names),
         }
         return {k: v for k, v in found.items() if v}
 
@@ -121,6 +124,10 @@ def check(store: Store, progress: Progress | None = None) -> FsckReport:
     ).fetchone()[0]
     report.unlinked_inodes = db.execute("SELECT count(*) FROM inodes WHERE nlink <= 0").fetchone()[0]
     report.bad_nlinks = sum(1 for _ in _wrong_nlinks(store))
+    paths = DirPaths(store.ns)
+    report.bad_names = sorted(paths.of_name(parent, bytes(name))
+                              for parent, name in db.execute("SELECT parent, name FROM dentries")
+                              if not valid_name(bytes(name)))
     return report
 
 
@@ -136,7 +143,7 @@ def _names_of(store: Store, digests: list[bytes]) -> list[str]:
 def as_json(report: FsckReport) -> dict:
     """The report for ``fsck --json``: counts by problem, and the corrupt files by name."""
     return {"blobs_checked": report.blobs_checked, "problems": report.problems(),
-            "corrupt_files": report.corrupt_files}
+            "corrupt_files": report.corrupt_files, "bad_names": report.bad_names}
 
 
 def _wrong_nlinks(store: Store):
@@ -179,6 +186,10 @@ def repair(store: Store, report: FsckReport) -> None:
         ).fetchall():
             db.execute("DELETE FROM dentries WHERE inode = ?", (ino,))
             db.execute("DELETE FROM inodes WHERE id = ?", (ino,))
+        # names the mount cannot serve go with what is under them (the cascade below)
+        for dentry_id, name in db.execute("SELECT id, name FROM dentries").fetchall():
+            if not valid_name(bytes(name)):
+                db.execute("DELETE FROM dentries WHERE id = ?", (dentry_id,))
         # entries to nothing, or under something that is not a directory (repeat: removals cascade)
         while db.execute(
             "DELETE FROM dentries WHERE id IN (SELECT d.id FROM dentries d LEFT JOIN inodes i ON i.id = d.inode"

@@ -591,6 +591,19 @@ class Namespace:
             self.set_meta("clean", "1")
 
 
+#: Longest name in a directory, as on ext4 (statfs reports it; longer ones get ENAMETOOLONG).
+NAME_MAX = 255
+
+
+def valid_name(name: bytes) -> bool:
+    """A name a directory may hold and the mount can serve (what the kernel would accept from a user).
+
+    Every way a name enters the index from outside the kernel (the shared
+    tier, an archive import) checks it; fsck reports any that got in.
+    """
+    return 0 < len(name) <= NAME_MAX and b"/" not in name and b"\0" not in name and name not in (b".", b"..")
+
+
 def join_path(dir_path: str, name: bytes) -> str:
     """A name's path below *dir_path* ("" for the root), as stats, the shared tier and fsck spell it."""
     text = name.decode(errors="surrogateescape")

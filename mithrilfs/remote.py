@@ -45,7 +45,7 @@ from urllib.parse import urlparse, urlunparse
 
 import blake3
 
-from .namespace import join_path
+from .namespace import join_path, valid_name
 
 # redis-py is imported where it is used: a mount without --remote (and every CLI command)
 # starts without it, 0.15 s sooner
@@ -62,7 +62,6 @@ MAX_ENTRY_BYTES = 8192
 #: Versions are microseconds: exact in the doubles Lua compares them as.
 MAX_VERSION = 1 << 53
 MAX_SIZE = 1 << 53
-MAX_NAME = 255
 MAX_TARGET = 4095
 _NODE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 #: Bytes of small blobs sent in one pipeline.
@@ -166,11 +165,6 @@ def parse_entry(raw: bytes) -> tuple[RemoteEntry, str | None]:
             raise ValueError("bad symlink target")
         return RemoteEntry("l", version, node, mode=mode, mtime_ns=mtime, target=tg), mac
     return RemoteEntry("d", version, node, mode=mode, mtime_ns=mtime), mac
-
-
-def valid_name(name: bytes) -> bool:
-    """A name a directory may hold (what the kernel would accept from a user)."""
-    return 0 < len(name) <= MAX_NAME and b"/" not in name and b"\0" not in name and name not in (b".", b"..")
 
 
 def is_hex_digest(value: Any) -> bool:

@@ -7,6 +7,7 @@ PID.  Nothing else on the machine is touched.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -379,3 +380,26 @@ def tmpfs(tmp_path: Path):
     finally:
         for d in made:
             subprocess.run(["umount", "-l", str(d)])
+
+
+def make_archive(path, entries: list, blobs: dict[str, bytes] | None = None, sparse: dict[str, int] | None = None):
+    """A mithrilfs archive as an attacker would write it: any manifest, any members.
+
+    *sparse*: blob members of that many bytes stored as holes (GNU tar --sparse): a huge member
+    in a tiny archive.
+    """
+    src = path.with_suffix(".src")
+    (src / "blobs").mkdir(parents=True)
+    for h, data in (blobs or {}).items():
+        (src / "blobs" / h).write_bytes(data)
+    for h, size in (sparse or {}).items():
+        with open(src / "blobs" / h, "wb") as f:
+            f.truncate(size)
+    (src / "entries.jsonl").write_text("".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in entries))
+    (src / "mithrilfs-archive.json").write_text(json.dumps({"format": 1, "entries": len(entries)}))
+    subprocess.run(["tar", "--sparse", "-cf", str(path), "-C", str(src), "blobs", "entries.jsonl",
+                    "mithrilfs-archive.json"], check=True)
+
+
+def entry(path, **kw):
+    return {"path": path, "type": "file", "mode": 0o644, "mtime_ns": 1, "atime_ns": 1, **kw}

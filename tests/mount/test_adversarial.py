@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (MountFactory, as_user, pid_alive, run_cli, traversable, wait_for, wait_unmounted,
+from conftest import (MountFactory, as_user, entry, make_archive, pid_alive, run_cli, traversable, wait_for,
+                      wait_unmounted,
                       write_committed)
 
 K, M = 1024, 1024 * 1024
@@ -173,3 +175,152 @@ def test_a_user_who_cannot_enter_the_mount_is_told_why(mount_factory: MountFacto
         assert f"uid {NOBODY} cannot enter this mount: uid 0 mounted it without --allow-other" in out, (args, out)
     res = as_user(NOBODY, "-m", "mithrilfs", "status", "--json", str(m.mountpoint))
     assert res.returncode == 1 and json.loads(res.stdout)["state"] == "forbidden"
+
+
+def _one_line(res: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    return res.stderr
+
+
+@pytest.mark.timeout(120)
+def test_export_is_private_unless_asked(mount_factory: MountFactory, tmp_path: Path):
+    m = mount_factory("exp")
+    secret = m.mountpoint / "secret.so"
+    write_committed(secret, b"private bytes")
+    os.chmod(secret, 0o600)
+    assert run_cli("export", str(m.mountpoint), str(tmp_path / "a.tar")).returncode == 0
+    assert stat.S_IMODE(os.stat(tmp_path / "a.tar").st_mode) == 0o600
+    assert run_cli("export", str(m.mountpoint), str(tmp_path / "b.tar"), "--mode", "0644").returncode == 0
+    assert stat.S_IMODE(os.stat(tmp_path / "b.tar").st_mode) == 0o644
+    assert run_cli("export", str(m.mountpoint), str(tmp_path / "c.tar"), "--mode", "999").returncode == 2
+    # another user cannot read the default archive
+    traversable(tmp_path)
+    res = as_user(NOBODY, "-c", f"open({str(tmp_path / 'a.tar')!r}, 'rb').read()")
+    assert res.returncode != 0 and "PermissionError" in res.stderr
+
+
+@pytest.mark.timeout(120)
+def test_import_refuses_what_the_mount_cannot_hold(mount_factory: MountFactory, tmp_path: Path):
+    from mithrilfs.cas import hash_bytes
+
+    data = b"kernel bytes"
+    h = hash_bytes(data).hex()
+    long_name = "x" * 300
+    arc = tmp_path / "odd.tar"
+    make_archive(arc, [
+        entry(f"d/{long_name}", blob=h, size=len(data)),
+        entry("suid", blob=h, size=len(data), mode=0o6777),
+        {"path": "sgid-dir", "type": "dir", "mode": 0o2775, "mtime_ns": 1, "atime_ns": 1},
+        {"path": "link", "type": "symlink", "mode": 0o644, "mtime_ns": 1, "atime_ns": 1, "target": "suid"},
+        entry("ok.so", blob=h, size=len(data)),
+    ], {h: data})
+    store = tmp_path / "s"
+    res = run_cli("import", str(arc), "--store", str(store))
+    assert res.returncode == 1, res.stdout + res.stderr  # something was rejected: not a silent success
+    assert "1 names the mount cannot serve rejected" in res.stdout, res.stdout
+    m = mount_factory("odd", store=store)
+    assert not (m.mountpoint / "d").exists()  # nothing of the rejected path was made
+    assert stat.S_IMODE(os.stat(m.mountpoint / "suid").st_mode) == 0o777  # no set-user/group-id file
+    assert stat.S_IMODE(os.stat(m.mountpoint / "sgid-dir").st_mode) == 0o2775
+    assert stat.S_IMODE(os.lstat(m.mountpoint / "link").st_mode) == 0o777
+    assert (m.mountpoint / "ok.so").read_bytes() == data
+    m.umount()
+    assert run_cli("fsck", "--store", str(store)).returncode == 0
+
+    # conflicting paths left alone: exit 1 as the README says
+    arc2 = tmp_path / "conflict.tar"
+    make_archive(arc2, [{"path": "ok.so", "type": "dir", "mode": 0o755, "mtime_ns": 5, "atime_ns": 5}])
+    res = run_cli("import", str(arc2), "--store", str(store))
+    assert res.returncode == 1 and "1 conflicting paths left alone" in res.stdout, res.stdout
+
+
+@pytest.mark.timeout(120)
+def test_fsck_reports_and_repairs_names_the_mount_cannot_serve(tmp_path: Path, mount_factory: MountFactory):
+    import sqlite3
+
+    m = mount_factory("names")
+    (m.mountpoint / "dir").mkdir()
+    write_committed(m.mountpoint / "dir" / "good", b"g")
+    write_committed(m.mountpoint / "dir" / "bad", b"b")
+    m.umount()
+    db = sqlite3.connect(m.store / "index.sqlite3")
+    db.execute("UPDATE dentries SET name = ? WHERE name = ?", (b"y" * 300, b"bad"))
+    db.commit()
+    db.close()
+    res = run_cli("fsck", "--store", str(m.store))
+    assert res.returncode == 4 and "1 names the mount cannot serve" in res.stdout, res.stdout
+    assert f"  name the mount cannot serve: dir/{'y' * 300}" in res.stdout
+    assert run_cli("fsck", "--repair", "--store", str(m.store)).returncode == 1
+    assert run_cli("fsck", "--store", str(m.store)).returncode == 0
+    m.mount()
+    assert os.listdir(m.mountpoint / "dir") == ["good"]
+
+
+@pytest.mark.timeout(120)
+def test_sizes_that_do_not_fit_in_64_bits_are_refused_and_statfs_never_fails(mount_factory: MountFactory,
+                                                                             tmp_path: Path):
+    huge = "99999999999999999999999999"
+    for args in (["mount", str(tmp_path / "mp"), "--store", str(tmp_path / "s"), "--max-size", huge],
+                 ["config", str(tmp_path / "s"), "--max-size", huge], ["config", str(tmp_path / "s"), "--max-size", "1e99"]):
+        (tmp_path / "mp").mkdir(exist_ok=True)
+        res = run_cli(*args)
+        assert res.returncode == 2, (args, res.stderr)
+        _one_line(res)
+    # a budget near the limit still gives a working df
+    m = mount_factory("big", "--max-size", "8000P")
+    df = subprocess.run(["df", "-B1", str(m.mountpoint)], capture_output=True, text=True, timeout=30)
+    assert df.returncode == 0, df.stderr
+    os.statvfs(m.mountpoint)
+    # "GB" means 10^9 bytes, "G" and "GiB" 2^30
+    for text, expect in (("10GB", 10 * 10**9), ("10G", 10 << 30), ("10 GiB", 10 << 30)):
+        assert run_cli("config", str(tmp_path / "c"), "--max-size", text).returncode == 0
+        cfg = run_cli("config", str(tmp_path / "c"), "--json")
+        assert json.loads(cfg.stdout)["settings"]["max_size"] == expect, (text, cfg.stdout)
+    assert "powers of 1000" in run_cli("mount", "--help").stdout
+
+
+@pytest.mark.timeout(120)
+def test_df_on_a_disk_smaller_than_the_budget(mount_factory: MountFactory, tmpfs):
+    disk = tmpfs("20m")
+    m = mount_factory("df", "--max-size", "10G", store=disk / "store")
+    write_committed(m.mountpoint / "f", os.urandom(2 * M))
+    st, disk_st = os.statvfs(m.mountpoint), os.statvfs(disk)
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    assert 2 * M <= used < 3 * M, used  # used is what the cache holds, not the budget minus the disk's room
+    size = st.f_blocks * st.f_frsize
+    assert size < 20 * M  # the disk, not the 10 GiB budget, bounds what the cache can reach
+    assert abs(st.f_bavail * st.f_frsize - disk_st.f_bavail * disk_st.f_frsize) < 256 * K
+
+
+@pytest.mark.timeout(120)
+def test_a_shell_redirect_runs_a_control_command(mount_factory: MountFactory):
+    m = mount_factory("redir")
+    for i in range(3):
+        write_committed(m.mountpoint / f"f{i}", b"x" * 1000)
+    res = subprocess.run(["sh", "-c", f"echo run > {m.mountpoint}/.mithrilfs/clear && cat {m.mountpoint}/.mithrilfs/clear"],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["files"] == 3
+    assert os.listdir(m.mountpoint) == []
+    res = subprocess.run(["sh", "-c", f": > {m.mountpoint}/.mithrilfs/stats.json"], capture_output=True, text=True)
+    assert res.returncode != 0  # a file that only reads stays read-only
+
+
+@pytest.mark.timeout(120)
+def test_paths_too_long_and_commands_that_cannot_run_get_one_line(tmp_path: Path):
+    long_path = "/" + "/".join(["d" * 250] * 18)
+    for args in (["mount", long_path, "--store", str(tmp_path / "s")],
+                 ["mount", str(tmp_path / "mp"), "--store", long_path],
+                 ["stats", long_path], ["fsck", "--store", long_path]):
+        (tmp_path / "mp").mkdir(exist_ok=True)
+        res = run_cli(*args)
+        assert res.returncode in (1, 2), (args, res.stderr)
+        assert "too long" in _one_line(res), res.stderr
+    script = tmp_path / "not-executable.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    res = run_cli("run", "--store", str(tmp_path / "rs"), "--", str(script))
+    assert res.returncode == 126
+    assert "cannot run" in res.stderr and "Permission denied" in res.stderr and "Traceback" not in res.stderr
+    res = run_cli("run", "--store", str(tmp_path / "rs"), "--", "sh", "-c", "kill -9 $$")
+    assert res.returncode == 137 and "killed by signal 9" in res.stderr, res.stderr

@@ -7,7 +7,8 @@ import signal
 import subprocess
 import sys
 
-from conftest import CLI, REPO, MountFactory, as_user, is_mounted, run_cli, traversable, wait_for
+from conftest import (CLI, REPO, MountFactory, as_user, entry, is_mounted, make_archive, run_cli, traversable,
+                      wait_for)
 from mithrilfs.daemon import holders
 
 
@@ -122,31 +123,6 @@ def test_bad_port_and_export_to_a_missing_directory(mount_factory: MountFactory,
 # ----------------------------------------------------------------------
 # hostile and broken archives
 # ----------------------------------------------------------------------
-def make_archive(path, entries: list, blobs: dict[str, bytes] | None = None, sparse: dict[str, int] | None = None):
-    """A mithrilfs archive as an attacker would write it: any manifest, any members.
-
-    *sparse*: blob members of that many bytes stored as holes (GNU tar --sparse): a huge member
-    in a tiny archive.
-    """
-    import json
-
-    src = path.with_suffix(".src")
-    (src / "blobs").mkdir(parents=True)
-    for h, data in (blobs or {}).items():
-        (src / "blobs" / h).write_bytes(data)
-    for h, size in (sparse or {}).items():
-        with open(src / "blobs" / h, "wb") as f:
-            f.truncate(size)
-    (src / "entries.jsonl").write_text("".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in entries))
-    (src / "mithrilfs-archive.json").write_text(json.dumps({"format": 1, "entries": len(entries)}))
-    subprocess.run(["tar", "--sparse", "-cf", str(path), "-C", str(src), "blobs", "entries.jsonl",
-                    "mithrilfs-archive.json"], check=True)
-
-
-def entry(path, **kw):
-    return {"path": path, "type": "file", "mode": 0o644, "mtime_ns": 1, "atime_ns": 1, **kw}
-
-
 def test_import_rejects_hostile_archives_with_one_line(tmp_path):
     from mithrilfs.cas import hash_bytes
 
