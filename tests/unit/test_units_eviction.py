@@ -14,10 +14,20 @@ from mithrilfs.units import format_size, parse_duration, parse_size
 @pytest.mark.parametrize(
     "text,expected",
     [("500M", 500 << 20), ("10G", 10 << 30), ("1.5T", int(1.5 * (1 << 40))), ("4096", 4096),
-     ("64k", 64 << 10), ("2GiB", 2 << 30), ("3 MB", 3 << 20)],
+     ("64k", 64 << 10), ("2GiB", 2 << 30), ("3 MB", 3 * 10**6), ("10 GB", 10**10), ("10Gi", 10 << 30),
+     ("9223372036854775807", (1 << 63) - 1)],
 )
 def test_parse_size(text, expected):
+    """G and GiB are powers of 1024, GB of 1000 (it used to mean GiB silently)."""
     assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9223372036854775808", "99999999999999999999999999", "8000000P"])
+def test_parse_size_refuses_what_does_not_fit_in_64_bits(text):
+    with pytest.raises(ValueError, match="too large"):
+        parse_size(text)
+    with pytest.raises(ValueError, match="64 bits"):
+        EvictionPolicy(max_bytes=int(text.rstrip("P")) * (1 << 50 if text.endswith("P") else 1))
 
 
 @pytest.mark.parametrize("text", ["", "ten", "10X", "-5", "1.2.3G"])
