@@ -31,7 +31,8 @@ from conftest import REPO, is_mounted, run_cli, wait_for, write_committed
 pytestmark = [pytest.mark.container, pytest.mark.timeout(600)]
 
 CACHE = Path(os.environ.get("MITHRILFS_TEST_CACHE", "/var/cache/mithrilfs-test"))
-RUN = Path("/run/mithrilfs-test")  # podman's run root and lock files: gone at reboot, as they must be
+#: podman's run root and lock files (gone at reboot, as they must be), one per storage root
+RUN = Path("/run") / f"mithrilfs-test-{hashlib.sha256(str(CACHE).encode()).hexdigest()[:8]}"
 SUITE, PACKAGES = "bookworm", "python3,python3-venv,fuse3,ca-certificates"
 #: PATH in the base image: its venv's python and pip first, as python:3.11-slim has them
 PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
