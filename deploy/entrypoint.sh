@@ -3,7 +3,8 @@
 # Mounts the cache in the foreground, configured from the environment, and stays until
 # SIGTERM/SIGINT, on which mithrilfs flushes, unmounts and exits 0.
 #
-#   MITHRILFS_MOUNTPOINT     where to mount (default /cache; share it with the app containers)
+#   MITHRILFS_MOUNTPOINT     where to mount (default /mithrilfs/cache): a subdirectory of the volume
+#                            shared with the app containers (/mithrilfs), never the volume's root
 #   MITHRILFS_STORE          the store, on a volume that outlives the container (default /store)
 #   MITHRILFS_MAX_SIZE       byte budget, e.g. 50G (default: the store's setting from `mithrilfs config`, else 10G)
 #   MITHRILFS_MIN_AGE / MITHRILFS_IDLE_TTL      eviction options (see mithrilfs mount --help)
@@ -18,9 +19,15 @@
 #   MITHRILFS_ALLOW_OTHER    1 (default): let the app containers' users in
 #   MITHRILFS_BIN            the mithrilfs executable (default: mithrilfs on PATH)
 set -eu
-mountpoint="${MITHRILFS_MOUNTPOINT:-/cache}"
+mountpoint="${MITHRILFS_MOUNTPOINT:-/mithrilfs/cache}"
 store="${MITHRILFS_STORE:-/store}"
 mkdir -p "$mountpoint" "$store"
+# An app container that binds a path with the FUSE mount right on it gets that mount as its own
+# volume root, which no unmount or new mount of the sidecar reaches: after a sidecar restart it
+# keeps the dead mount (ENOTCONN).  Mounted on a subdirectory of the shared volume, both propagate.
+if command -v mountpoint >/dev/null && mountpoint -q "$mountpoint"; then
+    echo "mithrilfs-entrypoint: warning: $mountpoint is a volume's root: app containers started after this mount keep a dead mount when the sidecar restarts; mount on a subdirectory of the shared volume" >&2
+fi
 set -- mount "$mountpoint" --store "$store" --foreground
 if [ -n "${MITHRILFS_MAX_SIZE:-}" ]; then set -- "$@" --max-size "$MITHRILFS_MAX_SIZE"; fi
 if [ -n "${MITHRILFS_MIN_AGE:-}" ]; then set -- "$@" --min-age "$MITHRILFS_MIN_AGE"; fi

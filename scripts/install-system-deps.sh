@@ -2,8 +2,11 @@
 # System packages mithrilfs needs: fuse3 (fusermount3, for mounts without root),
 # g++ (the tests run torch.compile's C++ backend), and redis-server for the
 # shared-tier tests.  mithrilfs itself is pure Python: no libfuse, no compiler.
+# The sidecar-image tests (tests/container) build and run the Dockerfile with podman
+# and runc (crun cannot start containers on hosts with hybrid cgroups), run the compose
+# file with podman-compose, and make their base image with debootstrap: no registry.
 set -euo pipefail
-pkgs=(fuse3 g++ redis-server)
+pkgs=(fuse3 g++ redis-server podman runc podman-compose debootstrap)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -53,12 +53,14 @@ def test_kubernetes_pod_shape():
     assert sidecar["restartPolicy"] == "Always"
     sec = sidecar["securityContext"]
     assert sec.get("privileged") or "SYS_ADMIN" in sec.get("capabilities", {}).get("add", [])
-    assert {"name": "cache", "mountPath": "/cache", "mountPropagation": "Bidirectional"} in sidecar["volumeMounts"]
-    assert sidecar["startupProbe"]["exec"]["command"] == ["mithrilfs", "status", "--ready", "/cache"]
+    assert {"name": "cache", "mountPath": "/mithrilfs", "mountPropagation": "Bidirectional"} in sidecar["volumeMounts"]
+    # the mount sits on a subdirectory of the shared volume (a restarted sidecar's mount reaches running apps)
+    assert {"name": "MITHRILFS_MOUNTPOINT", "value": "/mithrilfs/cache"} in sidecar["env"]
+    assert sidecar["startupProbe"]["exec"]["command"] == ["mithrilfs", "status", "--ready", "/mithrilfs/cache"]
     app = pod["spec"]["containers"][0]
-    assert {"name": "cache", "mountPath": "/cache", "mountPropagation": "HostToContainer"} in app["volumeMounts"]
+    assert {"name": "cache", "mountPath": "/mithrilfs", "mountPropagation": "HostToContainer"} in app["volumeMounts"]
     env = {e["name"]: e["value"] for e in app["env"]}
-    assert env == {"TORCHINDUCTOR_CACHE_DIR": "/cache/inductor", "TRITON_CACHE_DIR": "/cache/triton"}
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": "/mithrilfs/cache/inductor", "TRITON_CACHE_DIR": "/mithrilfs/cache/triton"}
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["cache"]["hostPath"]["path"] and volumes["store"]["hostPath"]["path"]
 
@@ -67,18 +69,20 @@ def test_compose_shape():
     compose = yaml.safe_load((REPO / "deploy" / "docker-compose.yaml").read_text())
     side, app = compose["services"]["mithrilfs"], compose["services"]["app"]
     assert side["privileged"] is True and "/dev/fuse" in side["devices"]
-    assert side["healthcheck"]["test"] == ["CMD", "mithrilfs", "status", "/cache"]
-    shared = next(v for v in side["volumes"] if isinstance(v, dict) and v["target"] == "/cache")
-    seen = next(v for v in app["volumes"] if isinstance(v, dict) and v["target"] == "/cache")
+    assert side["healthcheck"]["test"] == ["CMD", "mithrilfs", "status", "/mithrilfs/cache"]
+    assert side["environment"]["MITHRILFS_MOUNTPOINT"] == "/mithrilfs/cache"
+    shared = next(v for v in side["volumes"] if isinstance(v, dict) and v["target"] == "/mithrilfs")
+    seen = next(v for v in app["volumes"] if isinstance(v, dict) and v["target"] == "/mithrilfs")
     assert shared["bind"]["propagation"] == "rshared" and seen["bind"]["propagation"] == "rslave"
     assert shared["source"] == seen["source"]
     assert app["depends_on"]["mithrilfs"]["condition"] == "service_healthy"
-    assert app["environment"]["TORCHINDUCTOR_CACHE_DIR"] == "/cache/inductor"
+    assert app["environment"]["TORCHINDUCTOR_CACHE_DIR"] == "/mithrilfs/cache/inductor"
 
 
 def test_dockerfile_and_systemd_unit():
     docker = (REPO / "Dockerfile").read_text()
-    assert "FROM python:3.11-slim" in docker and "fuse3" in docker
+    assert "ARG BASE=python:3.11-slim" in docker and "FROM ${BASE}" in docker and "fuse3" in docker
+    assert "ENV MITHRILFS_MOUNTPOINT=/mithrilfs/cache" in docker
     assert 'HEALTHCHECK' in docker and 'mithrilfs status' in docker
     assert 'CMD ["/usr/local/bin/mithrilfs-entrypoint"]' in docker
     assert "COPY deploy/entrypoint.sh /usr/local/bin/mithrilfs-entrypoint" in docker
