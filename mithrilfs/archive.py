@@ -28,7 +28,7 @@ import blake3
 
 from .cas import hash_file
 from .control import CONTROL_NAME
-from .namespace import ROOT_INODE, valid_name
+from .namespace import ROOT_INODE, outside_mode, servable, valid_name
 from .store import Store
 
 ARCHIVE_FORMAT = 1
@@ -197,10 +197,10 @@ def _parse_entry(n: int, line: str) -> Entry:
         raise bad("bad blob hash")
     if target is not None and (not isinstance(target, str) or "\0" in target or len(target) > 4095):
         raise bad("bad symlink target")
-    # only the permission bits: a type in the mode would make a device node or a fifo; no
-    # set-user/group-id file (the importer would own it); a symlink's mode is always 0777, as the kernel's
-    mode = stat.S_IMODE(number("mode", 1 << 32))
-    mode = {"file": mode & 0o777, "dir": mode & ~stat.S_ISUID, "symlink": 0o777}[kind]
+    # only the permission bits (a type in the mode would make a device node or a fifo), as
+    # namespace.outside_mode allows them: no set-id file, symlinks 0777
+    kinds = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}
+    mode = outside_mode(kinds[kind], number("mode", 1 << 32))
     return Entry(path, kind, mode, number("mtime_ns", 1 << 63), number("atime_ns", 1 << 63), blob,
                  number("size", 1 << 53), target)
 
@@ -298,7 +298,7 @@ def _merge_entry(store: Store, e: Entry, good: dict[str, int], report: dict[str,
         return
     parent = ROOT_INODE
     parts = [p.encode(errors="surrogateescape") for p in e.path.split("/") if p not in ("", ".")]
-    if not parts or not all(valid_name(p) for p in parts):
+    if not parts or not all(valid_name(p) for p in parts) or not servable(ROOT_INODE, parts[0]):
         report["rejected"] += 1  # a name the mount could not serve (too long, ".."): never in the index
         return
     for part in parts[:-1]:

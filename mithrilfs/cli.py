@@ -638,7 +638,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.mount is None:
         temp = Path(tempfile.mkdtemp(prefix="mithrilfs-run-"))
     mp = (args.mount or temp).expanduser().absolute()  # type: ignore[union-attr]
-    mounted_here = daemon.probe_mount(mp) != "live"
+    state = daemon.probe_mount(mp)
+    if state == "forbidden":
+        raise daemon.MountError(daemon.forbidden_message(mp))
+    mounted_here = state != "live"
     if mounted_here:
         store = (args.store or default_store()).expanduser().absolute()
         try:

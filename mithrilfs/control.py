@@ -26,7 +26,9 @@ import os
 import time
 from typing import Any, Awaitable, Callable
 
-CONTROL_NAME = b".mithrilfs"
+from .namespace import CONTROL_NAME
+
+__all__ = ["CONTROL_DIR_INODE", "CONTROL_NAME", "ControlFiles"]
 #: How long one production of a control file answers every look at it.
 FRESH_SECONDS = 0.002
 _PAGE = 4096

@@ -398,6 +398,8 @@ class Operations(kernel.Operations):
         if inode is not None and inode.nlink > 0:
             try:
                 await _retry_when_full(self, lambda: self.writes.commit_inode(ino))
+            except ContentDropped:
+                pass  # its writes failed for room: it keeps its last content, and its writer is gone
             except (sqlite3.Error, OSError) as e:
                 # no reply carries this: the writes stay staged for the idle timer or unmount
                 log.warning("cannot commit inode %d at forget: %s", ino, e)
@@ -842,7 +844,7 @@ class Operations(kernel.Operations):
         finally:
             os.close(fd)
 
-    @_request
+    @_data_request
     async def write(self, inode: int, fh: int, off: int, buf: bytes) -> int:
         if self.control.is_control(inode):
             if not self.control.is_command(inode):
@@ -850,6 +852,8 @@ class Operations(kernel.Operations):
             # a command: run it now; its answer is what the file reads back
             await self.control.run_command(inode, bytes(buf))
             return len(buf)
+        if inode in self.writes.failed:
+            raise _err(errno.ENOSPC)  # no more eviction for a file that already failed for room
         of = self._staged(inode)
         n = await self._write_with_room(of, off, buf)
         counters = self.stats.by_dir[of.top]
@@ -867,21 +871,22 @@ class Operations(kernel.Operations):
         at once (``WritePath.fail``), so the disk, the reserve and unlink
         work again; its content is not kept.
         """
-        if of.failed:
-            raise _err(errno.ENOSPC)
         try:
             return await self.writes.write(of, off, buf)
         except OSError as e:
-            if not is_disk_full(e):
+            if not _room_would_help(e):
                 raise
         if not of.room_made:
             of.room_made = True
             await self.make_room(len(buf))
+            # the idle timer may have committed the file meanwhile: go on with its current state
+            of = self._staged(of.inode.id)
+            of.room_made = True
             if self.store.ensure_reserve():
                 try:
                     return await self.writes.write(of, off, buf)
                 except OSError as e:
-                    if not is_disk_full(e):
+                    if not _room_would_help(e):
                         raise
         await self.writes.fail(of)
         self.store.ensure_reserve()

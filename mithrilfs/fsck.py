@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .cas import DIGEST_SIZE
-from .namespace import ROOT_INODE, DirPaths, valid_name
+from .namespace import ROOT_INODE, DirPaths, servable
 from .store import Store
 
 Progress = Callable[[int, int], None]
@@ -38,7 +38,8 @@ class FsckReport:
     staging_files: int = 0
     #: Paths (from the mount root) of the files whose content is a corrupt blob: what a repair removes.
     corrupt_files: list[str] = field(default_factory=list)
-    #: Paths of names the mount cannot serve (over 255 bytes, "/", NUL, "." or ".."): no rm could remove them.
+    #: Paths of names the mount cannot serve (over 255 bytes, "/", NUL, "." or "..", the control directory's):
+    #: no rm could remove them.
     bad_names: list[str] = field(default_factory=list)
 
     def problems(self) -> dict[str, int]:
@@ -127,7 +128,7 @@ def check(store: Store, progress: Progress | None = None) -> FsckReport:
     paths = DirPaths(store.ns)
     report.bad_names = sorted(paths.of_name(parent, bytes(name))
                               for parent, name in db.execute("SELECT parent, name FROM dentries")
-                              if not valid_name(bytes(name)))
+                              if not servable(parent, bytes(name)))
     return report
 
 
@@ -187,19 +188,22 @@ def repair(store: Store, report: FsckReport) -> None:
             db.execute("DELETE FROM dentries WHERE inode = ?", (ino,))
             db.execute("DELETE FROM inodes WHERE id = ?", (ino,))
         # names the mount cannot serve go with what is under them (the cascade below)
-        for dentry_id, name in db.execute("SELECT id, name FROM dentries").fetchall():
-            if not valid_name(bytes(name)):
+        for dentry_id, parent, name in db.execute("SELECT id, parent, name FROM dentries").fetchall():
+            if not servable(parent, bytes(name)):
                 db.execute("DELETE FROM dentries WHERE id = ?", (dentry_id,))
-        # entries to nothing, or under something that is not a directory (repeat: removals cascade)
-        while db.execute(
-            "DELETE FROM dentries WHERE id IN (SELECT d.id FROM dentries d LEFT JOIN inodes i ON i.id = d.inode"
-            " LEFT JOIN inodes p ON p.id = d.parent WHERE i.id IS NULL OR p.id IS NULL OR (p.mode & ?) != ?)",
-            (0o170000, stat.S_IFDIR),
-        ).rowcount:
+        # entries to nothing, or under something that is not a directory, and inodes no name reaches:
+        # repeated until neither changes (each removal can orphan the next level down)
+        while sum((
             db.execute(
                 "DELETE FROM inodes WHERE id != ? AND id NOT IN (SELECT inode FROM dentries)", (ROOT_INODE,)
-            )
-        db.execute("DELETE FROM inodes WHERE id != ? AND id NOT IN (SELECT inode FROM dentries)", (ROOT_INODE,))
+            ).rowcount,
+            db.execute(
+                "DELETE FROM dentries WHERE id IN (SELECT d.id FROM dentries d LEFT JOIN inodes i ON i.id = d.inode"
+                " LEFT JOIN inodes p ON p.id = d.parent WHERE i.id IS NULL OR p.id IS NULL OR (p.mode & ?) != ?)",
+                (0o170000, stat.S_IFDIR),
+            ).rowcount,
+        )):
+            pass
         for ino, _, actual in list(_wrong_nlinks(store)):
             db.execute("UPDATE inodes SET nlink = ? WHERE id = ?", (actual, ino))
         db.execute("DELETE FROM inodes WHERE nlink <= 0 AND id != ?", (ROOT_INODE,))

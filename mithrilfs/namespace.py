@@ -564,8 +564,8 @@ class Namespace:
                 self.db.execute("UPDATE inodes SET nlink = 0 WHERE id IN (SELECT inode FROM unconfirmed)")
                 self.db.execute("DELETE FROM unconfirmed")
             else:
-                # after a clean stop no writer can still be running: what it left is final, and a
-                # mark kept now would drop a name at some later unclean stop
+                # a clean stop keeps what it committed (as it always has), so the mark has done its
+                # work; kept, it would drop at some later unclean stop a name every mount since served
                 self.db.execute("DELETE FROM unconfirmed")
             unlinked = self.db.execute("DELETE FROM inodes WHERE nlink <= 0").rowcount
             dangling = 0
@@ -593,6 +593,8 @@ class Namespace:
 
 #: Longest name in a directory, as on ext4 (statfs reports it; longer ones get ENAMETOOLONG).
 NAME_MAX = 255
+#: The mount's control directory: a name of the root no stored entry may take.
+CONTROL_NAME = b".mithrilfs"
 
 
 def valid_name(name: bytes) -> bool:
@@ -602,6 +604,24 @@ def valid_name(name: bytes) -> bool:
     tier, an archive import) checks it; fsck reports any that got in.
     """
     return 0 < len(name) <= NAME_MAX and b"/" not in name and b"\0" not in name and name not in (b".", b"..")
+
+
+def servable(parent: int, name: bytes) -> bool:
+    """``valid_name``, and not the control directory's place at the root."""
+    return valid_name(name) and not (parent == ROOT_INODE and name == CONTROL_NAME)
+
+
+def outside_mode(fmt: int, mode: int) -> int:
+    """Permission bits for an entry that comes from outside the kernel (an archive, the shared tier).
+
+    No set-user/group-id file: the importer would own it, and a copy taken
+    off the (nosuid) mount would keep the bits.  A symlink is 0777, as the
+    kernel makes them.  A directory keeps set-group-id and sticky.
+    """
+    if fmt == stat.S_IFLNK:
+        return 0o777
+    perm = stat.S_IMODE(mode)
+    return perm & 0o777 if fmt == stat.S_IFREG else perm & ~stat.S_ISUID
 
 
 def join_path(dir_path: str, name: bytes) -> str:

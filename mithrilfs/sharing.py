@@ -33,7 +33,7 @@ import trio
 from .blobs import Blobs
 from .cas import EMPTY_DIGEST
 from .lifetime import Lifetimes, Removed
-from .namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path
+from .namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path, outside_mode
 from .remote import RemoteEntry, RemoteError, RemoteTier
 from .stats import EventLog
 
@@ -267,15 +267,14 @@ class SharedTier:
         root = self.ns.get(ROOT_INODE)
         assert root is not None
         uid, gid = self.owner or (root.uid, root.gid)
-        mode = stat.S_IMODE(e.mode)
         if e.type == "d":
-            node = self.ns.create_inode(stat.S_IFDIR | mode, uid, gid, nlink=2)
+            node = self.ns.create_inode(stat.S_IFDIR | outside_mode(stat.S_IFDIR, e.mode), uid, gid, nlink=2)
             self.ns.add_link(parent, +1)
         elif e.type == "l":
             node = self.ns.create_inode(stat.S_IFLNK | 0o777, uid, gid,
                                         target=(e.target or "").encode(errors="surrogateescape"))
         else:
-            node = self.ns.create_inode(stat.S_IFREG | mode, uid, gid)
+            node = self.ns.create_inode(stat.S_IFREG | outside_mode(stat.S_IFREG, e.mode), uid, gid)
             digest = bytes.fromhex(e.hash)  # type: ignore[arg-type]
             self.ns.add_placeholder(digest)  # fetched at the first read
             self.ns.set_content(node, digest, e.size, e.mtime_ns or time.time_ns())

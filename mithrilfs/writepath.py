@@ -22,12 +22,15 @@ drops those names.
 
 A write that finds no room on the store's disk even after one slice of
 the cache was evicted for its file (``fs``) fails the file (``fail``): its
-staging is dropped at once, so a writer that can never fit gives back what
-it took instead of leaving the disk full, and the inode keeps its last
-committed content.  Its next writes fail at once (no more eviction for a
-file that already failed), its next commit point fails once with ENOSPC
-(``ContentDropped``) so the writer learns its content was not kept, and a
-truncate to empty starts it over.
+staging and write state are dropped at once, so a writer that can never
+fit gives back what it took instead of leaving the disk full, and the inode
+keeps its last committed content.  The inode is then in ``failed`` (not a
+``Staged``: it neither pins the inode against eviction nor counts as being
+written): its next writes fail at once (no more eviction for a file that
+already failed; a write that was waiting for the file's lock too), its next
+confirmed commit point fails once with ENOSPC (``ContentDropped``) so the
+writer learns its content was not kept, unconfirmed commits (idle timer,
+unmount, ``commit``) leave it alone, and a truncate to empty starts it over.
 
 Writes of ``WRITE_OFFLOAD_MIN`` and more copy and hash in a worker thread;
 a file's own lock orders them against truncates and commits and keeps the
@@ -138,8 +141,6 @@ class Staged:
     changed: float = 0.0
     #: The file already had a slice of the cache evicted for it (a full disk): never a second.
     room_made: bool = False
-    #: A write failed for room and the staging was dropped (see the module doc).
-    failed: bool = False
     _lock: trio.Lock | None = None
 
     @property
@@ -170,6 +171,8 @@ class WritePath:
         #: Called after every commit (shared-tier upload, budget check).
         self._committed = committed
         self.staged: dict[int, Staged] = {}
+        #: Inodes whose writes failed for room (see the module doc).
+        self.failed: set[int] = set()
 
     def staged_for(self, ino: Inode, top: str) -> Staged:
         of = self.staged.get(ino.id)
@@ -183,6 +186,7 @@ class WritePath:
 
     def drop(self, ino: int) -> None:
         """Forget an inode's uncommitted content (it lost its last name and the kernel forgot it)."""
+        self.failed.discard(ino)
         of = self.staged.pop(ino, None)
         if of is not None:
             self._drop_staging_file(of)
@@ -195,11 +199,12 @@ class WritePath:
     async def fail(self, of: Staged) -> None:
         """A write found no room even after a slice of the cache went: drop what was staged (module doc)."""
         async with _Held(of.lock):
+            self.failed.add(of.inode.id)
             self._drop_staging_file(of)
-            of.size, of.mtime_ns = of.inode.size, of.inode.mtime_ns
             of.dirty = False
-            of.failed = True
             of.write_gen += 1
+            if self.staged.get(of.inode.id) is of:
+                del self.staged[of.inode.id]
 
     @staticmethod
     def _drop_staging_file(of: Staged) -> None:
@@ -219,6 +224,9 @@ class WritePath:
         async with _Held(of.lock):
             if of.staging_fd is not None:
                 return of.staging_fd
+            if of.inode.id in self.failed:  # it failed while this request waited for the lock
+                self._forget_if_settled(of)
+                raise ContentDropped(of.inode.id)
             digest, size = of.inode.hash, of.inode.size
             copy = digest is not None and size > 0 and not empty
             fd, path = self.cas.new_staging()
@@ -291,7 +299,7 @@ class WritePath:
 
     async def truncate(self, of: Staged, size: int) -> None:
         if size == 0:  # starting over (O_TRUNC): a file whose writes failed for room may try again
-            of.failed = of.room_made = False
+            self.failed.discard(of.inode.id)
         if size == of.size and of.staging_fd is None:
             self._forget_if_settled(of)
             return  # no change (O_TRUNC of an empty lock file): nothing to commit
@@ -314,12 +322,11 @@ class WritePath:
         chmod, link, forget); an idle-timer or unmount commit is not, and
         is recorded as unconfirmed.  With nothing to commit, a confirmation
         still clears an earlier unconfirmed mark.  A file whose writes
-        failed for room raises ``ContentDropped`` once.
+        failed for room raises ``ContentDropped`` at its next confirmed commit.
         """
-        if of.failed:
-            of.failed = False
-            self._forget_if_settled(of)
-            raise ContentDropped(of.inode.id)
+        if of.inode.id in self.failed:
+            self._settle_failed(of.inode.id, confirmed)
+            return
         if not of.dirty or of.staging_fd is None or of.inode.nlink == 0:
             # nothing written, or no name can ever show it (dropped at forget)
             self._settled(of, confirmed)
@@ -363,8 +370,7 @@ class WritePath:
 
     def _forget_if_settled(self, of: Staged) -> None:
         """Drop the write state of an inode with nothing uncommitted, unless a request waits on its lock."""
-        if (of.staging_fd is None and not of.failed and not of.awaited()
-                and self.staged.get(of.inode.id) is of):
+        if of.staging_fd is None and not of.awaited() and self.staged.get(of.inode.id) is of:
             del self.staged[of.inode.id]
 
     async def commit_inode(self, ino: int, *, confirmed: bool = True) -> None:
@@ -372,17 +378,21 @@ class WritePath:
         of = self.staged.get(ino)
         if of is not None:
             await self.commit(of, confirmed=confirmed)
+        elif ino in self.failed:
+            self._settle_failed(ino, confirmed)
         elif confirmed:
             self.ns.confirm(ino)
 
+    def _settle_failed(self, ino: int, confirmed: bool) -> None:
+        """A commit point of a file whose writes failed for room: a confirmed one tells the writer, once."""
+        if confirmed:
+            self.failed.discard(ino)
+            raise ContentDropped(ino)
+
     async def commit_all(self) -> None:
         """A clean unmount (or the ``commit`` control file): commit everything written, unconfirmed
-        (a writer may have been cut off); files whose writes failed for room keep their last content."""
+        (a writer may have been cut off)."""
         for of in list(self.staged.values()):
-            if of.failed:
-                of.failed = False
-                self._forget_if_settled(of)
-                continue
             await self.commit(of, confirmed=False)
 
     def shutdown(self) -> None:

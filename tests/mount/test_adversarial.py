@@ -76,9 +76,12 @@ def test_full_disk_second_write_of_a_failed_file_fails_fast(mount_factory: Mount
             os.write(fd, b"\0" * M)
         assert again.value.errno == errno.ENOSPC
         assert m.stats()["evicted_files"] == evicted, "a failed file's next write evicted more"
+        assert m.stats()["written_files"] == 0  # nothing of it is staged, nothing pins it
+        time.sleep(2.5)  # the idle timer's commits leave a failed file alone...
         with pytest.raises(OSError) as sync:
             os.fsync(fd)  # the writer learns that its content was not kept
-        assert sync.value.errno == errno.ENOSPC
+        assert sync.value.errno == errno.ENOSPC  # ...so the writer's own commit point still learns of it
+        os.fsync(fd)  # told once
     finally:
         os.close(fd)
     # starting over (O_TRUNC) is allowed again
@@ -214,11 +217,12 @@ def test_import_refuses_what_the_mount_cannot_hold(mount_factory: MountFactory, 
         {"path": "sgid-dir", "type": "dir", "mode": 0o2775, "mtime_ns": 1, "atime_ns": 1},
         {"path": "link", "type": "symlink", "mode": 0o644, "mtime_ns": 1, "atime_ns": 1, "target": "suid"},
         entry("ok.so", blob=h, size=len(data)),
+        entry(".mithrilfs/stats.json", blob=h, size=len(data)),  # the control directory's place
     ], {h: data})
     store = tmp_path / "s"
     res = run_cli("import", str(arc), "--store", str(store))
     assert res.returncode == 1, res.stdout + res.stderr  # something was rejected: not a silent success
-    assert "1 names the mount cannot serve rejected" in res.stdout, res.stdout
+    assert "2 names the mount cannot serve rejected" in res.stdout, res.stdout
     m = mount_factory("odd", store=store)
     assert not (m.mountpoint / "d").exists()  # nothing of the rejected path was made
     assert stat.S_IMODE(os.stat(m.mountpoint / "suid").st_mode) == 0o777  # no set-user/group-id file
@@ -243,18 +247,22 @@ def test_fsck_reports_and_repairs_names_the_mount_cannot_serve(tmp_path: Path, m
     (m.mountpoint / "dir").mkdir()
     write_committed(m.mountpoint / "dir" / "good", b"g")
     write_committed(m.mountpoint / "dir" / "bad", b"b")
+    (m.mountpoint / "baddir" / "sub").mkdir(parents=True)
+    write_committed(m.mountpoint / "baddir" / "sub" / "x", b"x")
     m.umount()
     db = sqlite3.connect(m.store / "index.sqlite3")
     db.execute("UPDATE dentries SET name = ? WHERE name = ?", (b"y" * 300, b"bad"))
+    db.execute("UPDATE dentries SET name = ? WHERE name = ?", (b"..", b"baddir"))  # a directory, with a tree
     db.commit()
     db.close()
     res = run_cli("fsck", "--store", str(m.store))
-    assert res.returncode == 4 and "1 names the mount cannot serve" in res.stdout, res.stdout
+    assert res.returncode == 4 and "2 names the mount cannot serve" in res.stdout, res.stdout
     assert f"  name the mount cannot serve: dir/{'y' * 300}" in res.stdout
     assert run_cli("fsck", "--repair", "--store", str(m.store)).returncode == 1
     assert run_cli("fsck", "--store", str(m.store)).returncode == 0
     m.mount()
     assert os.listdir(m.mountpoint / "dir") == ["good"]
+    assert sorted(os.listdir(m.mountpoint)) == ["dir"]
 
 
 @pytest.mark.timeout(120)
