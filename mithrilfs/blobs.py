@@ -49,6 +49,20 @@ class Blobs:
         self.verified.add(digest)
         return new
 
+    def add_data(self, data: bytes | bytearray, digest: bytes, *,
+                 between: Callable[[str], None] = lambda point: None) -> bool:
+        """Make *data* (blake3 *digest*, content staged in memory) a blob; True when it is new.
+
+        As ``add``, with the file written straight into place (``CAS.write_blob``:
+        one create and one rename, no staging file to link and unlink).
+        """
+        with self.ns.txn():
+            self.ns.blob_intent(digest, len(data))
+        between("after_intent")
+        new = self.cas.write_blob(digest, data, trust_existing=digest in self.verified)
+        self.written(digest, len(data), new)
+        return new
+
     def intend(self, items: list[tuple[bytes, int]]) -> None:
         """Record many blobs (digest, size) about to appear on disk, in one transaction.
 

@@ -9,6 +9,7 @@ work in ``staging/`` and a finished staging file becomes a blob by one
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from pathlib import Path
@@ -111,25 +112,33 @@ class CAS:
             return False
         return True
 
-    def write_blob(self, digest: bytes, data: bytes) -> bool:
+    def write_blob(self, digest: bytes, data: bytes | bytearray, *, trust_existing: bool = True) -> bool:
         """Write verified bytes as the blob *digest* in one rename (no staging file); True when new.
 
-        For many small blobs at once (a prefetch): a create and a rename
-        each, where staging and linking cost twice that.  Safe from worker
-        threads.
+        For small blobs (a prefetch, a commit of content staged in memory):
+        a create and a rename each, where a staging file, its link and its
+        unlink cost more.  Unless *trust_existing*, an existing blob is
+        atomically replaced by these bytes (as ``adopt`` does).  Safe from
+        worker threads.
         """
         dest = self.path(digest)
-        if os.path.exists(dest):
+        existed = os.path.exists(dest)
+        if existed and trust_existing:
             return False
         if dest.parent.name not in self._shards:
             dest.parent.mkdir(mode=0o700, exist_ok=True)
             self._shards.add(dest.parent.name)
         tmp = self.staging / uuid.uuid4().hex  # a crash leaves it where startup clears
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, BLOB_MODE)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.rename(tmp, dest)
-        return True
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.rename(tmp, dest)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # a full disk: the retry after making room starts over
+            raise
+        return not existed
 
     def quarantine_blob(self, digest: bytes) -> Path | None:
         """Move a blob that failed verification out of ``objects/`` (kept for inspection)."""

@@ -809,8 +809,8 @@ class Operations(kernel.Operations):
             return await self.control.read(inode, off, size)
         while True:
             of = self.writes.staged.get(inode)
-            if of is not None and of.staging_fd is not None:
-                data = os.pread(of.staging_fd, size, off)
+            if of is not None and of.has_staging:
+                data = of.read(off, size)
                 break
             if inode in self.lifetimes.unreadable:
                 raise _err(errno.EIO)  # its content was bad and is gone; a retried read must not see it empty
@@ -1186,7 +1186,14 @@ class Operations(kernel.Operations):
         """
         while True:
             await trio.sleep(IDLE_COMMIT_SECONDS / 2)
-            for of in self.writes.idle(time.monotonic() - IDLE_COMMIT_SECONDS):
+            idle = self.writes.idle(time.monotonic() - IDLE_COMMIT_SECONDS)
+            try:
+                # files staged in memory in batches; the rest (or everything, after an error) one by one
+                left = await self.writes.commit_idle(idle)
+            except (sqlite3.Error, OSError) as e:
+                log.warning("idle commit of %d files failed (%s); committing them one by one", len(idle), e)
+                left = idle
+            for of in left:
                 try:
                     await _retry_when_full(self, functools.partial(self.writes.commit, of, confirmed=False))
                 except (sqlite3.Error, OSError) as e:

@@ -4,12 +4,17 @@ The kernel opens and closes files itself (the filesystem answers OPEN and
 FLUSH with ENOSYS), so there are no handles here: WRITE, SETATTR and READ
 carry the inode, and the write state is per inode (``Staged``).  Content of
 a regular file is either a committed blob (``Inode.hash``; None means empty)
-or, while it is being written, a staging file.  Staging is created on the
+or, while it is being written, staging content.  Staging is created on the
 first write or truncate (a copy of the blob unless the write starts from
-empty).  A commit hashes it (a running blake3 while writes arrive in
-sequence; off the event loop for large files), records a refcount-0 intent
-row, hard-links it into ``objects/`` (``Blobs.add``), and only then points
-the inode at the hash in one transaction.  Until that transaction the inode
+empty).  Small files are staged in memory (``MEM_STAGING_MAX``): a compile
+cache writes thousands of them, and a staging file is an inode to allocate,
+link and unlink on the backing filesystem for each; a file that grows past
+it (or past the memory cap) moves to a staging file in ``staging/``.  A
+commit hashes it (a running blake3 while writes arrive in sequence; off the
+event loop for large files), records a refcount-0 intent row, puts the
+bytes into ``objects/`` (``Blobs.add_data``: written under a temporary name
+and renamed; ``Blobs.add``: the staging file hard-linked), and only then
+points the inode at the hash in one transaction.  Until that transaction the inode
 keeps its last committed content, so a crash never exposes a torn file.
 
 With no close to commit at, the commit points are those the frameworks
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import signal
 import time
@@ -52,9 +58,11 @@ import blake3
 import trio
 
 from .blobs import Blobs
-from .cas import hash_file
+from .cas import CAS, hash_bytes, hash_file
 from .namespace import Inode, Namespace
 from .stats import ROOT_KEY, Stats
+
+log = logging.getLogger(__name__)
 
 #: Files at least this large are hashed and copied off the event loop.
 OFFLOAD_MIN = 1 << 20
@@ -62,6 +70,12 @@ OFFLOAD_MIN = 1 << 20
 WRITE_OFFLOAD_MIN = 256 << 10
 #: An inode with no write for this long is committed (unconfirmed) by the idle timer.
 IDLE_COMMIT_SECONDS = 1.0
+#: Files up to this size are staged in memory rather than in a staging file (see module doc).
+MEM_STAGING_MAX = WRITE_OFFLOAD_MIN
+#: At most this many bytes are staged in memory at once; beyond, staging goes to files.
+MEM_STAGING_TOTAL = 64 << 20
+#: The idle timer commits at most this many files staged in memory in one batch (``commit_idle``).
+COMMIT_BATCH_MAX = 512
 
 #: Crash-safety tests set MITHRILFS_TEST_CRASH_AT=POINT:N to SIGKILL the
 #: daemon the Nth time the write path reaches POINT.
@@ -128,6 +142,8 @@ class Staged:
     mtime_ns: int = 0
     staging_fd: int | None = None
     staging_path: str | None = None
+    #: Staging content held in memory (a small file), instead of a staging file.
+    mem: bytearray | None = None
     dirty: bool = False
     #: Bumped by every change to staging; a commit whose hash was computed
     #: before the latest change is abandoned.
@@ -149,6 +165,18 @@ class Staged:
         if self._lock is None:
             self._lock = trio.Lock()
         return self._lock
+
+    @property
+    def has_staging(self) -> bool:
+        """The inode has staging content (in memory or in a staging file)."""
+        return self.staging_fd is not None or self.mem is not None
+
+    def read(self, off: int, size: int) -> bytes:
+        """Read the staging content."""
+        if self.mem is not None:
+            return bytes(self.mem[off:off + size])
+        assert self.staging_fd is not None
+        return os.pread(self.staging_fd, size, off)
 
     def busy(self) -> bool:
         return self._lock is not None and self._lock.locked()
@@ -173,6 +201,10 @@ class WritePath:
         self.staged: dict[int, Staged] = {}
         #: Inodes whose writes failed for room (see the module doc).
         self.failed: set[int] = set()
+        #: Bytes of all staging content (``staging_bytes``), and of the part held in memory;
+        #: kept as running totals: every commit asks, with thousands of files being written.
+        self._bytes = 0
+        self._mem_bytes = 0
 
     def staged_for(self, ino: Inode, top: str) -> Staged:
         of = self.staged.get(ino.id)
@@ -182,14 +214,22 @@ class WritePath:
         return of
 
     def staging_bytes(self) -> int:
-        return sum(of.size for of in self.staged.values() if of.staging_fd is not None)
+        return self._bytes
+
+    def _set_size(self, of: Staged, size: int) -> None:
+        """Change the size of an inode's staging content, keeping the totals."""
+        delta = size - of.size
+        of.size = size
+        self._bytes += delta
+        if of.mem is not None:
+            self._mem_bytes += delta
 
     def drop(self, ino: int) -> None:
         """Forget an inode's uncommitted content (it lost its last name and the kernel forgot it)."""
         self.failed.discard(ino)
         of = self.staged.pop(ino, None)
         if of is not None:
-            self._drop_staging_file(of)
+            self._drop_staging(of)
             of.dirty = False
 
     def idle(self, quiet_since: float) -> list[Staged]:
@@ -200,15 +240,19 @@ class WritePath:
         """A write found no room even after a slice of the cache went: drop what was staged (module doc)."""
         async with _Held(of.lock):
             self.failed.add(of.inode.id)
-            self._drop_staging_file(of)
+            self._drop_staging(of)
             of.dirty = False
             of.write_gen += 1
             if self.staged.get(of.inode.id) is of:
                 del self.staged[of.inode.id]
 
-    @staticmethod
-    def _drop_staging_file(of: Staged) -> None:
+    def _drop_staging(self, of: Staged) -> None:
         of.hasher = None
+        if of.has_staging:
+            self._bytes -= of.size
+        if of.mem is not None:
+            self._mem_bytes -= of.size
+            of.mem = None
         if of.staging_fd is not None:
             os.close(of.staging_fd)
             try:
@@ -217,18 +261,50 @@ class WritePath:
                 pass
         of.staging_fd = of.staging_path = None
 
-    async def ensure_staging(self, of: Staged, *, empty: bool = False) -> int:
-        """The inode's staging fd, starting as a copy of its blob unless *empty*."""
-        if of.staging_fd is not None:
-            return of.staging_fd
+    def _fits_in_memory(self, of: Staged, size: int) -> bool:
+        """Whether *of*'s staging content may be (or stay) in memory at *size* bytes."""
+        held = of.size if of.mem is not None else 0
+        return size <= MEM_STAGING_MAX and self._mem_bytes - held + size <= MEM_STAGING_TOTAL
+
+    def _spill(self, of: Staged) -> None:
+        """Move staging content from memory to a staging file (it grew past ``MEM_STAGING_MAX``)."""
+        mem = of.mem
+        assert mem is not None
+        fd, path = self.cas.new_staging()
+        try:
+            if mem:
+                os.pwrite(fd, mem, 0)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        self._mem_bytes -= of.size
+        of.mem = None
+        of.staging_fd, of.staging_path = fd, path
+
+    async def ensure_staging(self, of: Staged, *, empty: bool = False) -> None:
+        """Give the inode staging content, starting as a copy of its blob unless *empty*."""
+        if of.has_staging:
+            return
         async with _Held(of.lock):
-            if of.staging_fd is not None:
-                return of.staging_fd
+            if of.has_staging:
+                return
             if of.inode.id in self.failed:  # it failed while this request waited for the lock
                 self._forget_if_settled(of)
                 raise ContentDropped(of.inode.id)
             digest, size = of.inode.hash, of.inode.size
             copy = digest is not None and size > 0 and not empty
+            if self._fits_in_memory(of, size if copy else 0):
+                mem = bytearray()
+                if copy:
+                    src = self.cas.open(digest)  # type: ignore[arg-type]
+                    try:
+                        mem = bytearray(os.pread(src, size, 0))
+                    finally:
+                        os.close(src)
+                of.mem = mem
+                self._start(of, len(mem), copy)
+                return
             fd, path = self.cas.new_staging()
             try:
                 if copy:
@@ -245,28 +321,32 @@ class WritePath:
                 os.unlink(path)
                 raise
             of.staging_fd, of.staging_path = fd, path
-            of.size = size if copy else 0
-            of.hasher = None if copy else blake3.blake3(max_threads=blake3.blake3.AUTO)
-            of.hashed = 0
-            return fd
+            self._start(of, size if copy else 0, copy)
+
+    def _start(self, of: Staged, size: int, copy: bool) -> None:
+        """Staging content of *size* bytes is in place (a copy of the blob, or empty)."""
+        of.size = 0
+        self._set_size(of, size)
+        of.hasher = None if copy else blake3.blake3(max_threads=blake3.blake3.AUTO)
+        of.hashed = 0
 
     @contextlib.asynccontextmanager
-    async def staging_locked(self, of: Staged, *, empty: bool = False) -> AsyncIterator[int]:
-        """Hold the file lock with a staging file in place (a commit may drop it while we wait)."""
+    async def staging_locked(self, of: Staged, *, empty: bool = False) -> AsyncIterator[None]:
+        """Hold the file lock with staging content in place (a commit may drop it while we wait)."""
         while True:
             await self.ensure_staging(of, empty=empty)
             await _acquire(of.lock)
-            if of.staging_fd is not None:
+            if of.has_staging:
                 break
             of.lock.release()
         try:
-            yield of.staging_fd
+            yield
         finally:
             of.lock.release()
 
     async def write(self, of: Staged, off: int, buf: Any) -> int:
-        """Write *buf* at *off* into the inode's staging file (the kernel already placed O_APPEND writes)."""
-        if of.staging_fd is None:
+        """Write *buf* at *off* into the inode's staging content (the kernel already placed O_APPEND writes)."""
+        if not of.has_staging:
             await self.ensure_staging(of)
         offload = len(buf) >= WRITE_OFFLOAD_MIN
         if offload or of.busy():
@@ -278,19 +358,31 @@ class WritePath:
         return await self._write_staging(of, off, buf, offload=False)
 
     async def _write_staging(self, of: Staged, off: int, buf: Any, *, offload: bool) -> int:
-        fd = of.staging_fd
-        assert fd is not None
+        end = off + len(buf)
+        if of.mem is not None and (offload or not self._fits_in_memory(of, max(end, of.size))):
+            self._spill(of)
         hasher = of.hasher if of.hasher is not None and off == of.hashed else None
         if hasher is None:
             of.hasher = None
-        if offload:
-            n = await trio.to_thread.run_sync(_pwrite_hash, fd, buf, off, hasher)
+        mem = of.mem
+        if mem is not None:
+            if off > len(mem):
+                mem.extend(bytes(off - len(mem)))  # a hole
+            mem[off:end] = buf
+            if hasher is not None:
+                hasher.update(buf)
+            n = len(buf)
         else:
-            n = _pwrite_hash(fd, buf, off, hasher)
+            fd = of.staging_fd
+            assert fd is not None
+            if offload:
+                n = await trio.to_thread.run_sync(_pwrite_hash, fd, buf, off, hasher)
+            else:
+                n = _pwrite_hash(fd, buf, off, hasher)
         if hasher is not None and of.hasher is hasher:
             of.hashed += n
         if off + n > of.size:
-            of.size = off + n
+            self._set_size(of, off + n)
         of.mtime_ns = time.time_ns()
         of.changed = time.monotonic()
         of.dirty = True
@@ -300,16 +392,24 @@ class WritePath:
     async def truncate(self, of: Staged, size: int) -> None:
         if size == 0:  # starting over (O_TRUNC): a file whose writes failed for room may try again
             self.failed.discard(of.inode.id)
-        if size == of.size and of.staging_fd is None:
+        if size == of.size and not of.has_staging:
             self._forget_if_settled(of)
             return  # no change (O_TRUNC of an empty lock file): nothing to commit
-        async with self.staging_locked(of, empty=size == 0) as fd:
-            os.ftruncate(fd, size)
+        async with self.staging_locked(of, empty=size == 0):
+            if of.mem is not None and not self._fits_in_memory(of, size):
+                self._spill(of)
+            if of.mem is not None:
+                if size < len(of.mem):
+                    del of.mem[size:]
+                else:
+                    of.mem.extend(bytes(size - len(of.mem)))
+            else:
+                os.ftruncate(of.staging_fd, size)  # type: ignore[arg-type]
             if size == 0:
                 of.hasher, of.hashed = blake3.blake3(max_threads=blake3.blake3.AUTO), 0
             elif size != of.hashed:
                 of.hasher = None
-            of.size = size
+            self._set_size(of, size)
             of.mtime_ns = time.time_ns()
             of.changed = time.monotonic()
             of.dirty = True
@@ -327,26 +427,33 @@ class WritePath:
         if of.inode.id in self.failed:
             self._settle_failed(of.inode.id, confirmed)
             return
-        if not of.dirty or of.staging_fd is None or of.inode.nlink == 0:
+        if not of.dirty or not of.has_staging or of.inode.nlink == 0:
             # nothing written, or no name can ever show it (dropped at forget)
             self._settled(of, confirmed)
             return
         async with _Held(of.lock):
-            if not of.dirty or of.staging_fd is None or of.inode.nlink == 0:
+            if not of.dirty or not of.has_staging or of.inode.nlink == 0:
                 self._settled(of, confirmed)
                 return
-            gen, size, path = of.write_gen, of.size, of.staging_path
-            assert path is not None
+            gen, size, path, mem = of.write_gen, of.size, of.staging_path, of.mem
             if of.hasher is not None and of.hashed == size:
                 digest = of.hasher.digest()
+            elif mem is not None:
+                digest = hash_bytes(mem)
             elif size >= OFFLOAD_MIN:
+                assert path is not None
                 digest = await trio.to_thread.run_sync(hash_file, path, limiter=self._limiter)
                 if of.write_gen != gen or of.staging_path != path or of.inode.nlink == 0:
                     return  # changed meanwhile: a later commit point takes the newer content
             else:
+                assert path is not None
                 digest = hash_file(path)
             crash_point("before_intent")
-            if not self.blobs.add(path, digest, size, between=crash_point):
+            if mem is not None:
+                new = self.blobs.add_data(mem, digest, between=crash_point)
+            else:
+                new = self.blobs.add(path, digest, size, between=crash_point)  # type: ignore[arg-type]
+            if not new:
                 self.stats.add(of.top, "dedup_hits")
             crash_point("after_adopt")
             old = of.inode.hash
@@ -356,7 +463,7 @@ class WritePath:
                 self.ns.set_content(of.inode, digest, size, of.mtime_ns, confirmed=confirmed)
             crash_point("after_set_content")
             self.stats.add(of.top, "commits")
-            self._drop_staging_file(of)
+            self._drop_staging(of)
             of.dirty = False
             self._forget_if_settled(of)
             if old != digest:
@@ -370,7 +477,7 @@ class WritePath:
 
     def _forget_if_settled(self, of: Staged) -> None:
         """Drop the write state of an inode with nothing uncommitted, unless a request waits on its lock."""
-        if of.staging_fd is None and not of.awaited() and self.staged.get(of.inode.id) is of:
+        if not of.has_staging and not of.awaited() and self.staged.get(of.inode.id) is of:
             del self.staged[of.inode.id]
 
     async def commit_inode(self, ino: int, *, confirmed: bool = True) -> None:
@@ -388,6 +495,77 @@ class WritePath:
         if confirmed:
             self.failed.discard(ino)
             raise ContentDropped(ino)
+
+    async def commit_idle(self, ofs: list[Staged]) -> list[Staged]:
+        """Commit idle files staged in memory in batches, unconfirmed; returns the rest (committed one by one).
+
+        The idle timer finds many small files at once (thousands while a
+        compile writes its cache): their intent rows go in one transaction,
+        their blob files are written by one worker thread while the event
+        loop goes on answering requests, and the inodes point at them in one
+        more transaction: two transactions per batch instead of two per
+        file, and no blob creation on the event loop.  The order of each
+        file's steps, and so what a crash can leave, is that of ``commit``.
+        Each file's lock is held throughout, so writes to it wait.
+        """
+        rest = []
+        for start in range(0, len(ofs), COMMIT_BATCH_MAX):
+            rest.extend(await self._commit_batch(ofs[start:start + COMMIT_BATCH_MAX]))
+        return rest
+
+    async def _commit_batch(self, ofs: list[Staged]) -> list[Staged]:
+        """``commit_idle`` of one batch: files not staged in memory (or busy meanwhile) are returned."""
+        batch: list[tuple[Staged, bytearray, bytes]] = []
+        rest = []
+        for of in ofs:
+            if of.mem is None or not of.dirty or of.inode.nlink == 0 or of.busy():
+                rest.append(of)
+                continue
+            of.lock.acquire_nowait()
+            digest = of.hasher.digest() if of.hasher is not None and of.hashed == of.size else hash_bytes(of.mem)
+            batch.append((of, of.mem, digest))
+        if not batch:
+            return rest
+        done: list[tuple[Staged, bytearray, bytes]] = []
+        try:
+            for _ in batch:
+                crash_point("before_intent")
+            self.blobs.intend([(digest, len(mem)) for _, mem, digest in batch])
+            for _ in batch:
+                crash_point("after_intent")
+            jobs = [(digest, mem, digest in self.blobs.verified) for _, mem, digest in batch]
+            written, error = await trio.to_thread.run_sync(_write_blobs, self.cas, jobs, limiter=self._limiter)
+            if error is not None:
+                log.warning("idle commit: writing a blob failed (%s); committing one by one", error)
+            for (of, mem, digest), new in zip(batch, written):
+                self.blobs.written(digest, len(mem), new)
+                crash_point("after_adopt")
+                if not new:
+                    self.stats.add(of.top, "dedup_hits")
+                if of.mem is mem and of.inode.nlink > 0:  # else dropped meanwhile: its blob is collected below
+                    done.append((of, mem, digest))
+            rest.extend(of for of, _, _ in batch[len(written):])
+            olds = [of.inode.hash for of, _, _ in done]
+            with self.ns.txn():
+                for of, mem, digest in done:
+                    self.ns.set_content(of.inode, digest, len(mem), of.mtime_ns, confirmed=False)
+            for of, _, _ in done:
+                crash_point("after_set_content")
+                self.stats.add(of.top, "commits")
+                self._drop_staging(of)
+                of.dirty = False
+        finally:
+            for of, _, _ in batch:
+                of.lock.release()
+        for (of, _, digest), old in zip(done, olds):
+            self._forget_if_settled(of)
+            if old != digest:
+                self.blobs.collect(old)
+        for _, _, digest in batch[:len(written)]:
+            self.blobs.collect(digest)  # only when nothing points at it (its inode went meanwhile)
+        for of, _, _ in done:
+            await self._committed(of)
+        return rest
 
     async def commit_all(self) -> None:
         """A clean unmount (or the ``commit`` control file): commit everything written, unconfirmed
@@ -407,6 +585,18 @@ def _pwrite_hash(fd: int, buf: Any, off: int, hasher: Any) -> int:
     if hasher is not None:
         hasher.update(buf if n == len(buf) else memoryview(buf)[:n])
     return n
+
+
+def _write_blobs(cas: CAS, jobs: list[tuple[bytes, bytearray, bool]]) -> tuple[list[bool], BaseException | None]:
+    """Write (digest, data, trust_existing) blobs in a worker thread; (new per blob written, the error that
+    stopped it, if any)."""
+    written = []
+    for digest, data, trust in jobs:
+        try:
+            written.append(cas.write_blob(digest, data, trust_existing=trust))
+        except OSError as e:
+            return written, e
+    return written, None
 
 
 def _copy_fd(src: int, dst: int, size: int) -> None:

@@ -7,9 +7,12 @@ over --reps repetitions; medians and the mount/plain ratio of ops/s are
 printed (1.0 = as fast as plain; higher is better).
 
     .venv/bin/python scripts/bench_fs.py [--reps 5] [--json] [--big-mib 256] [--million]
+    .venv/bin/python scripts/bench_fs.py --many 10000 [--reps 4]
 
 Steady-state benchmarks run after one warm-up pass (names already seen by
 the kernel).  First-touch latencies are taken right after a fresh mount.
+--many N runs only the many-small-files test (N files created in one
+directory with write + close, and with tmp + rename, then ``find``).
 --million also builds a store of 1,000,000 files (directly through the
 index, since writing them through FUSE takes long) and measures mount time,
 daemon RSS and first-touch lookup latency on it.
@@ -81,6 +84,69 @@ def bench_create_rename(d: Path) -> Callable[[], int]:
             os.replace(tmp, d / f"final{i % 50}")
         return 500
     return run
+
+
+def _create_many(d: Path, n: int, *, rename: bool) -> None:
+    """n small files of distinct content in one new directory, as Inductor and Triton write them:
+    write + close (committed by the idle timer), or a temporary name renamed into place."""
+    d.mkdir()
+    for i in range(n):
+        data = i.to_bytes(4, "little") * (SMALL // 4)
+        final = d / f"f{i:06d}"
+        with open(d / f"tmp.{i}" if rename else final, "wb") as f:
+            f.write(data)
+        if rename:
+            os.replace(d / f"tmp.{i}", final)
+
+
+def _daemon_cpu_s(pid: int) -> float:
+    """User + system CPU seconds the daemon has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _settle(mp: Path, timeout: float = 120) -> None:
+    """Wait until the daemon has committed every written file (the idle timer's work is done)."""
+    deadline = time.monotonic() + timeout
+    while json.loads((mp / ".mithrilfs" / "stats.json").read_text())["written_files"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def many_files(roots: dict[str, Path], n: int, reps: int) -> dict:
+    """--many N: N files created in one directory (write + close, and tmp + rename), then ``find``
+    over them; ABBA order, each repetition in a new directory.  The mount's side also reports the
+    daemon's CPU per file, commits included (it waits for the idle commits before the next timing):
+    steadier than wall time on a busy machine, where the backing disk's own create cost swings."""
+    mp = roots["mount"]
+    pid = int((mp / ".mithrilfs" / "pid").read_text())
+    kinds = ("create_write", "create_rename")
+    secs: dict[str, dict[str, list[float]]] = {k: {"plain": [], "mount": []} for k in (*kinds, "find")}
+    cpu: dict[str, list[float]] = {k: [] for k in kinds}
+    for rep, order in enumerate(abba(reps)):
+        for side in order:
+            for kind in kinds:
+                d = roots[side] / f"many-{kind}-{rep}"
+                c0 = _daemon_cpu_s(pid)
+                t = time.perf_counter()
+                _create_many(d, n, rename=kind == "create_rename")
+                secs[kind][side].append(time.perf_counter() - t)
+                if side == "mount":
+                    _settle(mp)
+                    cpu[kind].append(_daemon_cpu_s(pid) - c0)
+            t = time.perf_counter()
+            subprocess.run(["find", str(roots[side] / f"many-create_write-{rep}")], stdout=subprocess.DEVNULL,
+                           check=True)
+            secs["find"][side].append(time.perf_counter() - t)
+    res: dict = {"files": n}
+    for kind, by_side in secs.items():
+        pl, mo = median(by_side["plain"]), median(by_side["mount"])
+        res[kind] = {"plain_s": round(pl, 3), "mount_s": round(mo, 3), "ratio": round(mo / pl, 2),
+                     "plain_runs": [round(x, 2) for x in by_side["plain"]],
+                     "mount_runs": [round(x, 2) for x in by_side["mount"]],
+                     "ratio_runs": [round(m / p, 2) for m, p in zip(by_side["mount"], by_side["plain"])]}
+        if kind in cpu:
+            res[kind]["daemon_cpu_us_per_file"] = round(median(cpu[kind]) / n * 1e6)
+    return res
 
 
 def bench_open_read(paths: list[Path]) -> Callable[[], int]:
@@ -276,10 +342,26 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--big-mib", type=int, default=256, help="size of the large-file test (default 256)")
     ap.add_argument("--million", action="store_true", help="also run the 1,000,000-file namespace test")
+    ap.add_argument("--many", type=int, metavar="N",
+                    help="only the many-files test: N files created in one directory, both ways, and find")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
     results: dict = {}
+    if args.many:
+        with temp_mount("--max-size", "100G") as (mp, plain):
+            results["many"] = many_files({"plain": plain, "mount": mp}, args.many, args.reps)
+        if args.json:
+            print(json.dumps(results))
+            return 0
+        r = results["many"]
+        print(f"{r['files']} files in one directory, {args.reps} runs each (seconds; ratio mount/plain, per run)")
+        for kind in ("create_write", "create_rename", "find"):
+            k = r[kind]
+            cpu = f"  daemon CPU {k['daemon_cpu_us_per_file']} us/file" if "daemon_cpu_us_per_file" in k else ""
+            print(f"{kind:14s} plain {k['plain_s']:7.2f} s  mount {k['mount_s']:7.2f} s  {k['ratio']:6.2f}x"
+                  f"  runs {k['ratio_runs']}  plain {k['plain_runs']} mount {k['mount_runs']}{cpu}")
+        return 0
     with temp_mount() as (mp, plain):
         store = mp.parent / "store"
         roots = {"plain": plain, "mount": mp}

@@ -430,3 +430,81 @@ def test_first_read_verifies_the_blob(ops):
         assert ops.ns.get(other).nlink == 0
 
     run(t)
+
+
+def test_staging_in_memory_and_in_files_reads_and_commits_alike(ops, monkeypatch):
+    """Small files stage in memory, larger ones (or past the memory cap) in staging files; holes,
+    truncates and a file growing from one to the other read back and commit the same, and the
+    staging byte total returns to zero."""
+    from mithrilfs import writepath
+
+    async def t():
+        attr = (await ops.create(ROOT_INODE, b"grow", stat.S_IFREG | 0o644, os.O_WRONLY, CTX))[1]
+        ino = attr.st_ino
+        await ops.write(ino, 0, 0, b"head")
+        await ops.write(ino, 0, 10, b"tail")  # a hole of 6 zero bytes
+        of = ops.writes.staged[ino]
+        assert of.mem is not None and os.listdir(ops.cas.staging) == []
+        assert await ops.read(ino, 0, 0, 100) == b"head" + bytes(6) + b"tail"
+        assert ops.writes.staging_bytes() == 14
+        await _truncate(ops, ino, 2)
+        await _truncate(ops, ino, 5)
+        assert await ops.read(ino, 0, 0, 100) == b"he\0\0\0"
+        big = os.urandom(writepath.MEM_STAGING_MAX)
+        await ops.write(ino, 0, 5, big)  # past the in-memory size: moves to a staging file
+        assert of.mem is None and len(os.listdir(ops.cas.staging)) == 1
+        assert await ops.read(ino, 0, 0, 1 << 20) == b"he\0\0\0" + big
+        assert ops.writes.staging_bytes() == 5 + len(big)
+        await ops.fsync(ino, 0, False)
+        assert ops.cas.read(ops.ns.get(ino).hash) == b"he\0\0\0" + big
+        assert ops.writes.staging_bytes() == 0 and os.listdir(ops.cas.staging) == []
+        # a rewrite in place starts as an in-memory copy of the blob when it is small
+        small = await _write_file(ops, ROOT_INODE, b"small", b"0123456789")
+        await ops.write(small, 0, 3, b"abc")
+        assert ops.writes.staged[small].mem is not None
+        assert await ops.read(small, 0, 0, 100) == b"012abc6789"
+        # with the memory cap reached, new staging goes to a file
+        monkeypatch.setattr(writepath, "MEM_STAGING_TOTAL", 0)
+        other = (await ops.create(ROOT_INODE, b"other", stat.S_IFREG | 0o644, os.O_WRONLY, CTX))[1].st_ino
+        await ops.write(other, 0, 0, b"on disk")
+        assert ops.writes.staged[other].mem is None and ops.writes.staged[other].staging_fd is not None
+        await ops.fsync(small, 0, False)
+        await ops.fsync(other, 0, False)
+        assert ops.cas.read(ops.ns.get(small).hash) == b"012abc6789"
+        assert ops.cas.read(ops.ns.get(other).hash) == b"on disk"
+        assert ops.writes.staging_bytes() == 0 and ops.writes._mem_bytes == 0
+        assert os.listdir(ops.cas.staging) == []
+
+    run(t)
+
+
+def test_idle_commit_of_many_small_files_in_batches(ops, monkeypatch):
+    """The idle timer commits files staged in memory in batches (unconfirmed, deduplicated, counted);
+    a large file and one removed meanwhile are left to the one-by-one path."""
+    from mithrilfs import writepath
+
+    monkeypatch.setattr(writepath, "COMMIT_BATCH_MAX", 3)
+
+    async def t():
+        inos = {}
+        for i in range(7):
+            data = b"same" if i in (2, 3) else f"file {i}".encode()
+            attr = (await ops.create(ROOT_INODE, f"f{i}".encode(), stat.S_IFREG | 0o644, os.O_WRONLY, CTX))[1]
+            await ops.write(attr.st_ino, 0, 0, data)
+            inos[attr.st_ino] = data
+        big = (await ops.create(ROOT_INODE, b"big", stat.S_IFREG | 0o644, os.O_WRONLY, CTX))[1].st_ino
+        await ops.write(big, 0, 0, os.urandom(writepath.MEM_STAGING_MAX + 1))
+        blobs_before = ops.blobs.bytes
+        left = await ops.writes.commit_idle(ops.writes.idle(float("inf")))
+        assert [of.inode.id for of in left] == [big]
+        for ino, data in inos.items():
+            node = ops.ns.get(ino)
+            assert ops.cas.read(node.hash) == data and node.size == len(data)
+            assert ino in ops.ns.unconfirmed and ino not in ops.writes.staged
+            assert await ops.read(ino, 0, 0, 100) == data
+        assert ops.ns.refcount(hash_bytes(b"same")) == 2
+        assert ops.blobs.bytes - blobs_before == sum(len(d) for d in set(inos.values()))
+        assert ops.writes.staging_bytes() == left[0].size
+        assert os.listdir(ops.cas.staging) == [os.path.basename(left[0].staging_path)]
+
+    run(t)
