@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (MountFactory, as_user, entry, make_archive, pid_alive, run_cli, traversable, wait_for,
+from conftest import (Mount, MountFactory, as_user, entry, make_archive, pid_alive, run_cli, traversable, wait_for,
                       wait_unmounted,
                       write_committed)
 
@@ -269,9 +269,11 @@ def test_fsck_reports_and_repairs_names_the_mount_cannot_serve(tmp_path: Path, m
 def test_sizes_that_do_not_fit_in_64_bits_are_refused_and_statfs_never_fails(mount_factory: MountFactory,
                                                                              tmp_path: Path):
     huge = "99999999999999999999999999"
-    for args in (["mount", str(tmp_path / "mp"), "--store", str(tmp_path / "s"), "--max-size", huge],
+    refused = mount_factory.root / "refused-mnt"  # the factory unmounts it should the mount be taken
+    refused.mkdir()
+    mount_factory.mounts.append(Mount(refused, tmp_path / "s"))
+    for args in (["mount", str(refused), "--store", str(tmp_path / "s"), "--max-size", huge],
                  ["config", str(tmp_path / "s"), "--max-size", huge], ["config", str(tmp_path / "s"), "--max-size", "1e99"]):
-        (tmp_path / "mp").mkdir(exist_ok=True)
         res = run_cli(*args)
         assert res.returncode == 2, (args, res.stderr)
         _one_line(res)
