@@ -22,8 +22,8 @@ import pytest
 
 # the daemon's own definitions: a FUSE mount at the path, the pid its control dir reports,
 # "alive" meaning not a zombie
-from mithrilfs.daemon import daemon_pid, pid_alive
-from mithrilfs.daemon import is_fuse_mount as is_mounted
+from mithrilfs.daemon.lifecycle import daemon_pid, pid_alive
+from mithrilfs.daemon.lifecycle import is_fuse_mount as is_mounted
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "mithrilfs"]

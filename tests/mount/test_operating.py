@@ -117,7 +117,7 @@ def test_event_log_lines_include_eviction(mount_factory: MountFactory):
 
 
 def test_event_log_rotates(tmp_path):
-    from mithrilfs.stats import EventLog
+    from mithrilfs.observe.events import EventLog
 
     log = EventLog(tmp_path / "events.jsonl", max_bytes=500, keep=2)
     for i in range(50):

@@ -8,9 +8,9 @@ import stat
 import blake3
 import pytest
 
-from mithrilfs.blobs import Blobs
-from mithrilfs.cas import CAS, EMPTY_DIGEST, hash_file
-from mithrilfs.namespace import Namespace
+from mithrilfs.store.blobs import Blobs
+from mithrilfs.store.cas import CAS, EMPTY_DIGEST, hash_file
+from mithrilfs.store.namespace import Namespace
 
 
 @pytest.fixture

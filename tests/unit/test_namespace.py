@@ -6,8 +6,8 @@ import stat
 
 import pytest
 
-from mithrilfs.namespace import ROOT_INODE, Namespace
-from mithrilfs.store import StoreError, open_store
+from mithrilfs.store.namespace import ROOT_INODE, Namespace
+from mithrilfs.store.open import StoreError, open_store
 
 
 @pytest.fixture

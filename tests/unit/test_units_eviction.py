@@ -6,8 +6,9 @@ import stat
 
 import pytest
 
-from mithrilfs.eviction import EvictionPolicy, Recency, count_units, lru_units
-from mithrilfs.namespace import ROOT_INODE, Namespace
+from mithrilfs.cache.eviction import EvictionPolicy, count_units, lru_units
+from mithrilfs.cache.recency import Recency
+from mithrilfs.store.namespace import ROOT_INODE, Namespace
 from mithrilfs.units import format_size, parse_duration, parse_size
 
 

@@ -12,7 +12,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from .stats import COUNTERS
+from mithrilfs.observe.stats import COUNTERS
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any, Awaitable, Callable
 
-from .namespace import CONTROL_NAME
+from mithrilfs.store.namespace import CONTROL_NAME
 
 __all__ = ["CONTROL_DIR_INODE", "CONTROL_NAME", "ControlFiles"]
 #: How long one production of a control file answers every look at it.

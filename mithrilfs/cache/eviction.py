@@ -22,8 +22,9 @@ from typing import Callable, Iterator
 
 import trio
 
-from .namespace import Namespace
-from .units import MAX_SIZE
+from mithrilfs.cache.recency import Recency
+from mithrilfs.store.namespace import Namespace
+from mithrilfs.units import MAX_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -85,32 +86,6 @@ class EvictionResult:
     def as_dict(self) -> dict[str, object]:
         return {"reason": self.reason, "units": self.units, "files": self.files, "bytes": self.bytes,
                 "deferred_bytes": self.deferred_bytes, "skipped_pinned": self.skipped_pinned}
-
-
-class Recency:
-    """Last-use times kept in memory and flushed to the namespace in batches."""
-
-    def __init__(self, ns: Namespace) -> None:
-        self.ns = ns
-        self.pending: dict[int, int] = {}
-
-    def touch(self, ino: int, now_ns: int | None = None) -> None:
-        self.pending[ino] = now_ns if now_ns is not None else time.time_ns()
-
-    def get(self, ino: int, stored_ns: int) -> int:
-        return self.pending.get(ino, stored_ns)
-
-    def forget(self, ino: int) -> None:
-        self.pending.pop(ino, None)
-
-    def flush(self) -> int:
-        if not self.pending:
-            return 0
-        items = [(t, ino) for ino, t in self.pending.items()]
-        with self.ns.txn():
-            self.ns.set_atimes(items)
-        self.pending.clear()
-        return len(items)
 
 
 def lru_units(ns: Namespace) -> Iterator[Unit]:

@@ -26,10 +26,10 @@ from typing import Callable, Iterator
 
 import blake3
 
-from .cas import hash_file
-from .control import CONTROL_NAME
-from .namespace import ROOT_INODE, outside_mode, servable, valid_name
-from .store import Store
+from mithrilfs.store.cas import hash_file
+from mithrilfs.control.files import CONTROL_NAME
+from mithrilfs.store.namespace import ROOT_INODE, outside_mode, servable, valid_name
+from mithrilfs.store.open import Store
 
 ARCHIVE_FORMAT = 1
 _STAMP = "mithrilfs-archive.json"

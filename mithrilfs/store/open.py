@@ -18,9 +18,9 @@ from pathlib import Path
 
 import platformdirs
 
-from .blobs import Blobs
-from .cas import CAS
-from .namespace import Namespace
+from mithrilfs.store.blobs import Blobs
+from mithrilfs.store.cas import CAS
+from mithrilfs.store.namespace import Namespace
 
 FORMAT_VERSION = 1
 _FORMAT_FILE = "FORMAT"

@@ -30,12 +30,16 @@ from typing import Any, Callable
 
 import trio
 
-from .blobs import Blobs
-from .cas import EMPTY_DIGEST
-from .lifetime import Lifetimes, Removed
-from .namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path, outside_mode
-from .remote import RemoteEntry, RemoteError, RemoteTier
-from .stats import EventLog
+from mithrilfs.store.blobs import Blobs
+from mithrilfs.store.cas import EMPTY_DIGEST
+from mithrilfs.cache.lifetime import Lifetimes, Removed
+from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path, outside_mode
+from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.shared.prefetch import Prefetcher
+from mithrilfs.cache.integrity import Fetched
+from mithrilfs.shared.tier import Tier
+from mithrilfs.shared.redis_wire import RemoteEntry, RemoteError, RemoteTier
+from mithrilfs.observe.events import EventLog
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +72,16 @@ def version_of(ino: Inode) -> int:
     return ino.ctime_ns // 1000
 
 
-class SharedTier:
-    """The local store's view of the remote tier; knows the namespace and blobs, never the kernel protocol."""
+class RedisTier(Tier):
+    """The shared tier on Redis (``redis_wire``); knows the namespace and blobs, never the kernel protocol."""
+
+    negative_timeout = NEGATIVE_TIMEOUT
+    slow = True
 
     def __init__(self, ns: Namespace, blobs: Blobs, paths: DirPaths, events: EventLog, lifetimes: Lifetimes,
-                 remote: RemoteTier, *, owner: tuple[int, int] | None = None, requeue: bool = False,
-                 startup_set: str = "default") -> None:
+                 remote: RemoteTier, policy: EvictionPolicy, physical: Callable[[], int], *,
+                 owner: tuple[int, int] | None = None, requeue: bool = False, startup_set: str = "default",
+                 prefetch_at_start: str | None = None) -> None:
         self.ns = ns
         self.blobs = blobs
         self.paths = paths
@@ -99,6 +107,9 @@ class SharedTier:
         self._started = time.monotonic()
         self._recorded: set[int] = set()
         self._to_record: list[str] = []
+        self.prefetcher = Prefetcher(self, policy, physical)
+        #: The startup set to prefetch as soon as the mount serves (``mount --prefetch``).
+        self.prefetch_at_start = prefetch_at_start
         if requeue:  # after an unclean stop a commit may not have reached the queue
             self.queue_all()
 
@@ -130,6 +141,9 @@ class SharedTier:
         ino = self.ns.lookup(parent, name)
         self.counters["remote_hits" if ino is not None else "remote_misses"] += 1
         return ino
+
+    async def list_dir(self, d: int) -> None:
+        await self.sync_dir(d)
 
     async def sync_dir(self, d: int, *, force: bool = False) -> None:
         """Merge a directory's remote names into the local namespace (rate-limited unless *force*).
@@ -283,7 +297,10 @@ class SharedTier:
         self.origin[node.id] = e.node
         return node
 
-    async def fetch(self, ino: Inode, max_bytes: int) -> bool:
+    async def fetch(self, ino: Inode, max_bytes: int) -> Fetched:
+        return Fetched.YES if await self.fetch_blob(ino, max_bytes) else Fetched.NO
+
+    async def fetch_blob(self, ino: Inode, max_bytes: int) -> bool:
         """Bring a remote blob into the local CAS, size-checked and verified; False when it cannot be had.
 
         A blob larger than *max_bytes* (the budget) could never stay: a miss.
@@ -308,7 +325,7 @@ class SharedTier:
         finally:
             os.unlink(staging)
 
-    def forget_synced(self, dirs: set[int]) -> None:
+    def forget_listed(self, dirs: set[int]) -> None:
         """Names left these directories locally only (evicted): the next lookup there asks Redis again."""
         for d in dirs:
             self._dir_synced.pop(d, None)
@@ -347,6 +364,42 @@ class SharedTier:
                 log.warning("startup set not sent: %s", e)
 
     # -- write-behind ------------------------------------------------------
+    def publish(self, ino: Inode) -> None:
+        if ino.is_dir:
+            self.queue_tree(ino.id)
+        else:
+            self.queue_upload(ino.id)
+
+    def tombstone(self, parent: int, name: bytes) -> None:
+        self.removing(parent, name)
+
+    async def push(self) -> dict[str, Any]:
+        """Queue everything; the tier is asked first, so a dead Redis is an error naming the cause at once."""
+        try:
+            await trio.to_thread.run_sync(self.remote.ping)
+        except RemoteError as e:
+            return {"error": f"{self.remote.url}: {e}"}
+        return {"queued": self.queue_all()}
+
+    async def start_prefetch(self, set_name: str | None) -> dict[str, Any]:
+        """Start a prefetch in the background unless one runs; an error names the tier's problem at once."""
+        if self.prefetcher.running:
+            return {"started": False, "error": "a prefetch is already running"}
+        if self._nursery is None:
+            return {"started": False, "error": "the store is read-only"}
+        try:
+            await trio.to_thread.run_sync(self.remote.ping)
+        except RemoteError as e:
+            self.prefetcher.state = {"state": "failed", "error": f"{self.remote.url}: {e}"}
+            return {"started": False, "error": self.prefetcher.state["error"]}
+        self.prefetcher.state = {"state": "running"}
+        self._nursery.start_soon(self.prefetcher.run, set_name)
+        return {"started": True}
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.counters | {"upload_queue": self.pending(), "remote_last_error": self.remote.last_error,
+                                "prefetch": self.prefetcher.state}
+
     def queue_upload(self, ino: int) -> None:
         self.ns.queue_upload([ino], time.time_ns())
         self._wake.set()
@@ -393,6 +446,8 @@ class SharedTier:
         """The tier's background work: the uploader, and directory syncs nobody waits for."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            if self.prefetch_at_start is not None:
+                nursery.start_soon(self.start_prefetch, self.prefetch_at_start)
             nursery.start_soon(self.uploader)
 
     async def uploader(self) -> None:

@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
-from . import daemon
-from .control import CONTROL_NAME
-from .errors import UsageError
-from .remote import url_password, without_password
-from .eviction import EvictionPolicy
-from .store import StoreError, default_store
-from .units import SIZE_HELP, format_size, parse_duration, parse_size
+from mithrilfs.daemon import lifecycle as daemon
+from mithrilfs.control.files import CONTROL_NAME
+from mithrilfs.errors import UsageError
+from mithrilfs.shared.redis_wire import url_password, without_password
+from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.store.open import StoreError, default_store
+from mithrilfs.units import SIZE_HELP, format_size, parse_duration, parse_size
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,7 +80,7 @@ def _port(text: str) -> int:
 
 
 def _remote_url(text: str) -> str:
-    from .remote import check_url
+    from mithrilfs.shared.redis_wire import check_url
 
     try:
         check_url(text)
@@ -133,8 +133,8 @@ def _given_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _stored_settings(store: Path) -> dict[str, Any]:
     """The settings *store* keeps ({} for a store not made yet); a one-line error when it cannot tell."""
-    from . import settings
-    from .store import validate_store
+    from mithrilfs import settings
+    from mithrilfs.store.open import validate_store
 
     try:
         validate_store(store)
@@ -145,7 +145,7 @@ def _stored_settings(store: Path) -> dict[str, Any]:
 
 def _policy(store: Path, settings_: dict[str, Any], given: dict[str, Any]) -> EvictionPolicy:
     """*settings_* with *given* (the command line's) on top; a one-line error when they conflict."""
-    from . import settings
+    from mithrilfs import settings
 
     try:
         return settings.policy(settings_, given)
@@ -159,7 +159,7 @@ def _store_policy(store: Path, given: dict[str, Any]) -> EvictionPolicy:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from mithrilfs import __version__
 
     p = _Parser(prog="mithrilfs", description="A deduplicating, evicting FUSE compile cache.")
     p.add_argument("--version", action="version", version=f"mithrilfs {__version__}")
@@ -321,7 +321,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
 
 def _warn_if_unreachable(opts: daemon.MountOptions) -> None:
     """The mount works as a local cache without Redis, but the user should know it is alone."""
-    from .remote import RemoteError, RemoteTier
+    from mithrilfs.shared.redis_wire import RemoteError, RemoteTier
 
     tier = RemoteTier(opts.remote, opts.remote_namespace, password=opts.remote_password,  # type: ignore[arg-type]
                       cluster=opts.remote_cluster)
@@ -504,8 +504,8 @@ FSCK_REPAIRED, FSCK_UNREPAIRED, FSCK_OPERATIONAL_ERROR = 1, 4, 8
 
 
 def _cmd_fsck(args: argparse.Namespace) -> int:
-    from . import fsck
-    from .store import open_store
+    from mithrilfs.tools import fsck
+    from mithrilfs.store.open import open_store
 
     root = _existing_store(args.store)
     try:
@@ -556,7 +556,7 @@ def _read_json(mountpoint: Path, path: Path) -> dict:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from .stats import format_table, format_usage
+    from mithrilfs.observe.stats import format_table, format_usage
 
     if args.zero:
         _control_command(control_file(args.mountpoint, "zero"), "zero")
@@ -678,8 +678,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from . import archive
-    from .store import open_store
+    from mithrilfs.tools import archive
+    from mithrilfs.store.open import open_store
 
     if (args.source is None) == (args.store is None):
         raise UsageError("export needs either MOUNTPOINT or --store DIR")
@@ -716,7 +716,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _existing_store(path: Path | None) -> Path:
-    from .store import validate_store
+    from mithrilfs.store.open import validate_store
 
     root = (path or default_store()).expanduser().absolute()
     try:
@@ -729,8 +729,8 @@ def _existing_store(path: Path | None) -> Path:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from . import archive
-    from .store import open_store
+    from mithrilfs.tools import archive
+    from mithrilfs.store.open import open_store
 
     if not args.file.is_file():
         raise UsageError(f"{args.file}: no such archive")
@@ -758,19 +758,17 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return status
 
 
-def _remote_control_file(mp: Path, name: str) -> Path:
-    """A control file only a mount with --remote has, or a one-line error saying which is missing."""
-    try:
-        return control_file(mp, name)
-    except UsageError:
-        control_file(mp, "pid")  # a mount, but without a remote
-        raise UsageError(f"{mp} was mounted without --remote") from None
+def _tier_command(mp: Path, name: str, request: str) -> dict:
+    """Run a command that needs the shared tier; a one-line usage error for a mount without one."""
+    answer = _control_command(control_file(mp, name), request)
+    if answer.get("no_tier"):
+        raise UsageError(f"{mp} was mounted without --remote")
+    return answer
 
 
 def _cmd_prefetch(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
-    path = _remote_control_file(mp, "prefetch")
-    answer = _control_command(path, "all" if args.all else f"set={args.set}")
+    answer = _tier_command(mp, "prefetch", "all" if args.all else f"set={args.set}")
     if not answer.get("started"):
         print(f"mithrilfs: error: cannot prefetch: {answer['error']}", file=sys.stderr)
         return 1
@@ -801,9 +799,8 @@ def _follow_prefetch(mp: Path, *, warn_only: bool = False) -> int:
 
 def _cmd_push(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
-    path = _remote_control_file(mp, "push")
     start = _read_stats(mp)
-    answer = _control_command(path, "push")
+    answer = _tier_command(mp, "push", "push")
     if "error" in answer:
         print(f"mithrilfs: error: cannot push: {answer['error']}", file=sys.stderr)
         return 1
@@ -834,8 +831,8 @@ PUSH_STALL_SECONDS = 5.0
 
 def _cmd_config(args: argparse.Namespace) -> int:
     """Show or change the store's settings; a mounted store applies them at once."""
-    from . import settings
-    from .store import holder_record, open_store, validate_store
+    from mithrilfs import settings
+    from mithrilfs.store.open import holder_record, open_store, validate_store
 
     root = (args.store or default_store()).expanduser().absolute()
     given = _given_settings(args)

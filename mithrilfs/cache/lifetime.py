@@ -24,12 +24,12 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
-from .blobs import Blobs
-from .eviction import Recency
-from .namespace import Inode, Namespace
-from .store import is_disk_full
+from mithrilfs.store.blobs import Blobs
+from mithrilfs.cache.recency import Recency
+from mithrilfs.store.namespace import Inode, Namespace
+from mithrilfs.store.open import is_disk_full
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,27 @@ log = logging.getLogger(__name__)
 Removed = tuple[int, bytes, int]
 
 
+class KernelCaches(Protocol):
+    """The kernel's caches of names and inodes, told what the daemon changed on its own (``kernel.Notifier``)."""
+
+    def delete(self, parent: int, child: int, name: bytes) -> None: ...
+
+    def invalidate_inode(self, inode: int, off: int = 0, length: int = 0) -> None: ...
+
+
+class NoKernelCaches:
+    """Nobody to tell (tools and tests that use the cache without a mount)."""
+
+    def delete(self, parent: int, child: int, name: bytes) -> None:
+        pass
+
+    def invalidate_inode(self, inode: int, off: int = 0, length: int = 0) -> None:
+        pass
+
+
 class Lifetimes:
-    def __init__(self, ns: Namespace, blobs: Blobs, recency: Recency, is_written: Callable[[int], bool]) -> None:
+    def __init__(self, ns: Namespace, blobs: Blobs, recency: Recency, is_written: Callable[[int], bool],
+                 kernel: KernelCaches) -> None:
         self.ns = ns
         self.blobs = blobs
         self.recency = recency
@@ -51,10 +70,8 @@ class Lifetimes:
         #: Inodes the kernel still holds whose content had to go (corrupt, lost by the shared
         #: tier): their reads fail with EIO until FORGET, never read as empty.
         self.unreadable: set[int] = set()
-        #: Tells the kernel a name the daemon removed on its own is gone (set once a session exists).
-        self.notify_removed: Callable[[int, bytes, int], None] | None = None
-        #: Tells the kernel an inode's attributes and pages are stale (its content changed under it).
-        self.notify_changed: Callable[[int], None] = lambda ino: None
+        #: Told of names the daemon removed, and of inodes whose content changed under the kernel.
+        self.kernel = kernel
 
     def ref(self, ino: int) -> None:
         self.lookups[ino] = self.lookups.get(ino, 0) + 1
@@ -145,9 +162,8 @@ class Lifetimes:
         self.tell_kernel(removed)
 
     def tell_kernel(self, removed: list[Removed]) -> None:
-        if self.notify_removed is not None:
-            for parent, name, ino_id in removed:
-                self.notify_removed(parent, name, ino_id)
+        for parent, name, ino_id in removed:
+            self.kernel.delete(parent, ino_id, name)
 
     def clear(self) -> None:
         self.lookups.clear()

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import trio
 
-from .cas import hash_bytes
-from .eviction import EvictionPolicy
-from .namespace import ROOT_INODE, Inode
-from .remote import CHUNK, RemoteError
-from .sharing import SharedTier
+from mithrilfs.store.cas import hash_bytes
+from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.store.namespace import ROOT_INODE, Inode
+from mithrilfs.shared.redis_wire import CHUNK, RemoteError
+if TYPE_CHECKING:  # the tier builds and drives its prefetcher
+    from mithrilfs.shared.redis_tier import RedisTier
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ BATCH_BYTES = 8 << 20
 
 
 class Prefetcher:
-    def __init__(self, shared: SharedTier, policy: EvictionPolicy, physical: Any) -> None:
+    def __init__(self, shared: RedisTier, policy: EvictionPolicy, physical: Any) -> None:
         self.shared = shared
         self.ns = shared.ns
         self.blobs = shared.blobs
@@ -166,7 +167,7 @@ class Prefetcher:
         async with receive:
             async for batch in receive:
                 if len(batch) == 1 and batch[0].size > CHUNK:
-                    ok = await self.shared.fetch(batch[0], self.policy.max_bytes)
+                    ok = await self.shared.fetch_blob(batch[0], self.policy.max_bytes)
                     self._count(batch[0], ok)
                     continue
                 fetched = await trio.to_thread.run_sync(self._fetch_batch, batch, limiter=limiter)

@@ -52,15 +52,15 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Protocol, Sequence
 
 import blake3
 import trio
 
-from .blobs import Blobs
-from .cas import CAS, hash_bytes, hash_file
-from .namespace import Inode, Namespace
-from .stats import ROOT_KEY, Stats
+from mithrilfs.store.blobs import Blobs
+from mithrilfs.store.cas import CAS, hash_bytes, hash_file
+from mithrilfs.store.namespace import Inode, Namespace
+from mithrilfs.observe.stats import ROOT_KEY, Stats
 
 log = logging.getLogger(__name__)
 
@@ -186,18 +186,24 @@ class Staged:
         return self._lock is not None and self._lock.statistics().tasks_waiting > 0
 
 
+class CommitListener(Protocol):
+    """Told after every commit (the budget keeps to itself, the shared tier publishes)."""
+
+    async def committed(self, of: Staged) -> None: ...
+
+
 class WritePath:
     """Inodes being written, their staging files, and commits."""
 
     def __init__(self, ns: Namespace, blobs: Blobs, stats: Stats, limiter: trio.CapacityLimiter,
-                 committed: Callable[[Staged], Awaitable[None]]) -> None:
+                 listeners: Sequence[CommitListener]) -> None:
         self.ns = ns
         self.blobs = blobs
         self.cas = blobs.cas
         self.stats = stats
         self._limiter = limiter
-        #: Called after every commit (shared-tier upload, budget check).
-        self._committed = committed
+        #: Told after every commit (the budget, the shared tier): wiring fills the list.
+        self.listeners = listeners
         self.staged: dict[int, Staged] = {}
         #: Inodes whose writes failed for room (see the module doc).
         self.failed: set[int] = set()
@@ -215,6 +221,10 @@ class WritePath:
 
     def staging_bytes(self) -> int:
         return self._bytes
+
+    def physical(self) -> int:
+        """Bytes the store holds on disk: unique blobs plus content being written (what the budget counts)."""
+        return self.blobs.bytes + self._bytes
 
     def _set_size(self, of: Staged, size: int) -> None:
         """Change the size of an inode's staging content, keeping the totals."""
@@ -468,7 +478,11 @@ class WritePath:
             self._forget_if_settled(of)
             if old != digest:
                 self.blobs.collect(old)
-        await self._committed(of)
+        await self._tell_committed(of)
+
+    async def _tell_committed(self, of: Staged) -> None:
+        for listener in self.listeners:
+            await listener.committed(of)
 
     def _settled(self, of: Staged, confirmed: bool) -> None:
         if confirmed and of.inode.nlink > 0:
@@ -564,7 +578,7 @@ class WritePath:
         for _, _, digest in batch[:len(written)]:
             self.blobs.collect(digest)  # only when nothing points at it (its inode went meanwhile)
         for of, _, _ in done:
-            await self._committed(of)
+            await self._tell_committed(of)
         return rest
 
     async def commit_all(self) -> None:

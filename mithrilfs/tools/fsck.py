@@ -15,9 +15,9 @@ import stat
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .cas import DIGEST_SIZE
-from .namespace import ROOT_INODE, DirPaths, servable
-from .store import Store
+from mithrilfs.store.cas import DIGEST_SIZE
+from mithrilfs.store.namespace import ROOT_INODE, DirPaths, servable
+from mithrilfs.store.open import Store
 
 Progress = Callable[[int, int], None]
 

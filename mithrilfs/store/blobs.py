@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from .cas import CAS, hash_bytes, hash_file
-from .namespace import Namespace
+from mithrilfs.store.cas import CAS, hash_bytes, hash_file
+from mithrilfs.store.namespace import Namespace
 
 
 class Blobs:

@@ -27,16 +27,17 @@ from typing import Callable
 
 import trio
 
-from . import kernel
-from .kernel.mount import unescape_mount_field
+from mithrilfs import kernel
+from mithrilfs.kernel.mount import unescape_mount_field
 
-from .control import CONTROL_NAME
-from .eviction import EvictionPolicy
-from .fs import Operations
-from .metrics import MetricsServer
-from .remote import RemoteTier
-from .errors import UsageError
-from .store import HOLDER_FILE, RESERVE_BYTES, Store, StoreError, open_store, validate_store
+from mithrilfs.control.files import CONTROL_NAME
+from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.daemon import wiring
+from mithrilfs.daemon.wiring import TierOptions
+from mithrilfs.observe.metrics import MetricsServer
+from mithrilfs.shared.redis_wire import RemoteTier
+from mithrilfs.errors import UsageError
+from mithrilfs.store.open import HOLDER_FILE, RESERVE_BYTES, Store, StoreError, open_store, validate_store
 
 log = logging.getLogger(__name__)
 
@@ -294,36 +295,48 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
         _setup_logging(store.root / LOG_FILE, opts.debug)
     try:
         after_crash = not store.read_only and _repair_at_startup(store)
-        remote = None
+        tier_options = TierOptions(owner=opts.remote_owner, startup_set=opts.startup_set, prefetch=opts.prefetch)
         if opts.remote is not None:
-            remote = RemoteTier(opts.remote, opts.remote_namespace, opts.remote_key,
-                                password=opts.remote_password, cluster=opts.remote_cluster)
-        ops = Operations(store, opts.policy, remote, remote_owner=opts.remote_owner, after_crash=after_crash,
-                         startup_set=opts.startup_set, prefetch=opts.prefetch, fixed_settings=opts.fixed_settings)
-        metrics = None
-        if opts.metrics_port is not None:
-            try:
-                metrics = MetricsServer(opts.metrics_port, lambda: ops.cached_snapshot)
-            except OSError as e:
-                announce(f"cannot serve metrics on 127.0.0.1:{opts.metrics_port}: {e.strerror}")
-                return 1
+            tier_options.remote = RemoteTier(opts.remote, opts.remote_namespace, opts.remote_key,
+                                             password=opts.remote_password, cluster=opts.remote_cluster)
         try:
             fuse = kernel.mount(str(opts.mountpoint), allow_other=opts.allow_other, read_only=store.read_only)
         except kernel.MountError as e:
             announce(f"cannot mount {opts.mountpoint}: {e}")
             return 1
-        session = kernel.Session(fuse.fd, ops, interruptible=remote is not None, debug=opts.debug)
+        # the kernel sends nothing until the session reads: the filesystem is built on the mount's
+        # fd (its notifications need it), and the mount goes again if anything below fails
+        notifier = kernel.Notifier(fuse.fd)
+        failure = None
+        try:
+            mounted = wiring.build(store, opts.policy, notifier, tier_options, after_crash=after_crash,
+                                   fixed_settings=opts.fixed_settings)
+            metrics = None
+            if opts.metrics_port is not None:
+                try:
+                    metrics = MetricsServer(opts.metrics_port, lambda: mounted.duties.cached_snapshot)
+                except OSError as e:
+                    failure = f"cannot serve metrics on 127.0.0.1:{opts.metrics_port}: {e.strerror}"
+        except BaseException:
+            notifier.close()
+            fuse.unmount()
+            raise
+        if failure is not None:
+            notifier.close()
+            fuse.unmount()
+            announce(failure)
+            return 1
+        session = kernel.Session(fuse.fd, mounted.ops, interruptible=mounted.tier.slow, debug=opts.debug,
+                                 notifier=notifier)
         if not store.read_only:  # named in the error a second mount of this store gets
             (store.root / HOLDER_FILE).write_text(json.dumps({"pid": os.getpid(), "mountpoint": str(opts.mountpoint)}))
         log.info("serving %s (store %s%s, pid %d, budget %d bytes)", opts.mountpoint, opts.store,
                  ", read-only" if store.read_only else "", os.getpid(), opts.policy.max_bytes)
-        ops.lifetimes.notify_removed = lambda parent, name, ino: session.notify_delete(parent, ino, name)
-        ops.lifetimes.notify_changed = session.invalidate_inode
-        ops.stats_snapshot()
+        mounted.duties.snapshot()
         if metrics is not None:
             metrics.start()
         try:
-            trio.run(_run, session, ops, opts.mountpoint, announce)
+            trio.run(_run, session, mounted, opts.mountpoint, announce)
         except kernel.ProtocolError as e:
             announce(str(e))
             return 1
@@ -333,9 +346,9 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
             session.close()
             fuse.unmount()
             (store.root / HOLDER_FILE).unlink(missing_ok=True)
-            ops.shutdown()
-            ops.events.emit("unmount", mountpoint=str(opts.mountpoint), **{
-                k: ops.cached_snapshot.get(k, 0) for k in ("hits", "misses", "commits", "evictions")})
+            mounted.duties.shutdown()
+            mounted.events.emit("unmount", mountpoint=str(opts.mountpoint), **{
+                k: mounted.duties.cached_snapshot.get(k, 0) for k in ("hits", "misses", "commits", "evictions")})
             log.info("unmounted %s", opts.mountpoint)
         return 0
     finally:
@@ -383,14 +396,15 @@ def _repair_at_startup(store: Store) -> bool:
     return after_crash
 
 
-async def _run(session: kernel.Session, ops: Operations, mountpoint: Path, announce: Callable[[str], None]) -> None:
+async def _run(session: kernel.Session, mounted: wiring.Mounted, mountpoint: Path,
+               announce: Callable[[str], None]) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal, session)
-        nursery.start_soon(ops.background)
-        nursery.start_soon(_announce_when_live, session, ops, mountpoint, announce)
+        nursery.start_soon(mounted.duties.background)
+        nursery.start_soon(_announce_when_live, session, mounted, mountpoint, announce)
         await session.serve()
         nursery.cancel_scope.cancel()
-    await ops.unmounting()
+    await mounted.duties.unmounting()
 
 
 async def _stop_on_signal(session: kernel.Session) -> None:
@@ -401,7 +415,7 @@ async def _stop_on_signal(session: kernel.Session) -> None:
             return
 
 
-async def _announce_when_live(session: kernel.Session, ops: Operations, mountpoint: Path,
+async def _announce_when_live(session: kernel.Session, mounted: wiring.Mounted, mountpoint: Path,
                               announce: Callable[[str], None]) -> None:
     # stat goes through the kernel to our own getattr/lookup: proof that we answer.
     # These threads wait on our own mount: if a signal ends the FUSE loop
@@ -419,8 +433,9 @@ async def _announce_when_live(session: kernel.Session, ops: Operations, mountpoi
     await trio.to_thread.run_sync(_open_and_close, mountpoint / CONTROL_NAME.decode() / "pid",
                                   abandon_on_cancel=True)
     await trio.to_thread.run_sync(_raise_readahead, mountpoint, abandon_on_cancel=True)
-    ops.events.emit("mount", mountpoint=str(mountpoint), store=str(ops.store.root), pid=os.getpid(),
-                    max_bytes=ops.policy.max_bytes, read_only=ops.store.read_only)
+    ops = mounted.ops
+    mounted.events.emit("mount", mountpoint=str(mountpoint), store=str(ops.store.root), pid=os.getpid(),
+                        max_bytes=ops.policy.max_bytes, read_only=ops.store.read_only)
     announce(READY_READ_ONLY if ops.store.read_only else READY)
 
 
@@ -445,7 +460,7 @@ def pid_alive(pid: int) -> bool:
 
 def pending_uploads(store: Path) -> int:
     """Changes queued for the shared tier in an unmounted store's index (0 when it cannot tell)."""
-    from .namespace import Namespace
+    from mithrilfs.store.namespace import Namespace
 
     try:
         ns = Namespace(str(store / "index.sqlite3"), read_only=True, immutable=False)

@@ -45,7 +45,7 @@ from urllib.parse import urlparse, urlunparse
 
 import blake3
 
-from .namespace import join_path, valid_name
+from mithrilfs.store.namespace import join_path, valid_name
 
 # redis-py is imported where it is used: a mount without --remote (and every CLI command)
 # starts without it, 0.15 s sooner

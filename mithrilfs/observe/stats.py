@@ -1,21 +1,20 @@
-"""Counters, latency and the event log: what ``mithrilfs stats`` and Prometheus show.
+"""Counters and latency: what ``mithrilfs stats`` and Prometheus show.
 
 Counters are kept per top-level directory of the mount (so ``inductor`` and
 ``triton`` are reported apart) and summed for the totals.  Latencies are the
 last samples of each timed operation, enough for p50/p99 without keeping
-history.  The event log is one JSON object per line in ``STORE/events.jsonl``,
-rotated by size.
+history.  The event log is ``observe.events``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections import defaultdict, deque
-from pathlib import Path
 from typing import Any
+
+from mithrilfs.store.namespace import Namespace
 
 log = logging.getLogger(__name__)
 
@@ -138,39 +137,9 @@ def _percentile(ordered: list[int], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
-class EventLog:
-    """Append-only JSON lines, rotated when the file passes *max_bytes* (keeps *keep* old files)."""
-
-    def __init__(self, path: Path | None, max_bytes: int = 10 << 20, keep: int = 3) -> None:
-        self.path = path
-        self.max_bytes = max_bytes
-        self.keep = keep
-
-    def emit(self, event: str, **fields: Any) -> None:
-        if self.path is None:
-            return
-        record = {"ts": round(time.time(), 3), "event": event, **fields}
-        line = json.dumps(record, sort_keys=True) + "\n"
-        try:
-            if self.path.exists() and self.path.stat().st_size + len(line) > self.max_bytes:
-                self._rotate()
-            with open(self.path, "a") as f:
-                f.write(line)
-        except OSError as e:
-            log.warning("event log %s: %s", self.path, e)
-
-    def _rotate(self) -> None:
-        assert self.path is not None
-        for i in range(self.keep - 1, 0, -1):
-            older = self.path.with_name(f"{self.path.name}.{i}")
-            if older.exists():
-                os.replace(older, self.path.with_name(f"{self.path.name}.{i + 1}"))
-        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-
-
 def format_table(snap: dict[str, Any]) -> str:
     """The human view of a stats snapshot (``mithrilfs stats`` without --json)."""
-    from .units import format_size
+    from mithrilfs.units import format_size
 
     lines = [
         f"files        {snap['files']:>12}    blobs        {snap['blobs']:>12}    being written {snap['written_files']:>5}",
@@ -202,7 +171,7 @@ def format_table(snap: dict[str, Any]) -> str:
 
 def format_usage(usage: dict[str, Any], *, top: bool) -> str:
     """What takes the space: files and bytes per top-level directory, then the largest files."""
-    from .units import format_size
+    from mithrilfs.units import format_size
 
     lines = [f"{'stored in':<16}{'files':>9}{'bytes':>11}{'on disk':>11}"]
     for row in usage["by_top"]:
@@ -212,3 +181,26 @@ def format_usage(usage: dict[str, Any], *, top: bool) -> str:
         lines += ["", f"largest {len(usage['largest'])} files"]
         lines += [f"{format_size(row['bytes']):>11}  {row['path']}" for row in usage["largest"]]
     return "\n".join(lines)
+
+
+#: Index meta key of the counters that outlive a mount (``stats``'s "all mounts").
+COUNTERS_META = "counters"
+
+
+class KeptCounters:
+    """The counters of every mount since a zero, kept in the index, where the store's next mount finds them."""
+
+    def __init__(self, ns: Namespace, *, read_only: bool) -> None:
+        self.ns = ns
+        self.read_only = read_only
+        self._saved = ns.get_meta(COUNTERS_META)
+        #: The counters, starting from what the last mount kept.
+        self.stats = Stats(self._saved)
+
+    def save(self) -> None:
+        record = self.stats.persisted()
+        if self.read_only or record == self._saved:
+            return
+        with self.ns.txn():
+            self.ns.set_meta(COUNTERS_META, record)
+        self._saved = record
