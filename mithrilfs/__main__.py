@@ -1,5 +1,5 @@
 import sys
 
-from mithrilfs.cli.commands import main
+from mithrilfs.cli.main import main
 
 sys.exit(main())

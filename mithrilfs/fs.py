@@ -24,8 +24,9 @@ import os
 import sqlite3
 import stat
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 from mithrilfs import kernel
 from mithrilfs.cache.budget import Budget, room_would_help
@@ -78,7 +79,7 @@ def _error_policy(*, data: bool) -> Callable[[F], F]:
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
-        async def wrapper(self: "Operations", *args: Any, **kwargs: Any) -> Any:
+        async def wrapper(self: Operations, *args: Any, **kwargs: Any) -> Any:
             try:
                 # Budget.retry_when_full, with its first attempt inlined: no closure or extra coroutine
                 # per request
@@ -123,7 +124,7 @@ def _timed(op: str) -> Callable[[F], F]:
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
-        async def wrapper(self: "Operations", *args: Any, **kwargs: Any) -> Any:
+        async def wrapper(self: Operations, *args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter_ns()
             try:
                 return await fn(self, *args, **kwargs)
@@ -261,10 +262,10 @@ class Operations(kernel.Operations):
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> EntryAttributes:
         _check_name_length(name)
         if self.control.is_control(parent_inode):
-            ino = self.control.lookup(name) if parent_inode == CONTROL_DIR_INODE else None
-            if ino is None:
+            control_ino = self.control.lookup(name) if parent_inode == CONTROL_DIR_INODE else None
+            if control_ino is None:
                 raise _err(errno.ENOENT)
-            return await self._fresh_control_attr(ino)
+            return await self._fresh_control_attr(control_ino)
         if parent_inode == ROOT_INODE and name == CONTROL_NAME:
             return self._control_attr(CONTROL_DIR_INODE)
         if name == b".":
@@ -291,7 +292,7 @@ class Operations(kernel.Operations):
         self.lifetimes.ref(ino)
         return attr
 
-    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
             if self.lifetimes.unref(ino, n):
                 self.tops.forget(ino)
@@ -714,8 +715,7 @@ class Operations(kernel.Operations):
             if not batch:
                 return
             for entry in batch:
-                ino = self._inode(entry.inode)
-                if not token.add(entry.name, self._attr(ino), entry.offset):
+                if not token.add(entry.name, self._attr(self._inode(entry.inode)), entry.offset):
                     return
                 if token.plus:  # the kernel counts each entry of a READDIRPLUS as a lookup
                     self.lifetimes.ref(entry.inode)

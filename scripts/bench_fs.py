@@ -29,8 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from _benchlib import CLI, abba, median, quartiles, temp_mount
 

@@ -22,7 +22,8 @@ import contextlib
 import errno
 import logging
 import sqlite3
-from typing import Any, Awaitable, Callable, Iterator, Protocol
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol
 
 import trio
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import trio
+import trio.lowlevel
 
 from mithrilfs.cache.recency import Recency
 from mithrilfs.store.namespace import Namespace
@@ -108,7 +109,7 @@ def lru_units(ns: Namespace) -> Iterator[Unit]:
             if not is_group:
                 yield Unit([ino], atime)
                 continue
-            if parent in done_groups:
+            if parent is None or parent in done_groups:
                 continue
             members = [child for _, child in ns.children(parent)]
             rows = [ns.get(m) for m in members]
@@ -116,7 +117,7 @@ def lru_units(ns: Namespace) -> Iterator[Unit]:
             newest = max(((r.atime_ns, r.id) for r in files if r.hash is not None), default=(atime, ino))
             if newest != (atime, ino):
                 continue  # the group's place in LRU order is its newest member's
-            done_groups.add(parent)  # type: ignore[arg-type]
+            done_groups.add(parent)
             yield Unit([r.id for r in files], atime, group_dir=parent)
 
 
@@ -191,7 +192,7 @@ class Evictor:
             result.deferred_bytes += freed[1]
             units_left -= 1
             if result.units % 64 == 0:
-                await trio.sleep(0)  # let requests in between batches
+                await trio.lowlevel.checkpoint()  # let requests in between batches
         if result.units or result.reason != "pressure":
             self.on_result(result)
         return result

@@ -24,10 +24,11 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
-from mithrilfs.store.blobs import Blobs
 from mithrilfs.cache.recency import Recency
+from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.namespace import Inode, Namespace
 from mithrilfs.store.open import is_disk_full
 

@@ -51,16 +51,17 @@ import logging
 import os
 import signal
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import blake3
 import trio
 
+from mithrilfs.observe.stats import ROOT_KEY, Stats
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.cas import CAS, hash_bytes, hash_file
 from mithrilfs.store.namespace import Inode, Namespace
-from mithrilfs.observe.stats import ROOT_KEY, Stats
 
 log = logging.getLogger(__name__)
 

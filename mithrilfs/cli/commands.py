@@ -1,4 +1,4 @@
-"""Command line: argument parsing, one-line errors, exit codes.
+"""The commands themselves: what each does, in the words users read.
 
 User mistakes end with one line on stderr and exit status 2 (bad usage) or
 1 (the operation failed); never a traceback.
@@ -15,120 +15,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any
 
+from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.cli.client import (
+    control_command,
+    control_file,
+    progress_bar,
+    read_json,
+    read_stats,
+    tier_command,
+    usage_error,
+    while_drawing,
+)
+from mithrilfs.cli.parser import given_settings
 from mithrilfs.daemon import lifecycle as daemon
-from mithrilfs.control.files import CONTROL_NAME
 from mithrilfs.errors import UsageError
 from mithrilfs.shared.redis_wire import url_password, without_password
-from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.store.open import StoreError, default_store
-from mithrilfs.units import SIZE_HELP, format_size, parse_duration, parse_size
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _bytes(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _size(text: str) -> int:
-    n = _bytes(text)
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
-    return n
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _fraction(text: str) -> float:
-    """``95%`` or ``0.95``."""
-    try:
-        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid watermark {text!r} (use e.g. 95% or 0.95)") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"watermark must be between 0% and 100%: {text!r}")
-    return value
-
-
-def _file_mode(text: str) -> int:
-    try:
-        mode = int(text, 8)
-    except ValueError:
-        mode = -1
-    if not 0 <= mode <= 0o777:
-        raise argparse.ArgumentTypeError(f"invalid mode {text!r} (permission bits in octal, e.g. 0640)")
-    return mode
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r} (1-65535)")
-    return int(text)
-
-
-def _remote_url(text: str) -> str:
-    from mithrilfs.shared.redis_wire import check_url
-
-    try:
-        check_url(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
-def _owner(text: str) -> tuple[int, int]:
-    uid, sep, gid = text.partition(":")
-    if not sep or not uid.isdigit() or not gid.isdigit() or int(uid) >= 1 << 32 or int(gid) >= 1 << 32:
-        raise argparse.ArgumentTypeError(f"invalid owner {text!r} (use numeric UID:GID)")
-    return int(uid), int(gid)
-
-
-def _set_name(text: str) -> str:
-    if text and not all(c.isalnum() or c in "-_." for c in text) or len(text) > 100:
-        raise argparse.ArgumentTypeError(f"invalid set name {text!r} (letters, digits, - _ .)")
-    return text
-
-
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"invalid count {text!r} (a whole number)")
-    return int(text)
-
-
-#: The options a store keeps: ``settings.SETTINGS`` name (the flag is --name-with-dashes), parser,
-#: metavar, help, default.
-_SETTING_OPTIONS = (
-    ("max_size", _size, "SIZE", "byte budget of the store: 500M, 10G, 1.5T or bytes; " + SIZE_HELP, "10G"),
-    ("high_watermark", _fraction, "PCT", "start evicting above this share of the budget", "95%%"),
-    ("low_watermark", _fraction, "PCT", "evict down to this share of the budget", "85%%"),
-    ("min_age", _duration, "DURATION", "never evict files changed more recently", "5s"),
-    ("idle_ttl", _duration, "DURATION", "evict anything unused for this long, even under budget", "never"),
-    ("min_entries", _count, "N", "never evict below N files or groups", "0"),
-)
-
-
-def _add_settings(p: argparse.ArgumentParser, default_from: str) -> None:
-    """The options a store keeps; unset ones are None (so the store's value can stand)."""
-    for name, parse, metavar, text, default in _SETTING_OPTIONS:
-        p.add_argument("--" + name.replace("_", "-"), type=parse, default=None, metavar=metavar,
-                       help=f"{text} (default: {default_from}{default})")
-
-
-def _given_settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {name: getattr(args, name) for name, *_ in _SETTING_OPTIONS if getattr(args, name) is not None}
+from mithrilfs.units import format_size
 
 
 def _stored_settings(store: Path) -> dict[str, Any]:
@@ -158,137 +63,22 @@ def _store_policy(store: Path, given: dict[str, Any]) -> EvictionPolicy:
     return _policy(store, _stored_settings(store), given)
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    from mithrilfs import __version__
-
-    p = _Parser(prog="mithrilfs", description="A deduplicating, evicting FUSE compile cache.")
-    p.add_argument("--version", action="version", version=f"mithrilfs {__version__}")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
-
-    m = sub.add_parser("mount", help="mount the cache filesystem")
-    m.add_argument("mountpoint", type=Path)
-    m.add_argument("--store", type=Path, default=None, help=f"store directory (default {default_store()})")
-    m.add_argument("--foreground", "-f", action="store_true", help="stay attached (for containers)")
-    m.add_argument("--nonempty", action="store_true", help="mount over a directory that holds files (hiding them)")
-    m.add_argument("--allow-other", action="store_true", help="let other users see the mount")
-    m.add_argument("--debug", action="store_true", help="log every FUSE request")
-    _add_settings(m, "the store's setting ('mithrilfs config'), else ")
-    m.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
-                   help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
-    m.add_argument("--remote", type=_remote_url, default=None, metavar="URL",
-                   help="share the cache through Redis: redis://host:port/db or rediss://... (the password"
-                        " from --remote-password-file or $MITHRILFS_REMOTE_PASSWORD)")
-    m.add_argument("--remote-password-file", type=Path, default=None, metavar="FILE",
-                   help="read the Redis password from FILE")
-    m.add_argument("--remote-cluster", action="store_true",
-                   help="URL names one node of a Redis Cluster")
-    m.add_argument("--remote-owner", type=_owner, default=None, metavar="UID:GID",
-                   help="owner of files that come from the shared tier (default: the mount root's)")
-    m.add_argument("--startup-set", type=_set_name, default="default", metavar="NAME",
-                   help="record what the workload reads in its first minutes into this shared set (default 'default')")
-    m.add_argument("--prefetch", type=_set_name, nargs="?", const="", default=None, metavar="NAME",
-                   help="before returning, fetch a startup set from the shared tier (default: --startup-set's)")
-    m.add_argument("--remote-namespace", default="default", metavar="NAME",
-                   help="nodes sharing a namespace share one tree (default 'default')")
-    m.add_argument("--remote-key-file", type=Path, default=None, metavar="FILE",
-                   help="sign entries with this key; entries without a valid signature are ignored")
-
-    u = sub.add_parser("umount", aliases=["unmount"], help="flush, unmount and wait for the daemon")
-    u.add_argument("mountpoint", type=Path)
-    u.add_argument("--lazy", action="store_true",
-                   help="detach now even if files are in use; the daemon exits once they are closed")
-
-    g = sub.add_parser("gc", help="evict now and print what was freed")
-    g.add_argument("mountpoint", type=Path)
-    g.add_argument("--to", type=_bytes, default=None, metavar="SIZE",
-                   help="evict down to this many bytes (default: the low watermark)")
-    g.add_argument("--json", action="store_true", help="print the result as JSON")
-
-    cl = sub.add_parser("clear", help="evict every file not being written, now (ccache -C)")
-    cl.add_argument("mountpoint", type=Path)
-    cl.add_argument("--json", action="store_true", help="print the result as JSON")
-
-    c = sub.add_parser("config", help="show or change the settings a store keeps for its mounts (ccache -M)",
-                       description="Settings kept in the store are used by every later mount unless its command "
-                                   "line gives another value; a mounted store applies them at once.")
-    c.add_argument("store", type=Path, nargs="?", default=None, metavar="STORE",
-                   help=f"store directory (default {default_store()})")
-    _add_settings(c, "")
-    c.add_argument("--reset", action="store_true", help="forget every stored setting (back to the defaults)")
-    c.add_argument("--json", action="store_true", help="print the settings as JSON")
-
-    pu = sub.add_parser("push", help="upload everything not yet in the shared tier")
-    pu.add_argument("mountpoint", type=Path)
-
-    pf = sub.add_parser("prefetch", help="fetch a startup set (or everything) from the shared tier, verified")
-    pf.add_argument("mountpoint", type=Path)
-    which = pf.add_mutually_exclusive_group()
-    which.add_argument("--set", type=_set_name, default="default", metavar="NAME",
-                       help="the startup set to fetch (default 'default')")
-    which.add_argument("--all", action="store_true", help="fetch the whole shared namespace (within the budget)")
-
-    s = sub.add_parser("stats", help="hits, misses, bytes, dedup and latency of a mount")
-    s.add_argument("mountpoint", type=Path)
-    s.add_argument("--json", action="store_true", help="print the JSON document")
-    s.add_argument("--watch", type=_duration, default=None, metavar="SECONDS", help="refresh every SECONDS")
-    s.add_argument("--top", type=_count, default=None, metavar="N", help="also list the N largest files")
-    s.add_argument("--zero", action="store_true",
-                   help="set every counter to zero, those kept over remounts too (ccache -z)")
-
-    st = sub.add_parser("status", help="exit 0 with one line when the mount is live (health probe)")
-    st.add_argument("mountpoint", type=Path)
-    st.add_argument("--ready", action="store_true",
-                    help="also exit 1 while a prefetch runs (a startup probe that holds the app back)")
-    st.add_argument("--json", action="store_true", help="print the state as JSON")
-
-    e = sub.add_parser("env", help="print shell exports pointing Inductor and Triton at the mount")
-    e.add_argument("mountpoint", type=Path)
-
-    r = sub.add_parser("run", help="run a command with its compile caches on the mount")
-    r.add_argument("--mount", type=Path, default=None, metavar="MOUNTPOINT",
-                   help="use (or mount) this mount point (default: a temporary one)")
-    r.add_argument("--store", type=Path, default=None, help="store when mounting (default: the platform cache dir)")
-    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
-
-    x = sub.add_parser("export", help="write the whole namespace and its blobs to one archive")
-    x.add_argument("source", type=Path, nargs="?", default=None, metavar="MOUNTPOINT")
-    x.add_argument("file", type=Path, metavar="FILE")
-    x.add_argument("--store", type=Path, default=None, help="export an unmounted store instead of a mount")
-    x.add_argument("--mode", type=_file_mode, default=None, metavar="OCTAL",
-                   help="permissions of the archive (default 0600: it holds every cached file's bytes)")
-    x.add_argument("--json", action="store_true", help="print the result as JSON")
-
-    i = sub.add_parser("import", help="merge an archive into a store (newer entries win)")
-    i.add_argument("file", type=Path, metavar="FILE")
-    i.add_argument("--store", type=Path, default=None, help=f"store directory (default {default_store()})")
-    i.add_argument("--json", action="store_true", help="print the result as JSON")
-
-    f = sub.add_parser(
-        "fsck", help="verify a store (not mounted); --repair fixes what it finds",
-        description="Exit status: 0 no problems, 1 problems repaired, 4 problems left, 8 could not check.",
-    )
-    f.add_argument("--store", type=Path, default=None, help=f"store directory (default {default_store()})")
-    f.add_argument("--repair", action="store_true", help="quarantine corrupt blobs, fix the index")
-    f.add_argument("--json", action="store_true", help="print the report as JSON")
-    return p
-
-
 def _cmd_mount(args: argparse.Namespace) -> int:
     store = (args.store or default_store()).expanduser().absolute()
-    given = _given_settings(args)
+    given = given_settings(args)
     policy = _store_policy(store, given)
     key = None
     if args.remote_key_file is not None:
         if args.remote is None:
-            _usage_error("--remote-key-file needs --remote")
+            usage_error("--remote-key-file needs --remote")
         try:
             key = args.remote_key_file.read_bytes().strip()
         except OSError as e:
-            _usage_error(f"cannot read key file {args.remote_key_file}: {e.strerror}")
+            usage_error(f"cannot read key file {args.remote_key_file}: {e.strerror}")
         if len(key) < 16:
-            _usage_error(f"key file {args.remote_key_file} holds fewer than 16 bytes")
+            usage_error(f"key file {args.remote_key_file} holds fewer than 16 bytes")
     if not args.remote_namespace or not all(c.isalnum() or c in "-_." for c in args.remote_namespace):
-        _usage_error(f"invalid namespace {args.remote_namespace!r} (letters, digits, - _ .)")
+        usage_error(f"invalid namespace {args.remote_namespace!r} (letters, digits, - _ .)")
     password = _remote_password(args)
     opts = daemon.MountOptions(
         policy=policy,
@@ -310,7 +100,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         fixed_settings=frozenset(given),
     )
     if opts.prefetch is not None and args.remote is None:
-        _usage_error("--prefetch needs --remote")
+        usage_error("--prefetch needs --remote")
     status = daemon.mount(opts)
     if status == 0 and opts.remote is not None and not opts.foreground:
         _warn_if_unreachable(opts)
@@ -345,15 +135,15 @@ def _remote_password(args: argparse.Namespace) -> str | None:
     if args.remote is None:
         for opt in ("remote_password_file", "remote_cluster", "remote_owner"):
             if getattr(args, opt):
-                _usage_error(f"--{opt.replace('_', '-')} needs --remote")
+                usage_error(f"--{opt.replace('_', '-')} needs --remote")
         return None
     if args.remote_password_file is not None:
         try:
             password = args.remote_password_file.read_text().strip()
         except (OSError, UnicodeDecodeError) as e:
-            _usage_error(f"cannot read password file {args.remote_password_file}: {getattr(e, 'strerror', e)}")
+            usage_error(f"cannot read password file {args.remote_password_file}: {getattr(e, 'strerror', e)}")
         if not password:
-            _usage_error(f"password file {args.remote_password_file} is empty")
+            usage_error(f"password file {args.remote_password_file} is empty")
         return password
     in_url = url_password(args.remote)
     if in_url and any(args.remote in a for a in sys.argv) and not os.environ.get(_PASSWORD_ENV):
@@ -370,7 +160,7 @@ _PASSWORD_ENV = "MITHRILFS_REMOTE_PASSWORD"
 def _cmd_umount(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
     try:
-        before = _read_stats(mp)
+        before = read_stats(mp)
     except (OSError, ValueError, UsageError):
         before = None
     daemon.umount(mp, lazy=args.lazy)
@@ -381,49 +171,6 @@ def _cmd_umount(args: argparse.Namespace) -> int:
             print(f"mithrilfs: {pending} changes not yet in the shared tier ({why}); kept in the store"
                   " and sent at its next mount with --remote", file=sys.stderr)
     return 0
-
-
-def _usage_error(message: str) -> NoReturn:
-    print(f"mithrilfs: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def control_file(mountpoint: Path, name: str) -> Path:
-    """A file of the mount's control directory, or a one-line error when it is not a live mount."""
-    mp = mountpoint.expanduser().absolute()
-    state = daemon.probe_mount(mp, timeout=5.0)
-    if state == "forbidden":
-        raise daemon.MountError(daemon.forbidden_message(mp))
-    if state in ("dead", "hung"):
-        raise UsageError(f"{mp}: " + ("its daemon is gone (stale mount); run 'mithrilfs umount " + str(mp) + "'"
-                                      " and mount again" if state == "dead" else "the mount does not answer"))
-    if not mp.is_dir():
-        raise UsageError(f"{mp} is not a directory")
-    path = mp / CONTROL_NAME.decode() / name
-    if not path.exists():
-        raise UsageError(f"{mp} is not a mithrilfs mount")
-    return path
-
-
-def _control_command(path: Path, request: str) -> dict:
-    """Run a command through its control file: write the request, read the JSON answer back.
-
-    Commands change the mount, so only its owner may run them; anyone who sees the mount reads.
-    """
-    try:
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except PermissionError:
-            owner = path.stat().st_uid
-            raise daemon.MountError(f"{path.parent.parent}: '{path.name}' needs the rights of the mount's owner "
-                                    f"(uid {owner}; this is uid {os.getuid()}): run it as uid {owner}") from None
-        try:
-            os.write(fd, request.encode())
-            return json.loads(os.pread(fd, 1 << 16, 0))
-        finally:
-            os.close(fd)
-    except OSError as e:  # the mount went away under us
-        raise daemon.MountError(f"{path.parent.parent}: the mount stopped answering ({e.strerror})") from None
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
@@ -438,12 +185,12 @@ def _evict(args: argparse.Namespace, command: str, request: str, target: int | N
     """Run an eviction command (``gc``, ``clear``) down to *target* bytes (None: the low watermark),
     drawing its progress, and say what it freed in words."""
     path = control_file(args.mountpoint, command)
-    before = _read_stats(args.mountpoint)
+    before = read_stats(args.mountpoint)
     if target is None:
         target = before["low_bytes"]
     to_free = max(0, before["physical_bytes"] - target)
-    draw = _progress_bar("evicting", sizes=True) if to_free and not args.json else None
-    answer = _while_drawing(lambda: _control_command(path, request), args.mountpoint, draw, to_free)
+    draw = progress_bar("evicting", sizes=True) if to_free and not args.json else None
+    answer = while_drawing(lambda: control_command(path, request), args.mountpoint, draw, to_free)
     if args.json:
         print(json.dumps(answer, sort_keys=True))
         return 0
@@ -456,56 +203,13 @@ def _evict(args: argparse.Namespace, command: str, request: str, target: int | N
     return 0
 
 
-def _while_drawing(command: Callable[[], dict], mountpoint: Path, draw: Callable[[int, int], None] | None,
-                   total: int) -> dict:
-    """Run a blocking control command; meanwhile draw the eviction's progress from ``stats``."""
-    if draw is None:
-        return command()
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        running = pool.submit(command)
-        while not running.done():
-            try:
-                current = _read_stats(mountpoint).get("eviction") or {}
-            except (UsageError, daemon.MountError):
-                break
-            draw(min(current.get("bytes", 0), total), total)
-            concurrent.futures.wait([running], timeout=0.1)
-        answer = running.result()
-    draw(total, total)
-    return answer
-
-
-def _progress_bar(label: str, *, sizes: bool = False) -> Callable[[int, int], None] | None:
-    """A progress callback drawing a bar on stderr when it is a terminal, else nothing.
-
-    It draws counts (every 64th) or, with *sizes*, bytes (every call).
-    """
-    if not sys.stderr.isatty():
-        return None
-
-    def draw(done: int, total: int) -> None:
-        if not sizes and done != total and done % 64:
-            return
-        width = 30
-        filled = width * done // max(total, 1)
-        shown = f"{format_size(done)} of {format_size(total)}" if sizes else f"{done}/{total}"
-        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {shown}\x1b[K")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    return draw
-
-
 # fsck's exit statuses, as fsck(8): problems repaired, problems left, could not check
 FSCK_REPAIRED, FSCK_UNREPAIRED, FSCK_OPERATIONAL_ERROR = 1, 4, 8
 
 
 def _cmd_fsck(args: argparse.Namespace) -> int:
-    from mithrilfs.tools import fsck
     from mithrilfs.store.open import open_store
+    from mithrilfs.tools import fsck
 
     root = _existing_store(args.store)
     try:
@@ -515,7 +219,7 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
         print(f"mithrilfs: error: {msg}", file=sys.stderr)
         return FSCK_OPERATIONAL_ERROR
     try:
-        report = fsck.check(store, None if args.json else _progress_bar("verifying blobs"))
+        report = fsck.check(store, None if args.json else progress_bar("verifying blobs"))
         found = bool(report.problems())
         after = None
         if found and args.repair:
@@ -543,32 +247,20 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
     return status
 
 
-def _read_stats(mountpoint: Path) -> dict:
-    return _read_json(mountpoint, control_file(mountpoint, "stats.json"))
-
-
-def _read_json(mountpoint: Path, path: Path) -> dict:
-    """A JSON control file's content."""
-    try:
-        return json.loads(path.read_text())
-    except OSError as e:  # the mount went away under us
-        raise daemon.MountError(f"{mountpoint}: the mount stopped answering ({e.strerror})") from None
-
-
 def _cmd_stats(args: argparse.Namespace) -> int:
     from mithrilfs.observe.stats import format_table, format_usage
 
     if args.zero:
-        _control_command(control_file(args.mountpoint, "zero"), "zero")
+        control_command(control_file(args.mountpoint, "zero"), "zero")
         if not args.json and args.watch is None:
             print(f"statistics zeroed ({args.mountpoint.expanduser().absolute()})")
             return 0
     # the largest files are a command (the owner's); bytes per directory anyone who sees the mount reads
     usage_file = control_file(args.mountpoint, "usage" if args.top else "usage.json")
     while True:
-        snap = _read_stats(args.mountpoint)
-        snap["usage"] = (_control_command(usage_file, f"top={args.top}") if args.top
-                         else _read_json(args.mountpoint, usage_file) | {"largest": []})
+        snap = read_stats(args.mountpoint)
+        snap["usage"] = (control_command(usage_file, f"top={args.top}") if args.top
+                         else read_json(args.mountpoint, usage_file) | {"largest": []})
         if args.json:
             print(json.dumps(snap, sort_keys=True), flush=True)
         else:
@@ -586,7 +278,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     snap: dict[str, Any] = {}
     if state == "live":
         try:
-            snap = _read_stats(mp)
+            snap = read_stats(mp)
         except (OSError, ValueError, UsageError, daemon.MountError):
             state = "foreign"
     prefetch = snap.get("prefetch") or {}
@@ -651,7 +343,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 temp.rmdir()
             raise
     try:
-        before = _read_stats(mp)
+        before = read_stats(mp)
         env = dict(os.environ, **cache_env(mp))
         try:
             status = subprocess.run(cmd, env=env).returncode
@@ -662,8 +354,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"mithrilfs: error: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
             status = 126
         # the kernel does not tell the daemon about closes: commit what the command left written
-        _control_command(control_file(mp, "commit"), "run")
-        after = _read_stats(mp)
+        control_command(control_file(mp, "commit"), "run")
+        after = read_stats(mp)
         d = {k: after[k] - before[k] for k in ("hits", "misses", "writes", "write_bytes", "commits", "dedup_hits")}
         ended = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
         print(f"mithrilfs: {d['hits']} hits, {d['misses']} misses, {d['commits']} files written "
@@ -678,8 +370,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from mithrilfs.tools import archive
     from mithrilfs.store.open import open_store
+    from mithrilfs.tools import archive
 
     if (args.source is None) == (args.store is None):
         raise UsageError("export needs either MOUNTPOINT or --store DIR")
@@ -687,7 +379,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.file} already exists")
     if not args.file.absolute().parent.is_dir():
         raise UsageError(f"{args.file.absolute().parent} does not exist")
-    progress = None if args.json else _progress_bar("exporting")
+    progress = None if args.json else progress_bar("exporting")
     # written under a temporary name and renamed when whole: an interrupted export leaves no archive
     partial = args.file.with_name(f".{args.file.name}.partial")
     try:
@@ -729,8 +421,8 @@ def _existing_store(path: Path | None) -> Path:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from mithrilfs.tools import archive
     from mithrilfs.store.open import open_store
+    from mithrilfs.tools import archive
 
     if not args.file.is_file():
         raise UsageError(f"{args.file}: no such archive")
@@ -740,7 +432,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     store = open_store((args.store or default_store()).expanduser().absolute())
     try:
-        r = archive.import_archive(args.file, store, None if args.json else _progress_bar("importing"))
+        r = archive.import_archive(args.file, store, None if args.json else progress_bar("importing"))
     except archive.ArchiveError as e:
         raise UsageError(str(e)) from None
     finally:
@@ -758,17 +450,9 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return status
 
 
-def _tier_command(mp: Path, name: str, request: str) -> dict:
-    """Run a command that needs the shared tier; a one-line usage error for a mount without one."""
-    answer = _control_command(control_file(mp, name), request)
-    if answer.get("no_tier"):
-        raise UsageError(f"{mp} was mounted without --remote")
-    return answer
-
-
 def _cmd_prefetch(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
-    answer = _tier_command(mp, "prefetch", "all" if args.all else f"set={args.set}")
+    answer = tier_command(mp, "prefetch", "all" if args.all else f"set={args.set}")
     if not answer.get("started"):
         print(f"mithrilfs: error: cannot prefetch: {answer['error']}", file=sys.stderr)
         return 1
@@ -777,9 +461,9 @@ def _cmd_prefetch(args: argparse.Namespace) -> int:
 
 def _follow_prefetch(mp: Path, *, warn_only: bool = False) -> int:
     """Wait for the mount's prefetch, drawing its progress on a terminal; print its summary."""
-    draw = _progress_bar("prefetching")
+    draw = progress_bar("prefetching")
     while True:
-        state = _read_stats(mp).get("prefetch", {})
+        state = read_stats(mp).get("prefetch", {})
         if state.get("state") != "running":
             break
         if draw and state.get("total_files"):
@@ -799,16 +483,16 @@ def _follow_prefetch(mp: Path, *, warn_only: bool = False) -> int:
 
 def _cmd_push(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
-    start = _read_stats(mp)
-    answer = _tier_command(mp, "push", "push")
+    start = read_stats(mp)
+    answer = tier_command(mp, "push", "push")
     if "error" in answer:
         print(f"mithrilfs: error: cannot push: {answer['error']}", file=sys.stderr)
         return 1
     queued = answer["queued"]
-    draw = _progress_bar("uploading")
+    draw = progress_bar("uploading")
     last_left, progress_at = None, time.monotonic()
     while True:
-        snap = _read_stats(mp)
+        snap = read_stats(mp)
         left = snap["upload_queue"]
         if draw:
             draw(queued - min(left, queued), queued)
@@ -829,13 +513,14 @@ def _cmd_push(args: argparse.Namespace) -> int:
 #: ``push`` gives up after this long without progress while the tier reports errors.
 PUSH_STALL_SECONDS = 5.0
 
+
 def _cmd_config(args: argparse.Namespace) -> int:
     """Show or change the store's settings; a mounted store applies them at once."""
     from mithrilfs import settings
     from mithrilfs.store.open import holder_record, open_store, validate_store
 
     root = (args.store or default_store()).expanduser().absolute()
-    given = _given_settings(args)
+    given = given_settings(args)
     # checked before anything changes: settings that do not fit together are a one-line error
     if args.reset:
         validate_store(root)  # a damaged settings file is what --reset is for
@@ -848,11 +533,11 @@ def _cmd_config(args: argparse.Namespace) -> int:
     if given or args.reset:
         settings.save(root, stored)
     applied = None
-    held = holder_record(root)
-    if (given or args.reset) and held is not None:
+    held = holder_record(root) or {}
+    if (given or args.reset) and held:
         mp = Path(held["mountpoint"])
         if daemon.probe_mount(mp, timeout=5.0) == "live":
-            applied = _control_command(control_file(mp, "settings"), "reload")
+            applied = control_command(control_file(mp, "settings"), "reload")
     shown = {k: getattr(policy, field) for k, (field, _) in settings.SETTINGS.items()}
     if args.json:
         print(json.dumps({"store": str(root), "settings": shown, "stored": sorted(stored),
@@ -876,40 +561,8 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc, "fsck": _cmd_fsck,
+#: Each command's function, by the name the parser gives it.
+COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc, "fsck": _cmd_fsck,
              "stats": _cmd_stats, "status": _cmd_status, "env": _cmd_env, "run": _cmd_run,
              "export": _cmd_export, "import": _cmd_import, "push": _cmd_push, "prefetch": _cmd_prefetch,
              "clear": _cmd_clear, "config": _cmd_config}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:  # ``mithrilfs`` alone
-        parser.print_help()
-        return 2
-    if args.command in ("fsck", "import", "config", "export"):
-        os.umask(0o077)  # files they add to a store are private, like the daemon's; an archive too
-    try:
-        return _COMMANDS[args.command](args)
-    except UsageError as e:
-        print(f"mithrilfs: error: {e}", file=sys.stderr)
-        return 2
-    except (daemon.MountError, StoreError) as e:
-        print(f"mithrilfs: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # ``mithrilfs stats --watch 1 MNT | head -3``: the reader is done
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except OSError as e:  # what no command foresaw (a path too long for the kernel, say): one line, not a traceback
-        name = str(e.filename) if e.filename is not None else ""
-        if len(name) > 100:
-            name = f"{name[:60]}...({len(name)} bytes)"
-        print(f"mithrilfs: error: {name + ': ' if name else ''}{e.strerror or e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from mithrilfs.store.namespace import CONTROL_NAME
 

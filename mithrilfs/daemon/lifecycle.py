@@ -21,22 +21,21 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import trio
 
 from mithrilfs import kernel
-from mithrilfs.kernel.mount import unescape_mount_field
-
-from mithrilfs.control.files import CONTROL_NAME
 from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.control.files import CONTROL_NAME
 from mithrilfs.daemon import wiring
 from mithrilfs.daemon.wiring import TierOptions
+from mithrilfs.errors import UsageError
+from mithrilfs.kernel.mount import unescape_mount_field
 from mithrilfs.observe.metrics import MetricsServer
 from mithrilfs.shared.redis_wire import RemoteTier
-from mithrilfs.errors import UsageError
 from mithrilfs.store.open import HOLDER_FILE, RESERVE_BYTES, Store, StoreError, open_store, validate_store
 
 log = logging.getLogger(__name__)

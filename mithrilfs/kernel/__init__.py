@@ -6,8 +6,18 @@ Nothing here knows about the store: it is the layer go-fuse and fuser call
 the raw bridge.
 """
 
-from .api import (RENAME_EXCHANGE, RENAME_NOREPLACE, DirBuffer, EntryAttributes, FileInfo, FUSEError, Operations,
-                  RequestContext, SetattrFields, StatvfsData)
+from .api import (
+                  RENAME_EXCHANGE,
+                  RENAME_NOREPLACE,
+                  DirBuffer,
+                  EntryAttributes,
+                  FileInfo,
+                  FUSEError,
+                  Operations,
+                  RequestContext,
+                  SetattrFields,
+                  StatvfsData,
+)
 from .mount import FuseMount, MountError, mount
 from .notify import Notifier
 from .session import ProtocolError, Session

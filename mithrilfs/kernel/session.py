@@ -31,13 +31,14 @@ import logging
 import os
 import time
 import types
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
 from . import abi
-from .notify import Notifier
 from .api import DirBuffer, EntryAttributes, FUSEError, Operations, RequestContext, SetattrFields, pack_attr, pack_entry
+from .notify import Notifier
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 from mithrilfs.observe.stats import COUNTERS
 
@@ -60,7 +61,7 @@ class MetricsServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 if self.path.split("?")[0] not in ("/metrics", "/"):
                     self.send_error(404)
                     return

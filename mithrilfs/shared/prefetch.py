@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from mithrilfs.store.cas import hash_bytes
 from mithrilfs.cache.eviction import EvictionPolicy
-from mithrilfs.store.namespace import ROOT_INODE, Inode
 from mithrilfs.shared.redis_wire import CHUNK, RemoteError
+from mithrilfs.store.cas import hash_bytes
+from mithrilfs.store.namespace import ROOT_INODE, Inode
+
 if TYPE_CHECKING:  # the tier builds and drives its prefetcher
     from mithrilfs.shared.redis_tier import RedisTier
 
@@ -117,7 +118,7 @@ class Prefetcher:
             node = self.ns.get(child) if child is not None else None
             if node is None or not node.is_dir:
                 return None
-            d = child
+            d = node.id
         return d
 
     def _present(self, node: Inode) -> bool:
@@ -172,10 +173,10 @@ class Prefetcher:
                     continue
                 fetched = await trio.to_thread.run_sync(self._fetch_batch, batch, limiter=limiter)
                 good = [(node, data) for node, data in zip(batch, fetched) if data is not None]
-                self.blobs.intend([(node.hash, node.size) for node, _ in good])  # type: ignore[misc]
+                self.blobs.intend([(node.hash, node.size) for node, _ in good])
                 new = self._write(good)
                 for (node, _), is_new in zip(good, new):
-                    self.blobs.written(node.hash, node.size, is_new)  # type: ignore[arg-type]
+                    self.blobs.written(node.hash, node.size, is_new)
                 for node, data in zip(batch, fetched):
                     self._count(node, data is not None)
 

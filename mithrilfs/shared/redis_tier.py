@@ -26,20 +26,21 @@ import secrets
 import socket
 import stat
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
+from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.cache.integrity import Fetched
+from mithrilfs.cache.lifetime import Lifetimes, Removed
+from mithrilfs.observe.events import EventLog
+from mithrilfs.shared.prefetch import Prefetcher
+from mithrilfs.shared.redis_wire import RemoteEntry, RemoteError, RemoteTier
+from mithrilfs.shared.tier import Tier
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.cas import EMPTY_DIGEST
-from mithrilfs.cache.lifetime import Lifetimes, Removed
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path, outside_mode
-from mithrilfs.cache.eviction import EvictionPolicy
-from mithrilfs.shared.prefetch import Prefetcher
-from mithrilfs.cache.integrity import Fetched
-from mithrilfs.shared.tier import Tier
-from mithrilfs.shared.redis_wire import RemoteEntry, RemoteError, RemoteTier
-from mithrilfs.observe.events import EventLog
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +231,7 @@ class RedisTier(Tier):
     async def _purge_dir(self, d: Inode) -> None:
         """A directory deleted elsewhere: apply the tombstones of its names (a bounded walk)."""
         await self.sync_dir(d.id, force=True)
-        for name, child in self.ns.children(d.id):
+        for _name, child in self.ns.children(d.id):
             node = self.ns.get(child)
             if node is not None and node.is_dir:
                 await self._purge_dir(node)
@@ -406,7 +407,7 @@ class RedisTier(Tier):
 
     def queue_tree(self, d: int) -> None:
         """Queue every file and symlink under directory *d* (it was renamed: their paths changed)."""
-        stack, found = [d], []
+        stack, found = [d], list[int]()
         while stack:
             for _, child in self.ns.children(stack.pop()):
                 node = self.ns.get(child)
@@ -542,11 +543,11 @@ class RedisTier(Tier):
         for path, _ in tombs:
             self.pending_tombstones.pop(path, None)
         self.counters["remote_tombstones"] += len(tombs)
-        for (path, ours), (written, other), name in zip(items, results, names):
+        for (path, ours), (written, other), name_key in zip(items, results, names):
             if other is None or ours.type == "d":
                 continue
             if not written:
-                await self._lost_to(name, path, other)
+                await self._lost_to(name_key, path, other)
             elif other.type == "f" and ours.type == "f" and other.hash != ours.hash and other.node != self.node:
                 self._conflict(path, ours, other, kept=self.node)
         return len(settled) + len(tombs)

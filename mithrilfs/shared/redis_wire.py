@@ -39,8 +39,9 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 from urllib.parse import urlparse, urlunparse
 
 import blake3

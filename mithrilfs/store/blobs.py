@@ -12,7 +12,7 @@ running total of blob bytes on disk, the budget's physical size.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from mithrilfs.store.cas import CAS, hash_bytes, hash_file
 from mithrilfs.store.namespace import Namespace

@@ -25,7 +25,7 @@ EMPTY_DIGEST = blake3.blake3(b"").digest()
 BLOB_MODE = 0o400
 
 
-def hash_bytes(data: bytes) -> bytes:
+def hash_bytes(data: bytes | bytearray | memoryview) -> bytes:
     return blake3.blake3(data).digest()
 
 

@@ -23,9 +23,9 @@ import time
 import urllib.parse
 import weakref
 from collections import deque
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from typing import Iterator
 
 ROOT_INODE = 1
 
@@ -130,6 +130,13 @@ class Namespace:
     it created.
     """
 
+    #: Inode objects changed in the open transaction, with their old field values, restored if it
+    #: rolls back: callers keep Inode objects (files being written) across requests, and they must
+    #: never say what the index does not.
+    _undo: dict[int, tuple[Inode, tuple]]
+    #: Inodes whose content awaits confirmation (the ``unconfirmed`` table, mirrored).
+    unconfirmed: set[int]
+
     def __init__(self, path: str, *, read_only: bool = False, immutable: bool = True) -> None:
         self.read_only = read_only
         self._inodes: weakref.WeakValueDictionary[int, Inode] = weakref.WeakValueDictionary()
@@ -141,7 +148,7 @@ class Namespace:
             uri = "file:" + urllib.parse.quote(path) + "?mode=ro" + ("&immutable=1" if immutable else "")
             self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             self._depth = 0
-            self._undo: dict[int, tuple[Inode, tuple]] = {}
+            self._undo = {}
             self.unconfirmed = set()
             return
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -151,11 +158,7 @@ class Namespace:
         self.db.execute("PRAGMA journal_size_limit=4194304")
         self.db.execute("PRAGMA foreign_keys=OFF")
         self._depth = 0
-        #: Inode objects changed in the open transaction, with their old
-        #: field values, restored if it rolls back: callers keep Inode
-        #: objects (files being written) across requests, and they must never say
-        #: what the index does not.
-        self._undo: dict[int, tuple[Inode, tuple]] = {}
+        self._undo = {}
         with self.txn():
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
@@ -166,8 +169,7 @@ class Namespace:
             columns = {row[1] for row in self.db.execute("PRAGMA table_info(dentries)")}
             if "published" not in columns:  # an index made before tombstones
                 self.db.execute("ALTER TABLE dentries ADD COLUMN published INTEGER NOT NULL DEFAULT 0")
-        #: Inodes whose content awaits confirmation (the ``unconfirmed`` table, mirrored).
-        self.unconfirmed: set[int] = self._load_unconfirmed()
+        self.unconfirmed = self._load_unconfirmed()
         if self.get(ROOT_INODE) is None:
             now = time.time_ns()
             with self.txn():
@@ -181,7 +183,7 @@ class Namespace:
     def close(self) -> None:
         self.db.close()
 
-    def reader(self) -> "Namespace":
+    def reader(self) -> Namespace:
         """A second, read-only connection for queries run in a worker thread (WAL lets it read alongside)."""
         path = self.db.execute("PRAGMA database_list").fetchone()[2]
         return Namespace(path, read_only=True, immutable=False)
@@ -264,9 +266,11 @@ class Namespace:
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (mode, uid, gid, nlink, size, now, now, now, target, rdev),
         )
+        new_id = cur.lastrowid
+        assert new_id is not None  # an INSERT always has one
         if self._depth:
-            self._created.append(cur.lastrowid)
-        return self._remember(Inode(cur.lastrowid, mode, uid, gid, nlink, size, now, now, now, None, target, rdev))
+            self._created.append(new_id)
+        return self._remember(Inode(new_id, mode, uid, gid, nlink, size, now, now, now, None, target, rdev))
 
     def update_attrs(self, ino: Inode, **fields: int) -> None:
         """Write changed attribute columns of *ino* (and set them on the object)."""
@@ -402,6 +406,8 @@ class Namespace:
     def move(self, parent: int, name: bytes, new_parent: int, new_name: bytes) -> None:
         """Re-point one entry; gets a new readdir offset like a fresh entry."""
         ino = self.lookup(parent, name)
+        if ino is None:
+            raise KeyError(f"no entry {name!r} in directory {parent}")
         self.unlink(parent, name)
         self.link(new_parent, new_name, ino)
 

@@ -19,15 +19,15 @@ import shutil
 import stat
 import tarfile
 import time
-from zlib import error as zlib_error
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from zlib import error as zlib_error
 
 import blake3
 
-from mithrilfs.store.cas import hash_file
 from mithrilfs.control.files import CONTROL_NAME
+from mithrilfs.store.cas import hash_file
 from mithrilfs.store.namespace import ROOT_INODE, outside_mode, servable, valid_name
 from mithrilfs.store.open import Store
 
@@ -136,7 +136,7 @@ def export_store(store: Store, out: Path, progress: Progress = None) -> dict[str
                                      target=(node.target or b"").decode(errors="surrogateescape")))
             elif node.is_reg:
                 digest = node.hash.hex() if node.hash else None
-                if digest and digest not in seen:
+                if node.hash is not None and digest is not None and digest not in seen:
                     tar.add(store.cas.path(node.hash), arcname=f"blobs/{digest}", recursive=False)
                     seen.add(digest)
                 entries.append(Entry(path, "file", mode, node.mtime_ns, node.atime_ns, blob=digest, size=node.size))
@@ -327,8 +327,8 @@ def _merge_entry(store: Store, e: Entry, good: dict[str, int], report: dict[str,
         if e.type == "file":
             _set_blob(store, existing, e, good)
         else:
-            target = (e.target or "").encode(errors="surrogateescape")
-            ns.update_attrs(existing, target=target, size=len(target))  # type: ignore[arg-type]
+            new_target = (e.target or "").encode(errors="surrogateescape")
+            ns.update_attrs(existing, target=new_target, size=len(new_target))  # type: ignore[arg-type]
         ns.update_attrs(existing, mode=kind | e.mode, mtime_ns=e.mtime_ns)
         report["replaced"] += 1
         return

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from mithrilfs.store.cas import DIGEST_SIZE
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, servable

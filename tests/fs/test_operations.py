@@ -15,12 +15,12 @@ import pytest
 import trio
 
 from mithrilfs import kernel
-from mithrilfs.store.cas import hash_bytes
-from mithrilfs.control.files import CONTROL_NAME
 from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.lifetime import NoKernelCaches
-from mithrilfs.daemon.wiring import build
 from mithrilfs.cache.writepath import OFFLOAD_MIN
+from mithrilfs.control.files import CONTROL_NAME
+from mithrilfs.daemon.wiring import build
+from mithrilfs.store.cas import hash_bytes
 from mithrilfs.store.namespace import ROOT_INODE
 from mithrilfs.store.open import open_store
 

@@ -18,10 +18,18 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conftest import (MountFactory, as_user, entry, make_archive, pid_alive, run_cli, traversable, wait_for,
-                      wait_unmounted,
-                      write_committed)
+from conftest import (
+    MountFactory,
+    as_user,
+    entry,
+    make_archive,
+    pid_alive,
+    run_cli,
+    traversable,
+    wait_for,
+    wait_unmounted,
+    write_committed,
+)
 
 K, M = 1024, 1024 * 1024
 

@@ -7,8 +7,8 @@ import signal
 import subprocess
 import sys
 
-from conftest import (CLI, REPO, MountFactory, as_user, entry, is_mounted, make_archive, run_cli, traversable,
-                      wait_for)
+from conftest import CLI, REPO, MountFactory, as_user, entry, is_mounted, make_archive, run_cli, traversable, wait_for
+
 from mithrilfs.daemon.lifecycle import holders
 
 

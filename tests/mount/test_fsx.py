@@ -14,8 +14,8 @@ import random
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
-
 from conftest import Mount, run_cli
+
 from mithrilfs.cache.writepath import WRITE_OFFLOAD_MIN
 
 OPS = 3000

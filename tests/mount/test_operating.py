@@ -9,9 +9,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import Mount, MountFactory, is_mounted, run_cli, watchdog_pid, write_committed
+from prometheus_client.parser import text_string_to_metric_families
 
 N = 10_000
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import MountFactory, daemon_pid, is_mounted, pid_alive, run_cli, wait_unmounted, write_committed
 
 # Self-checking content: b"MFS1" + 8-byte length + 32-byte blake3 of the payload + payload.

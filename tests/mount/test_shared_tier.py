@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +11,6 @@ import textwrap
 import time
 
 import pytest
-
 from conftest import MountFactory, RedisServer, run_cli, wait_for, wait_uploaded, write_committed
 
 
