@@ -32,9 +32,10 @@ from mithrilfs import kernel
 from mithrilfs.cache.budget import Budget, room_would_help
 from mithrilfs.cache.integrity import Integrity
 from mithrilfs.cache.lifetime import Lifetimes
+from mithrilfs.cache.names import Names
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.writepath import ContentDropped, Staged, WritePath
-from mithrilfs.control.files import CONTROL_DIR_INODE, CONTROL_NAME, ControlFiles
+from mithrilfs.control.node import ControlNode
 from mithrilfs.kernel import DirBuffer, EntryAttributes, FileInfo, FUSEError, SetattrFields, StatvfsData
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import Stats
@@ -156,11 +157,12 @@ class Parts:
     budget: Budget
     integrity: Integrity
     tier: Tier
-    control: ControlFiles
+    control: ControlNode
     stats: Stats
     events: EventLog
     paths: DirPaths
     tops: TopDirs
+    names: Names
 
 
 class Operations(kernel.Operations):
@@ -182,6 +184,7 @@ class Operations(kernel.Operations):
         self.events = parts.events
         self.paths = parts.paths
         self.tops = parts.tops
+        self.names = parts.names
         # revalidations are the only sign of use: an idle TTL shorter than the timeouts needs them sooner
         self.cache_timeout = min(ENTRY_TIMEOUT, self.policy.idle_ttl / 4) if self.policy.idle_ttl else ENTRY_TIMEOUT
 
@@ -210,49 +213,12 @@ class Operations(kernel.Operations):
         e.st_ctime_ns = ino.ctime_ns
         return e
 
-    async def _fresh_control_attr(self, ino: int) -> EntryAttributes:
-        """A control file's attributes with its content produced afresh (a LOOKUP or GETATTR)."""
-        if ino != CONTROL_DIR_INODE:
-            await self.control.refresh(ino)
-        return self._control_attr(ino)
-
-    def _control_attr(self, ino: int) -> EntryAttributes:
-        """A control file's attributes as of its last production."""
-        e = EntryAttributes()
-        e.st_ino = ino
-        e.entry_timeout = 0
-        e.attr_timeout = 0
-        now = time.time_ns()
-        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = now
-        e.st_uid, e.st_gid = os.getuid(), os.getgid()
-        e.st_blksize = _BLKSIZE
-        if ino == CONTROL_DIR_INODE:
-            e.st_mode = stat.S_IFDIR | 0o555
-            e.st_nlink = 2
-        else:
-            e.st_mode = stat.S_IFREG | (0o644 if self.control.is_command(ino) else 0o444)
-            e.st_nlink = 1
-            # a new size or mtime makes the kernel drop the pages it cached of the last content
-            e.st_size, e.st_mtime_ns = self.control.shown(ino)
-        return e
-
     def _inode(self, ino: int) -> Inode:
-        of = self.writes.staged.get(ino)
-        if of is not None:
-            return of.inode
-        inode = self.ns.get(ino)
-        if inode is None:
-            raise _err(errno.ENOENT)
-        return inode
-
-    def _touch_dir(self, parent: int) -> None:
-        now = time.time_ns()
-        self.ns.update_attrs(self._inode(parent), mtime_ns=now, ctime_ns=now)
+        return self.names.inode(ino)
 
     def _check_not_control(self, parent: int, name: bytes) -> None:
         _check_name_length(name)
-        if self.control.is_control(parent) or (parent == ROOT_INODE and name == CONTROL_NAME):
-            raise _err(errno.EPERM)
+        self.control.refuse_names_in(parent, name)
 
     # ------------------------------------------------------------------
     # lookups
@@ -261,13 +227,8 @@ class Operations(kernel.Operations):
     @_request
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> EntryAttributes:
         _check_name_length(name)
-        if self.control.is_control(parent_inode):
-            control_ino = self.control.lookup(name) if parent_inode == CONTROL_DIR_INODE else None
-            if control_ino is None:
-                raise _err(errno.ENOENT)
-            return await self._fresh_control_attr(control_ino)
-        if parent_inode == ROOT_INODE and name == CONTROL_NAME:
-            return self._control_attr(CONTROL_DIR_INODE)
+        if self.control.owns(parent_inode) or self.control.is_its_name(parent_inode, name):
+            return await self.control.lookup(parent_inode, name)
         if name == b".":
             ino: int | None = parent_inode
         elif name == b"..":
@@ -333,8 +294,8 @@ class Operations(kernel.Operations):
     @_timed("getattr")
     @_request
     async def getattr(self, inode: int, ctx: Any = None) -> EntryAttributes:
-        if self.control.is_control(inode):
-            return await self._fresh_control_attr(inode)
+        if self.control.owns(inode):
+            return await self.control.getattr(inode)
         ino = self._inode(inode)
         if ino.is_reg:
             # the kernel revalidates attributes of a file in use once per cache timeout: a use, for eviction
@@ -345,12 +306,8 @@ class Operations(kernel.Operations):
     async def setattr(
         self, inode: int, attr: EntryAttributes, fields: SetattrFields, fh: int | None, ctx: Any
     ) -> EntryAttributes:
-        if self.control.is_control(inode):
-            # a shell's ``echo run > .mithrilfs/gc`` opens with O_TRUNC, which arrives as a size of 0
-            if (self.control.is_command(inode) and not (fields.update_mode or fields.update_uid or fields.update_gid)
-                    and (not fields.update_size or attr.st_size == 0)):
-                return self._control_attr(inode)
-            raise _err(errno.EPERM)
+        if self.control.owns(inode):
+            return self.control.setattr(inode, attr, fields)
         ino = self._inode(inode)
         now = time.time_ns()
         if fields.update_size:
@@ -397,26 +354,7 @@ class Operations(kernel.Operations):
     def _new_entry(self, parent: int, name: bytes, mode: int, ctx: Any, *, target: bytes | None = None,
                    rdev: int = 0) -> Inode:
         self._check_not_control(parent, name)
-        if self.ns.lookup(parent, name) is not None:
-            raise _err(errno.EEXIST)
-        parent_ino = self._inode(parent)
-        if not parent_ino.is_dir:
-            raise _err(errno.ENOTDIR)
-        is_dir = stat.S_ISDIR(mode)
-        gid = ctx.gid
-        if parent_ino.mode & stat.S_ISGID:
-            # a setgid directory: new entries take its group, new subdirectories its setgid bit
-            gid = parent_ino.gid
-            if is_dir:
-                mode |= stat.S_ISGID
-        with self.ns.txn():
-            ino = self.ns.create_inode(mode, ctx.uid, gid, target=target, nlink=2 if is_dir else 1, rdev=rdev)
-            self.ns.link(parent, name, ino.id)
-            if is_dir:
-                self.ns.add_link(parent_ino, +1)
-            self._touch_dir(parent)
-        self.lifetimes.ref(ino.id)
-        return ino
+        return self.names.create(parent, name, mode, ctx.uid, ctx.gid, target=target, rdev=rdev)
 
     @_request
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> EntryAttributes:
@@ -433,78 +371,34 @@ class Operations(kernel.Operations):
 
     @_request
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> EntryAttributes:
-        ino = self._new_entry(parent_inode, name, stat.S_IFLNK | 0o777, ctx, target=target)
-        self.tier.publish(ino)
-        return self._attr(ino)
+        return self._attr(self._new_entry(parent_inode, name, stat.S_IFLNK | 0o777, ctx, target=target))
 
     @_request
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> EntryAttributes:
         self._check_not_control(new_parent_inode, new_name)
-        if self.control.is_control(inode):
-            raise _err(errno.EPERM)
-        if self._inode(inode).is_dir:
+        if self.control.owns(inode) or self._inode(inode).is_dir:
             raise _err(errno.EPERM)
         with self.budget.using(inode):
             await self.writes.commit_inode(inode)  # a second name: the content is whole
-        ino = self._inode(inode)
-        if ino.nlink == 0:
-            raise _err(errno.ENOENT)
-        if self.ns.lookup(new_parent_inode, new_name) is not None:
-            raise _err(errno.EEXIST)
-        with self.ns.txn():
-            self.ns.link(new_parent_inode, new_name, inode)
-            self.ns.add_link(ino, +1)
-            self._touch_dir(new_parent_inode)
-        self.lifetimes.ref(inode)
-        return self._attr(ino)
-
-    def _lookup_existing(self, parent: int, name: bytes) -> Inode:
-        self._check_not_control(parent, name)
-        ino = self.ns.lookup(parent, name)
-        if ino is None:
-            raise _err(errno.ENOENT)
-        return self._inode(ino)
+        return self._attr(self.names.link(inode, new_parent_inode, new_name))
 
     @_request
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        ino = self._lookup_existing(parent_inode, name)
-        if ino.is_dir:
-            raise _err(errno.EISDIR)
-        with self.ns.txn():
-            self.tier.tombstone(parent_inode, name)
-            self.lifetimes.drop_name(self._inode(parent_inode), name, ino)
-            self._touch_dir(parent_inode)
-        await self._delete_if_unused(ino.id)
+        self._check_not_control(parent_inode, name)
+        await self._delete_if_unused(self.names.remove(parent_inode, name, is_dir=False))
 
     @_request
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        ino = self._lookup_existing(parent_inode, name)
-        if not ino.is_dir:
-            raise _err(errno.ENOTDIR)
-        if self.ns.has_children(ino.id):
-            raise _err(errno.ENOTEMPTY)
-        with self.ns.txn():
-            self.tier.tombstone(parent_inode, name)
-            self.lifetimes.drop_name(self._inode(parent_inode), name, ino)
-            self._touch_dir(parent_inode)
-        await self._delete_if_unused(ino.id)
-
-    def _is_ancestor(self, ancestor: int, ino: int) -> bool:
-        while ino != ROOT_INODE:
-            if ino == ancestor:
-                return True
-            parent = self.ns.parent_of(ino)
-            if parent is None:
-                return False
-            ino = parent
-        return ancestor == ROOT_INODE
+        self._check_not_control(parent_inode, name)
+        await self._delete_if_unused(self.names.remove(parent_inode, name, is_dir=True))
 
     @_request
     async def rename(
         self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Any
     ) -> None:
         self._check_not_control(parent_inode_new, name_new)
-        source = self._lookup_existing(parent_inode_old, name_old).id
+        self._check_not_control(parent_inode_old, name_old)
+        source = self.names.existing(parent_inode_old, name_old).id
         other = self.ns.lookup(parent_inode_new, name_new) if flags & kernel.RENAME_EXCHANGE else None
         # a rename the kernel sent completes whatever the budget: the commits below may start an
         # eviction, which must not take the files being renamed
@@ -513,70 +407,11 @@ class Operations(kernel.Operations):
             await self.writes.commit_inode(source)
             if other is not None:
                 await self.writes.commit_inode(other)
-            replaced = self._rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+            replaced = self.names.rename(parent_inode_old, name_old, parent_inode_new, name_new,
+                                         exchange=bool(flags & kernel.RENAME_EXCHANGE),
+                                         noreplace=bool(flags & kernel.RENAME_NOREPLACE))
         if replaced is not None:
             await self._delete_if_unused(replaced)
-
-    def _rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
-                flags: int) -> int | None:
-        """The rename itself, once the files involved are committed: index changes only, no await.
-
-        Returns the inode whose name it replaced, to be deleted once nothing holds it.
-        """
-        src = self._lookup_existing(parent_inode_old, name_old)
-        dst_id = self.ns.lookup(parent_inode_new, name_new)
-        dst = self._inode(dst_id) if dst_id is not None else None
-        if src.is_dir and self._is_ancestor(src.id, parent_inode_new):
-            raise _err(errno.EINVAL)
-        if flags & kernel.RENAME_EXCHANGE:
-            if dst is None:
-                raise _err(errno.ENOENT)
-            if dst.is_dir and self._is_ancestor(dst.id, parent_inode_old):
-                raise _err(errno.EINVAL)
-            self._exchange(parent_inode_old, name_old, src, parent_inode_new, name_new, dst)
-            self.tops.moved(src.id, is_dir=src.is_dir or dst.is_dir)
-            self.tier.publish(src)
-            self.tier.publish(dst)
-            return None
-        if dst is not None:
-            if flags & kernel.RENAME_NOREPLACE:
-                raise _err(errno.EEXIST)
-            if dst.id == src.id:
-                return None
-            if dst.is_dir:
-                if not src.is_dir:
-                    raise _err(errno.EISDIR)
-                if self.ns.has_children(dst.id):
-                    raise _err(errno.ENOTEMPTY)
-            elif src.is_dir:
-                raise _err(errno.ENOTDIR)
-        with self.ns.txn():
-            self.tier.tombstone(parent_inode_old, name_old)
-            if dst is not None:
-                self.lifetimes.drop_name(self._inode(parent_inode_new), name_new, dst)
-            self.ns.move(parent_inode_old, name_old, parent_inode_new, name_new)
-            if src.is_dir and parent_inode_old != parent_inode_new:
-                self.ns.add_link(self._inode(parent_inode_old), -1)
-                self.ns.add_link(self._inode(parent_inode_new), +1)
-            self.ns.update_attrs(src, ctime_ns=time.time_ns())
-            self._touch_dir(parent_inode_old)
-            if parent_inode_new != parent_inode_old:
-                self._touch_dir(parent_inode_new)
-        self.tops.moved(src.id, is_dir=src.is_dir)  # a subtree moved: its paths are recomputed lazily
-        self.tier.publish(src)
-        return dst.id if dst is not None else None
-
-    def _exchange(self, p_a: int, n_a: bytes, a: Inode, p_b: int, n_b: bytes, b: Inode) -> None:
-        with self.ns.txn():
-            self.ns.retarget(p_a, n_a, b.id)
-            self.ns.retarget(p_b, n_b, a.id)
-            if p_a != p_b and a.is_dir != b.is_dir:
-                moved_to_b = +1 if a.is_dir else -1
-                self.ns.add_link(self._inode(p_b), moved_to_b)
-                self.ns.add_link(self._inode(p_a), -moved_to_b)
-            self._touch_dir(p_a)
-            if p_b != p_a:
-                self._touch_dir(p_b)
 
     # ------------------------------------------------------------------
     # file content
@@ -603,7 +438,7 @@ class Operations(kernel.Operations):
     @_timed("read")
     @_request
     async def read(self, inode: int, fh: int, off: int, size: int) -> bytes:
-        if self.control.is_control(inode):
+        if self.control.owns(inode):
             return await self.control.read(inode, off, size)
         while True:
             of = self.writes.staged.get(inode)
@@ -632,60 +467,20 @@ class Operations(kernel.Operations):
 
     @_data_request
     async def write(self, inode: int, fh: int, off: int, buf: bytes) -> int:
-        if self.control.is_control(inode):
-            if not self.control.is_command(inode):
-                raise _err(errno.EPERM)
-            # a command: run it now; its answer is what the file reads back
-            await self.control.run_command(inode, bytes(buf))
-            return len(buf)
+        if self.control.owns(inode):
+            return await self.control.write(inode, buf)
         if inode in self.writes.failed:
             raise _err(errno.ENOSPC)  # no more eviction for a file that already failed for room
         of = self._staged(inode)
-        n = await self._write_with_room(of, off, buf)
+        n = await self.budget.write(of, off, buf, lambda: self._staged(inode))
         counters = self.stats.by_dir[of.top]
         counters["writes"] += 1
         counters["write_bytes"] += n
         return n
 
-    async def _write_with_room(self, of: Staged, off: int, buf: bytes) -> int:
-        """Write into staging; on a full disk, one slice of the cache per file, then the file fails.
-
-        A file gets one eviction slice (``make_room``) for all its writes:
-        a writer that still does not fit after that would otherwise evict
-        the whole cache and fail anyway.  The retry runs only with the
-        index's reserve in place.  A file that fails gives its staging back
-        at once (``WritePath.fail``), so the disk, the reserve and unlink
-        work again; its content is not kept.
-        """
-        try:
-            return await self.writes.write(of, off, buf)
-        except OSError as e:
-            if not room_would_help(e):
-                raise
-        if not of.room_made:
-            of.room_made = True
-            await self.budget.make_room(len(buf))
-            # the idle timer may have committed the file meanwhile: go on with its current state
-            of = self._staged(of.inode.id)
-            of.room_made = True
-            if self.store.ensure_reserve():
-                try:
-                    return await self.writes.write(of, off, buf)
-                except OSError as e:
-                    if not room_would_help(e):
-                        raise
-        await self.writes.fail(of)
-        self.store.ensure_reserve()
-        self.lifetimes.kernel.invalidate_inode(of.inode.id)  # the kernel's size and pages are of the dropped content
-        log.warning("inode %d: no room on the store's disk for its writes even after evicting: its content "
-                    "is dropped (ENOSPC)", of.inode.id)
-        self.events.emit("error", op="write", error="no space left on the store's disk; the file's content "
-                         "was dropped")
-        raise _err(errno.ENOSPC)
-
     @_request
     async def fsync(self, inode: int, fh: int, datasync: bool) -> None:
-        if not self.control.is_control(inode):
+        if not self.control.owns(inode):
             await self.writes.commit_inode(inode)
 
     # ------------------------------------------------------------------
@@ -693,10 +488,8 @@ class Operations(kernel.Operations):
     # ------------------------------------------------------------------
     @_request
     async def opendir(self, inode: int, ctx: Any) -> int:
-        if self.control.is_control(inode):
-            if inode != CONTROL_DIR_INODE:
-                raise _err(errno.ENOTDIR)
-            return inode
+        if self.control.owns(inode):
+            return self.control.opendir(inode)
         if not self._inode(inode).is_dir:
             raise _err(errno.ENOTDIR)
         await self.tier.list_dir(inode)
@@ -704,10 +497,8 @@ class Operations(kernel.Operations):
 
     @_request
     async def readdir(self, fh: int, start_id: int, token: DirBuffer) -> None:
-        if fh == CONTROL_DIR_INODE:
-            for i, (name, ino) in enumerate(self.control.names(), start=1):
-                if i > start_id and not token.add(name, self._control_attr(ino), i):
-                    return
+        if self.control.owns(fh):
+            self.control.readdir(start_id, token)
             return
         after = start_id
         while True:

@@ -161,6 +161,39 @@ class Budget:
                  result.reason, result.units, result.files, result.bytes, result.skipped_pinned)
 
     # -- a full backing disk -------------------------------------------------
+    async def write(self, of: Staged, off: int, buf: bytes, current: Callable[[], Staged]) -> int:
+        """Write into staging; on a full disk, one slice of the cache per file, then the file fails.
+
+        A file gets one eviction slice (``make_room``) for all its writes:
+        a writer that still does not fit after that would otherwise evict
+        the whole cache and fail anyway.  The retry runs only with the
+        index's reserve in place, on *current()*'s state of the file (the
+        idle timer may have committed it meanwhile).  A file that fails
+        gives its staging back at once (``WritePath.fail``), so the disk,
+        the reserve and unlink work again; its content is not kept, and
+        ``ContentDropped`` (ENOSPC, never retried) is the write's answer.
+        """
+        try:
+            return await self.writes.write(of, off, buf)
+        except OSError as e:
+            if not room_would_help(e):
+                raise
+        if not of.room_made:
+            of.room_made = True
+            await self.make_room(len(buf))
+            of = current()
+            of.room_made = True
+            if self.store.ensure_reserve():
+                try:
+                    return await self.writes.write(of, off, buf)
+                except OSError as e:
+                    if not room_would_help(e):
+                        raise
+        await self.writes.fail(of)
+        self.store.ensure_reserve()
+        self.lifetimes.kernel.invalidate_inode(of.inode.id)  # the kernel's size and pages are of the dropped content
+        raise ContentDropped(of.inode.id)
+
     async def make_room(self, at_least: int = 0) -> None:
         """The backing disk is full before the budget is: evict a slice of the cache now.
 

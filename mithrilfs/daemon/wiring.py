@@ -19,10 +19,12 @@ from mithrilfs.cache.budget import Budget
 from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.integrity import Integrity
 from mithrilfs.cache.lifetime import KernelCaches, Lifetimes
+from mithrilfs.cache.names import Names
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.writepath import CommitListener, WritePath
 from mithrilfs.control.commands import Commands
 from mithrilfs.control.files import ControlFiles
+from mithrilfs.control.node import ControlNode
 from mithrilfs.daemon.duties import Duties
 from mithrilfs.fs import Operations, Parts
 from mithrilfs.observe.events import EventLog
@@ -87,6 +89,6 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     control.add_json(b"stats.json", duties.snapshot)
     Commands(store, budget, writes, tier, kept, paths, limiter, fixed_settings=fixed_settings).register(control)
     ops = Operations(Parts(store=store, writes=writes, lifetimes=lifetimes, recency=recency, budget=budget,
-                           integrity=integrity, tier=tier, control=control, stats=stats, events=events,
-                           paths=paths, tops=tops))
+                           integrity=integrity, tier=tier, control=ControlNode(control), stats=stats, events=events,
+                           paths=paths, tops=tops, names=Names(ns, writes, lifetimes, tops, tier)))
     return Mounted(ops=ops, duties=duties, tier=tier, events=events)
