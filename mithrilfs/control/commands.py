@@ -25,6 +25,7 @@ from mithrilfs.control.files import ControlFiles
 from mithrilfs.kernel import FUSEError
 from mithrilfs.observe.stats import KeptCounters
 from mithrilfs.shared.tier import Tier
+from mithrilfs.store import reports
 from mithrilfs.store.namespace import DirPaths
 from mithrilfs.store.open import Store, StoreError
 from mithrilfs.units import parse_size
@@ -112,7 +113,7 @@ class Commands:
         reader = self.store.ns.reader()
         try:
             by_top, largest = await trio.to_thread.run_sync(
-                lambda: (reader.usage_by_top(), reader.largest_files(min(limit, 10_000))), limiter=self._limiter)
+                lambda: (reports.usage_by_top(reader), reports.largest_files(reader, min(limit, 10_000))), limiter=self._limiter)
         finally:
             reader.close()
         return {

@@ -27,6 +27,7 @@ from mithrilfs.cache.writepath import IDLE_COMMIT_SECONDS, WritePath
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import KeptCounters
 from mithrilfs.shared.tier import Tier
+from mithrilfs.store import reports
 from mithrilfs.store.open import Store
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class Duties:
         try:
             while True:
                 # the totals scan every file: a separate connection in a thread keeps it off the loop
-                totals = await trio.to_thread.run_sync(reader.totals, limiter=self._limiter)
+                totals = await trio.to_thread.run_sync(reports.totals, reader, limiter=self._limiter)
                 snap = self.snapshot(totals)
                 if time.monotonic() - last_summary >= SUMMARY_SECONDS:
                     last_summary = time.monotonic()
@@ -113,7 +114,7 @@ class Duties:
 
     def snapshot(self, totals: tuple[int, int, int] | None = None) -> dict[str, Any]:
         """Current stats; *totals* (files, logical bytes, blobs) when the caller already counted them."""
-        files, logical, blobs = totals if totals is not None else self.ns.totals()
+        files, logical, blobs = totals if totals is not None else reports.totals(self.ns)
         evictor = self.budget.evictor
         snap = self.kept.stats.snapshot({
             "logical_bytes": logical,

@@ -460,11 +460,12 @@ def pid_alive(pid: int) -> bool:
 def pending_uploads(store: Path) -> int:
     """Changes queued for the shared tier in an unmounted store's index (0 when it cannot tell)."""
     from mithrilfs.store.namespace import Namespace
+    from mithrilfs.store.tier_queue import TierQueue
 
     try:
         ns = Namespace(str(store / "index.sqlite3"), read_only=True, immutable=False)
         try:
-            return ns.queue_length()
+            return TierQueue(ns).length()
         finally:
             ns.close()
     except (sqlite3.Error, OSError):  # an index of an older format, or gone: nothing to report

@@ -36,19 +36,17 @@ from mithrilfs.cache.integrity import Fetched
 from mithrilfs.cache.lifetime import Lifetimes, Removed
 from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.prefetch import Prefetcher
+from mithrilfs.shared.redis_upload import RedisWriteBehind, version_of
 from mithrilfs.shared.redis_wire import RemoteEntry, RemoteError, RemoteTier
 from mithrilfs.shared.tier import Tier
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.cas import EMPTY_DIGEST
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path, outside_mode
+from mithrilfs.store.tier_queue import TierQueue
 
 log = logging.getLogger(__name__)
 
-UPLOAD_DELAY = 0.3
-UPLOAD_BATCH = 512
 DIR_SYNC_SECONDS = 5.0
-#: How often the uploader asks whether the tier lost its data (its epoch token).
-EPOCH_SECONDS = 2.0
 #: A missing name is answered from a directory synced this recently; older, the lookup re-syncs it.
 MISS_RESYNC_SECONDS = 1.0
 #: A workload's first reads in this long after the mount make its startup set.
@@ -68,11 +66,6 @@ def node_id(ns: Namespace) -> str:
     return node
 
 
-def version_of(ino: Inode) -> int:
-    """An inode's version: the microsecond it last changed (ctime; users cannot set it)."""
-    return ino.ctime_ns // 1000
-
-
 class RedisTier(Tier):
     """The shared tier on Redis (``redis_wire``); knows the namespace and blobs, never the kernel protocol."""
 
@@ -84,6 +77,7 @@ class RedisTier(Tier):
                  owner: tuple[int, int] | None = None, requeue: bool = False, startup_set: str = "default",
                  prefetch_at_start: str | None = None) -> None:
         self.ns = ns
+        self.queue = TierQueue(ns)
         self.blobs = blobs
         self.paths = paths
         self.events = events
@@ -99,7 +93,7 @@ class RedisTier(Tier):
         self._syncing: set[int] = set()
         self._nursery: trio.Nursery | None = None
         #: Removed paths whose tombstones are not sent yet: never materialized again meanwhile.
-        self.pending_tombstones: dict[str, int] = dict(ns.queued_tombstones())
+        self.pending_tombstones: dict[str, int] = dict(TierQueue(ns).tombstones())
         #: Writer of content materialized this mount (conflict detection), by inode.
         self.origin: dict[int, str] = {}
         self._epoch = ns.get_meta(self._epoch_meta())
@@ -108,11 +102,12 @@ class RedisTier(Tier):
         self._started = time.monotonic()
         self._recorded: set[int] = set()
         self._to_record: list[str] = []
+        self.behind = RedisWriteBehind(self)
         self.prefetcher = Prefetcher(self, policy, physical)
         #: The startup set to prefetch as soon as the mount serves (``mount --prefetch``).
         self.prefetch_at_start = prefetch_at_start
         if requeue:  # after an unclean stop a commit may not have reached the queue
-            self.queue_all()
+            self.behind.queue_all()
 
     def _epoch_meta(self) -> str:
         return f"remote_epoch:{self.remote.url}:{self.remote.namespace}"
@@ -215,7 +210,7 @@ class RedisTier(Tier):
             return  # a write in progress wins when it commits
         if not entry.newer_than(version_of(ino), self.origin.get(ino_id, self.node)):
             if not ino.is_dir and not self._same(ino, entry):
-                self.queue_upload(ino_id)  # ours is newer: Redis holds an older (or replayed) version
+                self.behind.queue_upload(ino_id)  # ours is newer: Redis holds an older (or replayed) version
             return
         if self._same(ino, entry):
             return
@@ -367,12 +362,12 @@ class RedisTier(Tier):
     # -- write-behind ------------------------------------------------------
     def publish(self, ino: Inode) -> None:
         if ino.is_dir:
-            self.queue_tree(ino.id)
+            self.behind.queue_tree(ino.id)
         else:
-            self.queue_upload(ino.id)
+            self.behind.queue_upload(ino.id)
 
     def tombstone(self, parent: int, name: bytes) -> None:
-        self.removing(parent, name)
+        self.behind.removing(parent, name)
 
     async def push(self) -> dict[str, Any]:
         """Queue everything; the tier is asked first, so a dead Redis is an error naming the cause at once."""
@@ -380,7 +375,7 @@ class RedisTier(Tier):
             await trio.to_thread.run_sync(self.remote.ping)
         except RemoteError as e:
             return {"error": f"{self.remote.url}: {e}"}
-        return {"queued": self.queue_all()}
+        return {"queued": self.behind.queue_all()}
 
     async def start_prefetch(self, set_name: str | None) -> dict[str, Any]:
         """Start a prefetch in the background unless one runs; an error names the tier's problem at once."""
@@ -398,50 +393,8 @@ class RedisTier(Tier):
         return {"started": True}
 
     def snapshot(self) -> dict[str, Any]:
-        return self.counters | {"upload_queue": self.pending(), "remote_last_error": self.remote.last_error,
+        return self.counters | {"upload_queue": self.behind.pending(), "remote_last_error": self.remote.last_error,
                                 "prefetch": self.prefetcher.state}
-
-    def queue_upload(self, ino: int) -> None:
-        self.ns.queue_upload([ino], time.time_ns())
-        self._wake.set()
-
-    def queue_tree(self, d: int) -> None:
-        """Queue every file and symlink under directory *d* (it was renamed: their paths changed)."""
-        stack, found = [d], list[int]()
-        while stack:
-            for _, child in self.ns.children(stack.pop()):
-                node = self.ns.get(child)
-                if node is not None:
-                    (stack if node.is_dir else found).append(child)
-        self.ns.queue_upload(found, time.time_ns())
-        self._wake.set()
-
-    def removing(self, parent: int, name: bytes) -> None:
-        """A user or framework is about to remove a name: if it was published, queue its tombstone.
-
-        Evictions do not come here: a name evicted locally stays valid for
-        other nodes.
-        """
-        if not self.ns.is_published(parent, name):
-            return
-        dir_path = self.paths.of_dir(parent)
-        if dir_path is None:
-            return
-        path = join_path(dir_path, name)
-        version = time.time_ns() // 1000
-        self.ns.queue_tombstone(path, version)
-        self.pending_tombstones[path] = version
-        self._wake.set()
-
-    def queue_all(self) -> int:
-        """Queue every named file and symlink (``push``, or after the tier lost its data)."""
-        with self.ns.txn():
-            n = self.ns.queue_all_uploads(time.time_ns() - int(UPLOAD_DELAY * 1e9))
-        self._wake.set()
-        return n
-
-    def pending(self) -> int:
-        return self.ns.queue_length()
 
     async def run(self) -> None:
         """The tier's background work: the uploader, and directory syncs nobody waits for."""
@@ -449,138 +402,8 @@ class RedisTier(Tier):
             self._nursery = nursery
             if self.prefetch_at_start is not None:
                 nursery.start_soon(self.start_prefetch, self.prefetch_at_start)
-            nursery.start_soon(self.uploader)
-
-    async def uploader(self) -> None:
-        backoff = 0.5
-        next_epoch = 0.0
-        while True:
-            try:
-                if time.monotonic() >= next_epoch:
-                    await self._check_epoch()
-                    next_epoch = time.monotonic() + EPOCH_SECONDS
-                sent = await self._send_due()
-                await self._send_recorded()
-                backoff = 0.5
-            except Exception as e:  # a bug or an answer nobody foresaw must not take the mount down either
-                if isinstance(e, RemoteError):
-                    log.debug("upload deferred: %s", e)
-                else:
-                    log.exception("shared tier uploader failed; retrying in %.1f s", backoff)
-                await trio.sleep(backoff)
-                backoff = min(30.0, backoff * 2)
-                continue
-            if not sent:
-                with trio.move_on_after(min(UPLOAD_DELAY, max(0.0, next_epoch - time.monotonic()))):
-                    await self._wake.wait()
-                self._wake = trio.Event()
+            nursery.start_soon(self.behind.uploader)
 
     async def thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
-    async def _check_epoch(self) -> None:
-        """Queue everything again when the tier is not the one we uploaded to (restarted empty, new)."""
-        epoch, _ = await self.thread(self.remote.epoch)
-        if epoch == self._epoch:
-            return
-        n = self.queue_all()
-        if self._epoch is not None:
-            self.counters["remote_data_lost"] += 1
-            log.warning("the shared tier %s lost its data (new epoch): %d local files queued for upload again",
-                        self.remote.url, n)
-            self.events.emit("remote_data_lost", url=self.remote.url, requeued=n)
-        elif n:
-            log.info("first use of the shared tier %s by this store: %d local files queued", self.remote.url, n)
-        with self.ns.txn():
-            self.ns.set_meta(self._epoch_meta(), epoch)
-        self._epoch = epoch
-
-    async def _send_due(self) -> int:
-        """Send one batch of what waited UPLOAD_DELAY; how many queue rows it settled."""
-        now = time.time_ns()
-        due = self.ns.due_uploads(now - int(UPLOAD_DELAY * 1e9), UPLOAD_BATCH)
-        tombs = self.ns.queued_tombstones(UPLOAD_BATCH)
-        if not due and not tombs:
-            return 0
-        items: list[tuple[str, RemoteEntry]] = []
-        names: list[tuple[int, bytes]] = []
-        blobs: dict[str, tuple[str, int]] = {}
-        dirs_done: set[int] = set()
-        settled: list[tuple[int, int]] = []
-        for ino_id, queued_ns in due:
-            node = self.ns.get(ino_id)
-            if node is None or node.nlink == 0 or node.is_dir:
-                settled.append((ino_id, queued_ns))
-                continue
-            settled.append((ino_id, queued_ns))
-            if node.hash is None and node.is_reg and self.lifetimes.is_written(ino_id):
-                continue  # nothing committed yet: its commit queues it again
-            for parent, name in self.ns.names_of(ino_id):
-                dir_path = self._add_dirs(parent, items, names, dirs_done)
-                if dir_path is None:
-                    continue
-                path = join_path(dir_path, name)
-                if stat.S_ISLNK(node.mode):
-                    entry = RemoteEntry("l", version_of(node), self.node, mode=0o777, mtime_ns=node.mtime_ns,
-                                        target=(node.target or b"").decode(errors="surrogateescape"))
-                else:
-                    digest = node.hash or EMPTY_DIGEST
-                    entry = RemoteEntry("f", version_of(node), self.node, digest.hex(), node.size,
-                                        stat.S_IMODE(node.mode), node.mtime_ns)
-                    blobs[digest.hex()] = (str(self.blobs.cas.path(digest)) if node.hash else "", node.size)
-                items.append((path, entry))
-                names.append((parent, name))
-        gone = await self._send_blobs(blobs)
-        keep = [i for i, (_, e) in enumerate(items) if e.hash not in gone]
-        items = [items[i] for i in keep]
-        names = [names[i] for i in keep]
-        tomb_items = [(path, RemoteEntry("x", version, self.node)) for path, version in tombs]
-        results = await self.thread(self.remote.publish_entries, items + tomb_items)
-        with self.ns.txn():
-            self.ns.mark_published(names)
-            self.ns.unqueue_uploads(settled)
-            self.ns.unqueue_tombstones(tombs)
-        for path, _ in tombs:
-            self.pending_tombstones.pop(path, None)
-        self.counters["remote_tombstones"] += len(tombs)
-        for (path, ours), (written, other), name_key in zip(items, results, names):
-            if other is None or ours.type == "d":
-                continue
-            if not written:
-                await self._lost_to(name_key, path, other)
-            elif other.type == "f" and ours.type == "f" and other.hash != ours.hash and other.node != self.node:
-                self._conflict(path, ours, other, kept=self.node)
-        return len(settled) + len(tombs)
-
-    def _add_dirs(self, parent: int, items: list, names: list, done: set[int]) -> str | None:
-        """Entries for *parent* and its ancestors (once per batch); the parent's path."""
-        chain: list[tuple[int, int, bytes]] = []
-        d = parent
-        while d != ROOT_INODE and d not in done:
-            up = self.ns.names_of(d)
-            if not up:
-                return None
-            chain.append((d, up[0][0], up[0][1]))
-            d = up[0][0]
-        for d, up_parent, name in reversed(chain):
-            done.add(d)
-            node = self.ns.get(d)
-            up_path = self.paths.of_dir(up_parent)
-            if node is None or up_path is None:
-                return None
-            items.append((join_path(up_path, name), RemoteEntry("d", version_of(node), self.node,
-                                                             mode=stat.S_IMODE(node.mode), mtime_ns=node.mtime_ns)))
-            names.append((up_parent, name))
-        return self.paths.of_dir(parent)
-
-    async def _send_blobs(self, blobs: dict[str, tuple[str, int]]) -> set[str]:
-        """Upload the blobs Redis lacks (blobs first, names after); the hashes whose files were gone."""
-        missing = await self.thread(self.remote.missing_blobs, {h: size for h, (_, size) in blobs.items()})
-        return await self.thread(self.remote.upload_blobs, [(h, blobs[h][0]) for h in missing])
-
-    async def _lost_to(self, name_key: tuple[int, bytes], path: str, winner: RemoteEntry) -> None:
-        """Our version of a path lost to a newer one from another node: take it locally too."""
-        parent, name = name_key
-        ino_id = self.ns.lookup(parent, name)
-        if ino_id is not None:
-            await self._reconcile(parent, name, ino_id, winner, path)

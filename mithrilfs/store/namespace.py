@@ -452,41 +452,6 @@ class Namespace:
         ).fetchall()
         return [r[0] for r in rows]
 
-    # -- the shared tier's queue -----------------------------------------
-    def queue_upload(self, inodes: list[int], queued_ns: int) -> None:
-        self.db.executemany("INSERT OR REPLACE INTO upload_queue (inode, queued_ns) VALUES (?, ?)",
-                            [(i, queued_ns) for i in inodes])
-
-    def queue_all_uploads(self, queued_ns: int) -> int:
-        """Queue every named file and symlink; how many."""
-        return self.db.execute(
-            "INSERT OR REPLACE INTO upload_queue (inode, queued_ns) SELECT id, ? FROM inodes"
-            " WHERE nlink > 0 AND ((mode & 61440) = 32768 OR (mode & 61440) = 40960)", (queued_ns,)).rowcount
-
-    def due_uploads(self, before_ns: int, limit: int) -> list[tuple[int, int]]:
-        """(inode, queued_ns) queued at or before *before_ns*, oldest first."""
-        return self.db.execute(
-            "SELECT inode, queued_ns FROM upload_queue WHERE queued_ns <= ? ORDER BY queued_ns LIMIT ?",
-            (before_ns, limit)).fetchall()
-
-    def unqueue_uploads(self, done: list[tuple[int, int]]) -> None:
-        """Drop sent (inode, queued_ns) rows; one queued again since keeps its newer row."""
-        self.db.executemany("DELETE FROM upload_queue WHERE inode = ? AND queued_ns = ?", done)
-
-    def queue_tombstone(self, path: str, version: int) -> None:
-        self.db.execute("INSERT OR REPLACE INTO tombstone_queue (path, version) VALUES (?, ?)", (path, version))
-
-    def queued_tombstones(self, limit: int = -1) -> list[tuple[str, int]]:
-        """(path, version) of queued tombstones; at most *limit* (-1: all)."""
-        return self.db.execute("SELECT path, version FROM tombstone_queue LIMIT ?", (limit,)).fetchall()
-
-    def unqueue_tombstones(self, done: list[tuple[str, int]]) -> None:
-        self.db.executemany("DELETE FROM tombstone_queue WHERE path = ? AND version = ?", done)
-
-    def queue_length(self) -> int:
-        return (self.db.execute("SELECT count(*) FROM upload_queue").fetchone()[0]
-                + self.db.execute("SELECT count(*) FROM tombstone_queue").fetchone()[0])
-
     # -- recency ---------------------------------------------------------
     def lru_files(self, after: tuple[int, int], limit: int = 512) -> list[tuple[int, int]]:
         """(atime_ns, id) of named files with content, least recently used first, after *after*."""
@@ -506,46 +471,6 @@ class Namespace:
 
     def count_content_files(self) -> int:
         return self.db.execute("SELECT count(*) FROM inodes WHERE hash IS NOT NULL AND nlink > 0").fetchone()[0]
-
-    def totals(self) -> tuple[int, int, int]:
-        """(named regular files, sum of their sizes, blobs in use): full scans, so keep them off hot paths."""
-        files, logical = self.db.execute(
-            "SELECT count(*), coalesce(sum(size), 0) FROM inodes WHERE nlink > 0 AND (mode & 61440) = 32768"
-        ).fetchone()
-        return files, logical, self.blob_count()
-
-    def usage_by_top(self) -> list[tuple[str, int, int, int]]:
-        """(top-level name, files, their bytes, bytes of their distinct blobs) per entry of the root.
-
-        What takes the space, as ``stats`` shows it: inductor, triton, ...
-        A recursive walk of the entries, so a full scan: run it on a reader
-        in a thread.  Files at the root count under their own name.
-        """
-        rows = self.db.execute(
-            """WITH RECURSIVE tree(ino, top) AS (
-                   SELECT inode, name FROM dentries WHERE parent = ?
-                   UNION ALL
-                   SELECT d.inode, tree.top FROM dentries d JOIN tree ON d.parent = tree.ino
-               ), files AS (
-                   SELECT tree.top AS top, i.hash AS hash, i.size AS size
-                   FROM tree JOIN inodes i ON i.id = tree.ino WHERE (i.mode & 61440) = 32768
-               )
-               SELECT f.top, f.n, f.bytes, coalesce(u.stored, 0) FROM
-                   (SELECT top, count(*) AS n, coalesce(sum(size), 0) AS bytes FROM files GROUP BY top) f
-                   LEFT JOIN (SELECT top, sum(b.size) AS stored FROM (SELECT DISTINCT top, hash FROM files) h
-                              JOIN blobs b ON b.hash = h.hash GROUP BY top) u ON u.top = f.top
-               ORDER BY 4 DESC, 3 DESC""",
-            (ROOT_INODE,),
-        ).fetchall()
-        return [(bytes(top).decode(errors="surrogateescape"), n, size, stored) for top, n, size, stored in rows]
-
-    def largest_files(self, limit: int) -> list[tuple[int, bytes, int]]:
-        """(parent, name, size) of the *limit* largest named regular files."""
-        return self.db.execute(
-            "SELECT d.parent, d.name, i.size FROM inodes i JOIN dentries d ON d.inode = i.id"
-            " WHERE (i.mode & 61440) = 32768 ORDER BY i.size DESC LIMIT ?",
-            (limit,),
-        ).fetchall()
 
     # -- recovery --------------------------------------------------------
     def recover(self, *, after_crash: bool | None = None) -> dict[str, int]:
