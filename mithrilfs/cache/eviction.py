@@ -24,6 +24,7 @@ import trio
 import trio.lowlevel
 
 from mithrilfs.cache.recency import Recency
+from mithrilfs.store import reports
 from mithrilfs.store.namespace import Namespace
 from mithrilfs.units import MAX_SIZE
 
@@ -126,7 +127,7 @@ def count_units(ns: Namespace) -> int:
     in_groups = 0
     for g in groups:
         in_groups += sum(1 for _, child in ns.children(g) if (r := ns.get(child)) and r.hash is not None)
-    return ns.count_content_files() - in_groups + len(groups)
+    return reports.count_content_files(ns) - in_groups + len(groups)
 
 
 @dataclass

@@ -73,6 +73,28 @@ def _cstr(buf: Any, start: int, end: int) -> tuple[bytes, int]:
     return bytes(buf[start:i]), i + 1
 
 
+#: The handler of each opcode (a method of ``Session``); anything else is answered ENOSYS.
+_HANDLERS = {
+    abi.INIT: "_init", abi.DESTROY: "_destroy", abi.INTERRUPT: "_interrupt", abi.LOOKUP: "_lookup",
+    abi.FORGET: "_forget", abi.BATCH_FORGET: "_batch_forget", abi.GETATTR: "_getattr", abi.SETATTR: "_setattr",
+    abi.READLINK: "_readlink", abi.SYMLINK: "_symlink", abi.MKNOD: "_mknod", abi.MKDIR: "_mkdir",
+    abi.UNLINK: "_unlink", abi.RMDIR: "_rmdir", abi.RENAME: "_rename", abi.RENAME2: "_rename2",
+    abi.LINK: "_link", abi.OPEN: "_open", abi.READ: "_read", abi.WRITE: "_write", abi.STATFS: "_statfs",
+    abi.RELEASE: "_release", abi.FSYNC: "_fsync", abi.FLUSH: "_flush", abi.OPENDIR: "_opendir",
+    abi.READDIR: "_readdir", abi.READDIRPLUS: "_readdirplus", abi.RELEASEDIR: "_releasedir",
+    abi.FSYNCDIR: "_fsyncdir", abi.CREATE: "_create",
+}
+
+
+def wanted_capabilities(readdirplus: bool) -> int:
+    """What we ask for at INIT (the module doc and docs/design.md say why each)."""
+    want = (abi.ASYNC_READ | abi.BIG_WRITES | abi.AUTO_INVAL_DATA | abi.PARALLEL_DIROPS
+            | abi.MAX_PAGES | abi.CACHE_SYMLINKS | abi.INIT_EXT)
+    if readdirplus:
+        want |= abi.DO_READDIRPLUS | abi.READDIRPLUS_AUTO
+    return want
+
+
 class Session:
     """Serve *ops* on the FUSE device *fd* (already mounted) until the mount goes away."""
 
@@ -103,16 +125,7 @@ class Session:
         self.notifier = notifier if notifier is not None else Notifier(fd)
         self.error: ProtocolError | None = None
         self._handlers: dict[int, Callable[..., Awaitable[bytes | None]]] = {
-            abi.INIT: self._init, abi.DESTROY: self._destroy, abi.INTERRUPT: self._interrupt,
-            abi.LOOKUP: self._lookup, abi.FORGET: self._forget, abi.BATCH_FORGET: self._batch_forget,
-            abi.GETATTR: self._getattr, abi.SETATTR: self._setattr, abi.READLINK: self._readlink,
-            abi.SYMLINK: self._symlink, abi.MKNOD: self._mknod, abi.MKDIR: self._mkdir,
-            abi.UNLINK: self._unlink, abi.RMDIR: self._rmdir, abi.RENAME: self._rename, abi.RENAME2: self._rename2,
-            abi.LINK: self._link, abi.OPEN: self._open, abi.READ: self._read, abi.WRITE: self._write,
-            abi.STATFS: self._statfs, abi.RELEASE: self._release, abi.FSYNC: self._fsync, abi.FLUSH: self._flush,
-            abi.OPENDIR: self._opendir, abi.READDIR: self._readdir, abi.READDIRPLUS: self._readdirplus,
-            abi.RELEASEDIR: self._releasedir, abi.FSYNCDIR: self._fsyncdir, abi.CREATE: self._create,
-        }
+            opcode: getattr(self, name) for opcode, name in _HANDLERS.items()}
 
     # ------------------------------------------------------------------
     # the loop
@@ -294,11 +307,7 @@ class Session:
         kernel_caps = flags
         if flags & abi.INIT_EXT and end - off >= abi.INIT_IN.size:
             kernel_caps |= abi.INIT_IN.unpack_from(buf, off)[4] << 32
-        want = (abi.ASYNC_READ | abi.BIG_WRITES | abi.AUTO_INVAL_DATA | abi.PARALLEL_DIROPS
-                | abi.MAX_PAGES | abi.CACHE_SYMLINKS | abi.INIT_EXT)
-        if self.readdirplus:
-            want |= abi.DO_READDIRPLUS | abi.READDIRPLUS_AUTO
-        caps = want & kernel_caps
+        caps = wanted_capabilities(self.readdirplus) & kernel_caps
         self.capabilities = caps
         self.proto_minor = min(minor, abi.KERNEL_MINOR_VERSION)
         max_pages = max(1, self.max_write // 4096)

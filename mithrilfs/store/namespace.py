@@ -469,9 +469,6 @@ class Namespace:
             if node is not None:
                 node.atime_ns = atime
 
-    def count_content_files(self) -> int:
-        return self.db.execute("SELECT count(*) FROM inodes WHERE hash IS NOT NULL AND nlink > 0").fetchone()[0]
-
     # -- recovery --------------------------------------------------------
     def recover(self, *, after_crash: bool | None = None) -> dict[str, int]:
         """Repair what an unclean stop can leave: run at every mount, before serving.

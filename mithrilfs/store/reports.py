@@ -46,3 +46,8 @@ def largest_files(ns: Namespace, limit: int) -> list[tuple[int, bytes, int]]:
         " WHERE (i.mode & 61440) = 32768 ORDER BY i.size DESC LIMIT ?",
         (limit,),
     ).fetchall()
+
+
+def count_content_files(ns: Namespace) -> int:
+    """Named files with content: what eviction's ``min_entries`` counts."""
+    return ns.db.execute("SELECT count(*) FROM inodes WHERE hash IS NOT NULL AND nlink > 0").fetchone()[0]
