@@ -124,6 +124,8 @@ class Budget:
                 return None
             inodes.append(ino)
         removed_names: list[Removed] = []
+        # the stats' top-level directory, while the names that say it are still there
+        top = self.tops.of_file(inodes[0].id) if inodes else None
         later = 0
         for ino in inodes:
             if ino.hash is not None and self.lifetimes.referenced(ino.id):
@@ -147,9 +149,7 @@ class Budget:
         self.lifetimes.tell_kernel(removed_names)
         # evicted here, still in the shared tier: found there at the next lookup
         self._evicted_listener.forget_listed({parent for parent, _, _ in removed_names})
-        if removed_names:
-            parent, name, ino_id = removed_names[0]
-            top = self.tops.of_child(parent, ino_id == group, name)
+        if removed_names and top is not None:
             self.stats.add(top, "evictions")
             self.stats.add(top, "evicted_bytes", freed + later)
         return freed, later
