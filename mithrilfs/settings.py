@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .eviction import EvictionPolicy
-from .store import StoreError
+from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.store.open import StoreError
 
 SETTINGS_FILE = "config.json"
 

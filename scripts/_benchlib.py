@@ -8,9 +8,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
 
 HERE = Path(__file__).resolve().parent
 CLI = [sys.executable, "-m", "mithrilfs"]

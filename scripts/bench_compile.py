@@ -25,8 +25,18 @@ import subprocess
 import sys
 import time
 
-from _benchlib import (CLI, HERE, cold_warm_abba, compile_env, median, print_ratios, ratios, redis_server, run_json,
-                       temp_mount)
+from _benchlib import (
+    CLI,
+    HERE,
+    cold_warm_abba,
+    compile_env,
+    median,
+    print_ratios,
+    ratios,
+    redis_server,
+    run_json,
+    temp_mount,
+)
 
 WORKLOAD = [sys.executable, str(HERE / "compile_workload.py")]
 

@@ -29,8 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from _benchlib import CLI, abba, median, quartiles, temp_mount
 
@@ -281,7 +281,7 @@ def big_file(roots: dict[str, Path], mib: int, reps: int) -> dict:
 
 def million(base: Path, n: int = 1_000_000) -> dict:
     """Build an n-file store through the index, then time mount, RSS and first-touch lookups."""
-    from mithrilfs.store import open_store
+    from mithrilfs.store.open import open_store
 
     root = Path(tempfile.mkdtemp(prefix="mithrilfs-1m-", dir=base))
     store_dir, mp = root / "store", root / "mnt"

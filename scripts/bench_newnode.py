@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _benchlib import CLI, median, redis_server  # noqa: E402
-from bench_warmstart import LOAD, POPULATE, run_json  # noqa: E402
+from _benchlib import CLI, median, redis_server
+from bench_warmstart import LOAD, POPULATE, run_json
 
 
 def mount(mp: Path, store: Path, url: str, *extra: str) -> str:

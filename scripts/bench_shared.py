@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _benchlib import CLI, abba, median, redis_server  # noqa: E402
+from _benchlib import CLI, abba, median, redis_server
 
 
 def mount(mp: Path, store: Path, url: str) -> None:

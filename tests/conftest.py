@@ -13,17 +13,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 # the daemon's own definitions: a FUSE mount at the path, the pid its control dir reports,
 # "alive" meaning not a zombie
-from mithrilfs.daemon import daemon_pid, pid_alive
-from mithrilfs.daemon import is_fuse_mount as is_mounted
+from mithrilfs.daemon.lifecycle import daemon_pid, pid_alive
+from mithrilfs.daemon.lifecycle import is_fuse_mount as is_mounted
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "mithrilfs"]
@@ -78,7 +78,7 @@ class Mount:
     #: Extra variables for the daemon, kept for remounts.
     env: dict[str, str] | None = None
 
-    def mount(self, env: dict[str, str] | None = None) -> "Mount":
+    def mount(self, env: dict[str, str] | None = None) -> Mount:
         """Mount with the real CLI (*env*: extra variables for the daemon, also used by later remounts)."""
         if env is not None:
             self.env = env
@@ -94,7 +94,7 @@ class Mount:
         assert not is_mounted(self.mountpoint)
         self.pid = None
 
-    def remount(self) -> "Mount":
+    def remount(self) -> Mount:
         self.umount()
         return self.mount()
 
@@ -216,7 +216,7 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru",
@@ -266,7 +266,7 @@ class RedisCluster:
             assert time.monotonic() < deadline, "redis-server (cluster mode) did not start"
             time.sleep(0.05)
 
-    def start(self) -> "RedisCluster":
+    def start(self) -> RedisCluster:
         self.ports = [_cluster_port() for _ in range(3)]
         for port in self.ports:
             self.start_node(port)
@@ -351,7 +351,7 @@ def wait_for(cond, timeout: float = 30, what: str = "condition") -> None:
         time.sleep(0.1)
 
 
-def wait_uploaded(m: "Mount", timeout: float = 30) -> dict:
+def wait_uploaded(m: Mount, timeout: float = 30) -> dict:
     """Wait until a mount's write-behind queue is empty; returns its stats."""
     deadline = time.monotonic() + timeout
     while True:

@@ -6,11 +6,22 @@ Nothing here knows about the store: it is the layer go-fuse and fuser call
 the raw bridge.
 """
 
-from .api import (RENAME_EXCHANGE, RENAME_NOREPLACE, DirBuffer, EntryAttributes, FileInfo, FUSEError, Operations,
-                  RequestContext, SetattrFields, StatvfsData)
+from .api import (
+                  RENAME_EXCHANGE,
+                  RENAME_NOREPLACE,
+                  DirBuffer,
+                  EntryAttributes,
+                  FileInfo,
+                  FUSEError,
+                  Operations,
+                  RequestContext,
+                  SetattrFields,
+                  StatvfsData,
+)
 from .mount import FuseMount, MountError, mount
+from .notify import Notifier
 from .session import ProtocolError, Session
 
 __all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "DirBuffer", "EntryAttributes", "FileInfo", "FUSEError",
-           "FuseMount", "MountError", "Operations", "ProtocolError", "RequestContext", "Session", "SetattrFields",
+           "FuseMount", "MountError", "Notifier", "Operations", "ProtocolError", "RequestContext", "Session", "SetattrFields",
            "StatvfsData", "mount"]

@@ -11,8 +11,9 @@ instance) and then stops sending.
 from __future__ import annotations
 
 import errno
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from . import abi
 

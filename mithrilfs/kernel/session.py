@@ -29,16 +29,16 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import queue
-import threading
 import time
 import types
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
 from . import abi
 from .api import DirBuffer, EntryAttributes, FUSEError, Operations, RequestContext, SetattrFields, pack_attr, pack_entry
+from .notify import Notifier
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +73,34 @@ def _cstr(buf: Any, start: int, end: int) -> tuple[bytes, int]:
     return bytes(buf[start:i]), i + 1
 
 
+#: The handler of each opcode (a method of ``Session``); anything else is answered ENOSYS.
+_HANDLERS = {
+    abi.INIT: "_init", abi.DESTROY: "_destroy", abi.INTERRUPT: "_interrupt", abi.LOOKUP: "_lookup",
+    abi.FORGET: "_forget", abi.BATCH_FORGET: "_batch_forget", abi.GETATTR: "_getattr", abi.SETATTR: "_setattr",
+    abi.READLINK: "_readlink", abi.SYMLINK: "_symlink", abi.MKNOD: "_mknod", abi.MKDIR: "_mkdir",
+    abi.UNLINK: "_unlink", abi.RMDIR: "_rmdir", abi.RENAME: "_rename", abi.RENAME2: "_rename2",
+    abi.LINK: "_link", abi.OPEN: "_open", abi.READ: "_read", abi.WRITE: "_write", abi.STATFS: "_statfs",
+    abi.RELEASE: "_release", abi.FSYNC: "_fsync", abi.FLUSH: "_flush", abi.OPENDIR: "_opendir",
+    abi.READDIR: "_readdir", abi.READDIRPLUS: "_readdirplus", abi.RELEASEDIR: "_releasedir",
+    abi.FSYNCDIR: "_fsyncdir", abi.CREATE: "_create",
+}
+
+
+def wanted_capabilities(readdirplus: bool) -> int:
+    """What we ask for at INIT (the module doc and docs/design.md say why each)."""
+    want = (abi.ASYNC_READ | abi.BIG_WRITES | abi.AUTO_INVAL_DATA | abi.PARALLEL_DIROPS
+            | abi.MAX_PAGES | abi.CACHE_SYMLINKS | abi.INIT_EXT)
+    if readdirplus:
+        want |= abi.DO_READDIRPLUS | abi.READDIRPLUS_AUTO
+    return want
+
+
 class Session:
     """Serve *ops* on the FUSE device *fd* (already mounted) until the mount goes away."""
 
     def __init__(self, fd: int, ops: Operations, *, max_write: int = 1 << 20, max_readahead: int = 1 << 20,
-                 readdirplus: bool = True, interruptible: bool = False, debug: bool = False) -> None:
+                 readdirplus: bool = True, interruptible: bool = False, debug: bool = False,
+                 notifier: Notifier | None = None) -> None:
         self.fd = fd
         self.ops = ops
         self.max_write = max_write
@@ -98,21 +121,11 @@ class Session:
         self._suspended = 0
         self._nursery: trio.Nursery | None = None
         self._inflight: dict[int, trio.CancelScope] = {}
-        self._notify_q: queue.SimpleQueue[tuple[int, list[bytes]] | None] = queue.SimpleQueue()
-        self._notifier = threading.Thread(target=self._notify_loop, name="fuse-notify", daemon=True)
-        self._notifier.start()
+        #: Notifications (``notify``): the caller's, when the filesystem was built with it, or one of its own.
+        self.notifier = notifier if notifier is not None else Notifier(fd)
         self.error: ProtocolError | None = None
         self._handlers: dict[int, Callable[..., Awaitable[bytes | None]]] = {
-            abi.INIT: self._init, abi.DESTROY: self._destroy, abi.INTERRUPT: self._interrupt,
-            abi.LOOKUP: self._lookup, abi.FORGET: self._forget, abi.BATCH_FORGET: self._batch_forget,
-            abi.GETATTR: self._getattr, abi.SETATTR: self._setattr, abi.READLINK: self._readlink,
-            abi.SYMLINK: self._symlink, abi.MKNOD: self._mknod, abi.MKDIR: self._mkdir,
-            abi.UNLINK: self._unlink, abi.RMDIR: self._rmdir, abi.RENAME: self._rename, abi.RENAME2: self._rename2,
-            abi.LINK: self._link, abi.OPEN: self._open, abi.READ: self._read, abi.WRITE: self._write,
-            abi.STATFS: self._statfs, abi.RELEASE: self._release, abi.FSYNC: self._fsync, abi.FLUSH: self._flush,
-            abi.OPENDIR: self._opendir, abi.READDIR: self._readdir, abi.READDIRPLUS: self._readdirplus,
-            abi.RELEASEDIR: self._releasedir, abi.FSYNCDIR: self._fsyncdir, abi.CREATE: self._create,
-        }
+            opcode: getattr(self, name) for opcode, name in _HANDLERS.items()}
 
     # ------------------------------------------------------------------
     # the loop
@@ -131,6 +144,7 @@ class Session:
         if self._stopping:
             return
         self._stopping = True
+        self.notifier.shut()
         try:
             trio.lowlevel.notify_closing(self.fd)  # wakes the reader out of its wait
         except RuntimeError:
@@ -138,8 +152,7 @@ class Session:
 
     def close(self) -> None:
         """Stop the notification thread (the fd belongs to whoever mounted)."""
-        self._notify_q.put(None)
-        self._notifier.join(timeout=5)
+        self.notifier.close()
 
     async def _reader(self) -> None:
         """Read and answer requests until the session ends or a handler suspends (see module doc)."""
@@ -277,33 +290,6 @@ class Session:
     def _reply_error(self, unique: int, code: int) -> None:
         self._send([abi.OUT_HEADER.pack(16, -code, unique)])
 
-    def _notify(self, code: int, parts: list[bytes]) -> None:
-        if self.initialized.is_set() and not self._stopping:
-            self._notify_q.put((code, parts))
-
-    def _notify_loop(self) -> None:
-        while (item := self._notify_q.get()) is not None:
-            code, parts = item
-            size = 16 + sum(len(p) for p in parts)
-            try:
-                os.writev(self.fd, [abi.OUT_HEADER.pack(size, code, 0), *parts])
-            except OSError as e:
-                # ENOENT: the kernel had nothing cached for it; EBADF/ENODEV: the session ended
-                if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ENODEV):
-                    log.warning("notification %d failed: %s", code, e)
-
-    def notify_delete(self, parent: int, child: int, name: bytes) -> None:
-        """The daemon removed *name* from *parent* on its own: drop the kernel's dentry (and child's cache)."""
-        self._notify(abi.NOTIFY_DELETE, [abi.NOTIFY_DELETE_OUT.pack(parent, child, len(name), 0), name, b"\0"])
-
-    def invalidate_entry(self, parent: int, name: bytes) -> None:
-        """Make the kernel look *name* up again (it appeared, or points elsewhere now)."""
-        self._notify(abi.NOTIFY_INVAL_ENTRY, [abi.NOTIFY_INVAL_ENTRY_OUT.pack(parent, len(name), 0), name, b"\0"])
-
-    def invalidate_inode(self, inode: int, off: int = 0, length: int = 0) -> None:
-        """Drop the kernel's cached attributes and pages of *inode* (length 0: to the end)."""
-        self._notify(abi.NOTIFY_INVAL_INODE, [abi.NOTIFY_INVAL_INODE_OUT.pack(inode, off, length)])
-
     # ------------------------------------------------------------------
     # session management
     # ------------------------------------------------------------------
@@ -321,11 +307,7 @@ class Session:
         kernel_caps = flags
         if flags & abi.INIT_EXT and end - off >= abi.INIT_IN.size:
             kernel_caps |= abi.INIT_IN.unpack_from(buf, off)[4] << 32
-        want = (abi.ASYNC_READ | abi.BIG_WRITES | abi.AUTO_INVAL_DATA | abi.PARALLEL_DIROPS
-                | abi.MAX_PAGES | abi.CACHE_SYMLINKS | abi.INIT_EXT)
-        if self.readdirplus:
-            want |= abi.DO_READDIRPLUS | abi.READDIRPLUS_AUTO
-        caps = want & kernel_caps
+        caps = wanted_capabilities(self.readdirplus) & kernel_caps
         self.capabilities = caps
         self.proto_minor = min(minor, abi.KERNEL_MINOR_VERSION)
         max_pages = max(1, self.max_write // 4096)
@@ -334,6 +316,7 @@ class Session:
                  bool(caps & abi.PARALLEL_DIROPS), bool(caps & abi.DO_READDIRPLUS))
         await self.ops.init()
         self.initialized.set()
+        self.notifier.open()
         return abi.INIT_OUT.pack(
             abi.KERNEL_VERSION, self.proto_minor, min(max_readahead, self.max_readahead), caps & 0xFFFFFFFF,
             64, 48, self.max_write, 1, max_pages, 0, caps >> 32, 0, 0)

@@ -19,13 +19,12 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
-
 from conftest import REPO, is_mounted, run_cli, wait_for, write_committed
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(600)]

@@ -9,7 +9,6 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import REPO, Mount, MountFactory, RedisServer, run_cli, wait_uploaded
 
 pytestmark = pytest.mark.e2e

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ENTRYPOINT, MITHRILFS_BIN, REPO, is_mounted, run_cli
 
 pytestmark = pytest.mark.e2e

@@ -15,14 +15,23 @@ import pytest
 import trio
 
 from mithrilfs import kernel
-from mithrilfs.cas import hash_bytes
-from mithrilfs.control import CONTROL_NAME
-from mithrilfs.fs import Operations
-from mithrilfs.writepath import OFFLOAD_MIN
-from mithrilfs.namespace import ROOT_INODE
-from mithrilfs.store import open_store
+from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.cache.lifetime import NoKernelCaches
+from mithrilfs.cache.writepath import OFFLOAD_MIN
+from mithrilfs.control.files import CONTROL_NAME
+from mithrilfs.daemon.wiring import build
+from mithrilfs.store.cas import hash_bytes
+from mithrilfs.store.namespace import ROOT_INODE
+from mithrilfs.store.open import open_store
 
 CTX = kernel.RequestContext()
+
+
+def Operations(store):
+    """The filesystem of *store* as a mount builds it (``daemon.wiring``), with no kernel to notify."""
+    mounted = build(store, EvictionPolicy(), NoKernelCaches())
+    mounted.ops.shutdown = mounted.duties.shutdown  # the tests end a mount through its filesystem
+    return mounted.ops
 
 
 @pytest.fixture
@@ -68,10 +77,10 @@ def test_write_commits_to_a_blob_and_reads_back(ops):
         ino = await _write_file(ops, ROOT_INODE, b"a.so", b"\x7fELF payload")
         node = ops.ns.get(ino)
         assert node.hash == hash_bytes(b"\x7fELF payload")
-        assert ops.cas.read(node.hash) == b"\x7fELF payload"
+        assert ops.store.cas.read(node.hash) == b"\x7fELF payload"
         assert (await ops.getattr(ino)).st_size == 12
         assert await _read_file(ops, ino) == b"\x7fELF payload"
-        assert os.listdir(ops.cas.staging) == []
+        assert os.listdir(ops.store.cas.staging) == []
 
     run(t)
 
@@ -84,7 +93,7 @@ def test_identical_files_share_one_blob(ops):
         h = ops.ns.get(a).hash
         assert h == ops.ns.get(b).hash
         assert ops.ns.refcount(h) == 2
-        assert list(ops.cas.iter_digests()) == [h]
+        assert list(ops.store.cas.iter_digests()) == [h]
 
     run(t)
 
@@ -108,9 +117,9 @@ def test_uncommitted_write_is_invisible_in_the_index(ops):
         assert await ops.read(ino, 0, 0, 100) == b"v2-longer"
         assert (await ops.getattr(ino)).st_size == 9
         # ...but the index still points at the committed v1 until a commit point
-        assert ops.cas.read(ops.ns.get(ino).hash) == b"v1"
+        assert ops.store.cas.read(ops.ns.get(ino).hash) == b"v1"
         await ops.fsync(ino, 0, False)
-        assert ops.cas.read(ops.ns.get(ino).hash) == b"v2-longer"
+        assert ops.store.cas.read(ops.ns.get(ino).hash) == b"v2-longer"
         assert ino not in ops.writes.staged
 
     run(t)
@@ -123,7 +132,7 @@ def test_write_in_place_at_offset_keeps_the_rest(ops):
         await ops.write(ino, 0, 12, b"Z")
         assert await _read_file(ops, ino) == b"0123XY6789\x00\x00Z"
         await ops.fsync(ino, 0, False)
-        assert ops.cas.read(ops.ns.get(ino).hash) == b"0123XY6789\x00\x00Z"
+        assert ops.store.cas.read(ops.ns.get(ino).hash) == b"0123XY6789\x00\x00Z"
 
     run(t)
 
@@ -136,7 +145,7 @@ def test_old_blob_freed_when_content_replaced(ops):
         assert ops.ns.get(ino).hash == old  # the writer goes on: nothing committed yet
         await ops.write(ino, 0, 0, b"new")
         await ops.rename(ROOT_INODE, b"f", ROOT_INODE, b"g", 0, CTX)
-        assert not ops.cas.exists(old)
+        assert not ops.store.cas.exists(old)
         assert ops.ns.refcount(old) is None
         assert await _read_file(ops, ino) == b"new"
 
@@ -168,8 +177,8 @@ def test_unlinked_file_stays_readable_until_forget(ops):
         assert ops.ns.get(ino) is not None
         await ops.forget([(ino, 1)])  # create + lookup: the last reference
         assert ops.ns.get(ino) is None
-        assert not ops.cas.exists(h) and ino not in ops.writes.staged
-        assert os.listdir(ops.cas.staging) == []
+        assert not ops.store.cas.exists(h) and ino not in ops.writes.staged
+        assert os.listdir(ops.store.cas.staging) == []
 
     run(t)
 
@@ -179,13 +188,13 @@ def test_evicted_file_the_kernel_holds_keeps_its_content_until_forget(ops):
         ino = await _write_file(ops, ROOT_INODE, b"kernel.so", b"machine code" * 100)
         h = ops.ns.get(ino).hash
         ops.policy.min_age = 0
-        result = await ops.evictor.run(0, reason="gc")
+        result = await ops.budget.evictor.run(0, reason="gc")
         assert result.files == 1 and result.deferred_bytes == 1200
         assert ops.ns.lookup(ROOT_INODE, b"kernel.so") is None  # the name goes at once
-        assert ops.physical() == 1200  # the bytes count until the kernel lets go
+        assert ops.budget.physical() == 1200  # the bytes count until the kernel lets go
         assert await ops.read(ino, 0, 0, 100) == (b"machine code" * 100)[:100]
         await ops.forget([(ino, 1)])
-        assert ops.physical() == 0 and not ops.cas.exists(h)
+        assert ops.budget.physical() == 0 and not ops.store.cas.exists(h)
 
     run(t)
 
@@ -199,7 +208,7 @@ def test_rename_replaces_target_atomically_and_frees_it(ops):
         assert ops.ns.lookup(ROOT_INODE, b"final") == a
         assert ops.ns.lookup(ROOT_INODE, b"tmp") is None
         await ops.forget([(b, 1)])
-        assert ops.ns.get(b) is None and not ops.cas.exists(old_hash)
+        assert ops.ns.get(b) is None and not ops.store.cas.exists(old_hash)
         with pytest.raises(kernel.FUSEError) as e:
             await _write_file(ops, ROOT_INODE, b"other", b"x")
             await ops.rename(ROOT_INODE, b"other", ROOT_INODE, b"final", kernel.RENAME_NOREPLACE, CTX)
@@ -247,7 +256,7 @@ def test_hard_links_share_an_inode(ops):
         assert attr.st_ino == ino and attr.st_nlink == 2
         await ops.write(ino, 0, 0, b"SH")
         await ops.link(ino, ROOT_INODE, b"c", CTX)  # a link commits what the inode holds
-        assert ops.cas.read(ops.ns.get(ino).hash) == b"SHared"
+        assert ops.store.cas.read(ops.ns.get(ino).hash) == b"SHared"
         await ops.unlink(ROOT_INODE, b"c", CTX)
         await ops.unlink(ROOT_INODE, b"a", CTX)
         assert await _read_file(ops, ops.ns.lookup(ROOT_INODE, b"b")) == b"SHared"
@@ -273,7 +282,7 @@ def test_setattr_truncate_chmod_utimens(ops):
         assert ops.ns.get(ino).size == 3
         attr.st_mode = stat.S_IFREG | 0o755
         await ops.setattr(ino, attr, _fields(update_mode=True), None, CTX)
-        assert ops.cas.read(ops.ns.get(ino).hash) == b"abcdef" and ino not in ops.ns.unconfirmed
+        assert ops.store.cas.read(ops.ns.get(ino).hash) == b"abcdef" and ino not in ops.ns.unconfirmed
 
     run(t)
 
@@ -371,7 +380,7 @@ def test_rename_commits_and_confirms_an_idle_commit(ops):
         assert ops.ns.db.execute("SELECT inode FROM unconfirmed").fetchall() == [(ino,)]
         await ops.write(ino, 0, 4, b" and the rest")
         await ops.rename(ROOT_INODE, b"tmp", ROOT_INODE, b"final", 0, CTX)
-        assert ops.cas.read(ops.ns.get(ino).hash) == b"half and the rest"
+        assert ops.store.cas.read(ops.ns.get(ino).hash) == b"half and the rest"
         assert ino not in ops.ns.unconfirmed
         assert ops.ns.db.execute("SELECT count(*) FROM unconfirmed").fetchone() == (0,)
 
@@ -414,11 +423,11 @@ def test_first_read_verifies_the_blob(ops):
         ino = await _write_file(ops, ROOT_INODE, b"victim.so", b"original kernel bytes")
         other = await _write_file(ops, ROOT_INODE, b"alias.so", b"original kernel bytes")
         digest = ops.ns.get(ino).hash
-        path = ops.cas.path(digest)
+        path = ops.store.cas.path(digest)
         os.chmod(path, 0o644)
         with open(path, "wb") as f:
             f.write(b"evil kernel bytes!!!!")
-        ops.blobs.verified.discard(digest)  # a new mount has verified nothing
+        ops.store.blobs.verified.discard(digest)  # a new mount has verified nothing
         with pytest.raises(kernel.FUSEError) as e:
             await ops.read(ino, 0, 0, 100)
         assert e.value.errno == errno.EIO  # never the bad bytes
@@ -436,7 +445,7 @@ def test_staging_in_memory_and_in_files_reads_and_commits_alike(ops, monkeypatch
     """Small files stage in memory, larger ones (or past the memory cap) in staging files; holes,
     truncates and a file growing from one to the other read back and commit the same, and the
     staging byte total returns to zero."""
-    from mithrilfs import writepath
+    from mithrilfs.cache import writepath
 
     async def t():
         attr = (await ops.create(ROOT_INODE, b"grow", stat.S_IFREG | 0o644, os.O_WRONLY, CTX))[1]
@@ -444,7 +453,7 @@ def test_staging_in_memory_and_in_files_reads_and_commits_alike(ops, monkeypatch
         await ops.write(ino, 0, 0, b"head")
         await ops.write(ino, 0, 10, b"tail")  # a hole of 6 zero bytes
         of = ops.writes.staged[ino]
-        assert of.mem is not None and os.listdir(ops.cas.staging) == []
+        assert of.mem is not None and os.listdir(ops.store.cas.staging) == []
         assert await ops.read(ino, 0, 0, 100) == b"head" + bytes(6) + b"tail"
         assert ops.writes.staging_bytes() == 14
         await _truncate(ops, ino, 2)
@@ -452,12 +461,12 @@ def test_staging_in_memory_and_in_files_reads_and_commits_alike(ops, monkeypatch
         assert await ops.read(ino, 0, 0, 100) == b"he\0\0\0"
         big = os.urandom(writepath.MEM_STAGING_MAX)
         await ops.write(ino, 0, 5, big)  # past the in-memory size: moves to a staging file
-        assert of.mem is None and len(os.listdir(ops.cas.staging)) == 1
+        assert of.mem is None and len(os.listdir(ops.store.cas.staging)) == 1
         assert await ops.read(ino, 0, 0, 1 << 20) == b"he\0\0\0" + big
         assert ops.writes.staging_bytes() == 5 + len(big)
         await ops.fsync(ino, 0, False)
-        assert ops.cas.read(ops.ns.get(ino).hash) == b"he\0\0\0" + big
-        assert ops.writes.staging_bytes() == 0 and os.listdir(ops.cas.staging) == []
+        assert ops.store.cas.read(ops.ns.get(ino).hash) == b"he\0\0\0" + big
+        assert ops.writes.staging_bytes() == 0 and os.listdir(ops.store.cas.staging) == []
         # a rewrite in place starts as an in-memory copy of the blob when it is small
         small = await _write_file(ops, ROOT_INODE, b"small", b"0123456789")
         await ops.write(small, 0, 3, b"abc")
@@ -470,10 +479,10 @@ def test_staging_in_memory_and_in_files_reads_and_commits_alike(ops, monkeypatch
         assert ops.writes.staged[other].mem is None and ops.writes.staged[other].staging_fd is not None
         await ops.fsync(small, 0, False)
         await ops.fsync(other, 0, False)
-        assert ops.cas.read(ops.ns.get(small).hash) == b"012abc6789"
-        assert ops.cas.read(ops.ns.get(other).hash) == b"on disk"
+        assert ops.store.cas.read(ops.ns.get(small).hash) == b"012abc6789"
+        assert ops.store.cas.read(ops.ns.get(other).hash) == b"on disk"
         assert ops.writes.staging_bytes() == 0 and ops.writes._mem_bytes == 0
-        assert os.listdir(ops.cas.staging) == []
+        assert os.listdir(ops.store.cas.staging) == []
 
     run(t)
 
@@ -481,7 +490,7 @@ def test_staging_in_memory_and_in_files_reads_and_commits_alike(ops, monkeypatch
 def test_idle_commit_of_many_small_files_in_batches(ops, monkeypatch):
     """The idle timer commits files staged in memory in batches (unconfirmed, deduplicated, counted);
     a large file and one removed meanwhile are left to the one-by-one path."""
-    from mithrilfs import writepath
+    from mithrilfs.cache import writepath
 
     monkeypatch.setattr(writepath, "COMMIT_BATCH_MAX", 3)
 
@@ -494,17 +503,17 @@ def test_idle_commit_of_many_small_files_in_batches(ops, monkeypatch):
             inos[attr.st_ino] = data
         big = (await ops.create(ROOT_INODE, b"big", stat.S_IFREG | 0o644, os.O_WRONLY, CTX))[1].st_ino
         await ops.write(big, 0, 0, os.urandom(writepath.MEM_STAGING_MAX + 1))
-        blobs_before = ops.blobs.bytes
+        blobs_before = ops.store.blobs.bytes
         left = await ops.writes.commit_idle(ops.writes.idle(float("inf")))
         assert [of.inode.id for of in left] == [big]
         for ino, data in inos.items():
             node = ops.ns.get(ino)
-            assert ops.cas.read(node.hash) == data and node.size == len(data)
+            assert ops.store.cas.read(node.hash) == data and node.size == len(data)
             assert ino in ops.ns.unconfirmed and ino not in ops.writes.staged
             assert await ops.read(ino, 0, 0, 100) == data
         assert ops.ns.refcount(hash_bytes(b"same")) == 2
-        assert ops.blobs.bytes - blobs_before == sum(len(d) for d in set(inos.values()))
+        assert ops.store.blobs.bytes - blobs_before == sum(len(d) for d in set(inos.values()))
         assert ops.writes.staging_bytes() == left[0].size
-        assert os.listdir(ops.cas.staging) == [os.path.basename(left[0].staging_path)]
+        assert os.listdir(ops.store.cas.staging) == [os.path.basename(left[0].staging_path)]
 
     run(t)

@@ -15,7 +15,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, Mount, is_mounted, pid_alive, wait_for
 
 pytestmark = pytest.mark.timeout(600)

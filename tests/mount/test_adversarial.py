@@ -18,10 +18,19 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conftest import (Mount, MountFactory, as_user, entry, make_archive, pid_alive, run_cli, traversable, wait_for,
-                      wait_unmounted,
-                      write_committed)
+from conftest import (
+    Mount,
+    MountFactory,
+    as_user,
+    entry,
+    make_archive,
+    pid_alive,
+    run_cli,
+    traversable,
+    wait_for,
+    wait_unmounted,
+    write_committed,
+)
 
 K, M = 1024, 1024 * 1024
 
@@ -205,7 +214,7 @@ def test_export_is_private_unless_asked(mount_factory: MountFactory, tmp_path: P
 
 @pytest.mark.timeout(120)
 def test_import_refuses_what_the_mount_cannot_hold(mount_factory: MountFactory, tmp_path: Path):
-    from mithrilfs.cas import hash_bytes
+    from mithrilfs.store.cas import hash_bytes
 
     data = b"kernel bytes"
     h = hash_bytes(data).hex()

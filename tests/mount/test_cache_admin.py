@@ -185,7 +185,7 @@ def test_fsck_names_the_files_whose_blobs_were_corrupt(mount_factory: MountFacto
     write_committed(m.mountpoint / "inductor" / "ab" / "good.so", b"G" * 5000)
     os.link(m.mountpoint / "inductor" / "ab" / "bad.so", m.mountpoint / "alias.so")
     m.umount()
-    from mithrilfs.cas import hash_bytes
+    from mithrilfs.store.cas import hash_bytes
 
     blob = next(p for p in blob_files(m.store) if p.name == hash_bytes(b"B" * 5000).hex())
     os.chmod(blob, 0o600)

@@ -7,9 +7,9 @@ import signal
 import subprocess
 import sys
 
-from conftest import (CLI, REPO, MountFactory, as_user, entry, is_mounted, make_archive, run_cli, traversable,
-                      wait_for)
-from mithrilfs.daemon import holders
+from conftest import CLI, REPO, MountFactory, as_user, entry, is_mounted, make_archive, run_cli, traversable, wait_for
+
+from mithrilfs.daemon.lifecycle import holders
 
 
 def one_line_error(res: subprocess.CompletedProcess) -> None:
@@ -124,7 +124,7 @@ def test_bad_port_and_export_to_a_missing_directory(mount_factory: MountFactory,
 # hostile and broken archives
 # ----------------------------------------------------------------------
 def test_import_rejects_hostile_archives_with_one_line(tmp_path):
-    from mithrilfs.cas import hash_bytes
+    from mithrilfs.store.cas import hash_bytes
 
     good = b"good kernel"
     h = hash_bytes(good).hex()
@@ -145,7 +145,7 @@ def test_import_rejects_hostile_archives_with_one_line(tmp_path):
 
 
 def test_import_masks_types_and_never_writes_past_the_manifest(tmp_path, mount_factory: MountFactory):
-    from mithrilfs.cas import hash_bytes
+    from mithrilfs.store.cas import hash_bytes
 
     good = b"good kernel"
     h = hash_bytes(good).hex()

@@ -9,9 +9,18 @@ import subprocess
 import urllib.request
 
 import yaml
+from conftest import (
+    ENTRYPOINT,
+    MITHRILFS_BIN,
+    REPO,
+    free_port,
+    is_mounted,
+    run_cli,
+    running_entrypoint,
+    wait_for,
+    write_committed,
+)
 
-from conftest import (ENTRYPOINT, MITHRILFS_BIN, REPO, free_port, is_mounted, run_cli, running_entrypoint,
-                      wait_for, write_committed)
 
 def test_entrypoint_mounts_from_environment_and_stops_cleanly_on_sigterm(tmp_path):
     mp, store = tmp_path / "cache", tmp_path / "store"

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import MountFactory, run_cli, write_committed
 
 K = 1024

@@ -14,9 +14,9 @@ import random
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
-
 from conftest import Mount, run_cli
-from mithrilfs.writepath import WRITE_OFFLOAD_MIN
+
+from mithrilfs.cache.writepath import WRITE_OFFLOAD_MIN
 
 OPS = 3000
 MAX_SIZE = 1 << 20

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import Mount, is_mounted, pid_alive, run_cli, wait_unmounted, watchdog_pid, write_committed
 
 

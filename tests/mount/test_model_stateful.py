@@ -14,11 +14,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import Mount
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
-
-from conftest import Mount
 
 NAMES = ["a", "b", "d/a", "d/b", "d/e/c", "e", "d/e"]
 DIRS = ["d", "d/e", "e", "f"]

@@ -9,9 +9,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import Mount, MountFactory, is_mounted, run_cli, watchdog_pid, write_committed
+from prometheus_client.parser import text_string_to_metric_families
 
 N = 10_000
 
@@ -117,7 +116,7 @@ def test_event_log_lines_include_eviction(mount_factory: MountFactory):
 
 
 def test_event_log_rotates(tmp_path):
-    from mithrilfs.stats import EventLog
+    from mithrilfs.observe.events import EventLog
 
     log = EventLog(tmp_path / "events.jsonl", max_bytes=500, keep=2)
     for i in range(50):

@@ -8,7 +8,6 @@ import os
 import time
 
 import pytest
-
 from conftest import MountFactory, RedisServer, run_cli, wait_for, wait_uploaded, write_committed
 from test_shared_tier import _remote, blob_key
 

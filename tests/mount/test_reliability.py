@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import MountFactory, daemon_pid, is_mounted, pid_alive, run_cli, wait_unmounted, write_committed
 
 # Self-checking content: b"MFS1" + 8-byte length + 32-byte blake3 of the payload + payload.
@@ -133,7 +132,7 @@ def test_corrupt_blob_is_never_served(mount_factory: MountFactory):
     write_committed(m.mountpoint / "victim.so", b"original kernel bytes")
     write_committed(m.mountpoint / "alias.so", b"original kernel bytes")  # same blob, two names
     m.umount()
-    from mithrilfs.cas import hash_bytes
+    from mithrilfs.store.cas import hash_bytes
 
     blob = m.store / "objects" / hash_bytes(b"original kernel bytes").hex()[:2] / hash_bytes(b"original kernel bytes").hex()
     os.chmod(blob, 0o644)
@@ -162,7 +161,7 @@ def test_fsck_reports_and_repairs(mount_factory: MountFactory):
     for i in range(5):
         write_committed(m.mountpoint / f"f{i}", f"content {i}".encode() * 100)
     m.umount()
-    from mithrilfs.cas import hash_bytes
+    from mithrilfs.store.cas import hash_bytes
 
     digest = hash_bytes(b"content 3" * 100).hex()
     blob = m.store / "objects" / digest[:2] / digest

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +11,6 @@ import textwrap
 import time
 
 import pytest
-
 from conftest import MountFactory, RedisServer, run_cli, wait_for, wait_uploaded, write_committed
 
 
@@ -20,14 +19,14 @@ def _remote(redis_server: RedisServer, *extra: str) -> tuple[str, ...]:
 
 
 def blob_key(data: bytes, i: int = 0, ns: str = "default") -> str:
-    from mithrilfs.cas import hash_bytes
+    from mithrilfs.store.cas import hash_bytes
 
     return f"mfs:{ns}:b:{{{hash_bytes(data).hex()}}}:{i}"
 
 
 def entry(data: bytes | None = None, **fields) -> str:
     """A remote entry's JSON, as a node would write it (fields override)."""
-    from mithrilfs.cas import hash_bytes
+    from mithrilfs.store.cas import hash_bytes
 
     d = {"t": "f", "v": int(time.time() * 1e6), "n": "forger", "m": 0o644, "mt": 1}
     if data is not None:

@@ -9,15 +9,13 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 import stat
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
-
-from conftest import (MountFactory, RedisServer, as_user, run_cli, traversable, wait_for, wait_uploaded,
-                      write_committed)
+from conftest import MountFactory, RedisServer, as_user, run_cli, traversable, wait_for, wait_uploaded, write_committed
 from test_shared_tier import _remote, blob_key, entry
 
 ROOT_DIR = "mfs:default:d:"

@@ -1,0 +1,46 @@
+"""``mithrilfs``: dispatch a command; user mistakes end with one line on stderr, never a traceback.
+
+Exit status 2 for bad usage, 1 when the operation failed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from mithrilfs.cli.commands import COMMANDS
+from mithrilfs.cli.parser import build_parser
+from mithrilfs.daemon import lifecycle as daemon
+from mithrilfs.errors import UsageError
+from mithrilfs.store.open import StoreError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # ``mithrilfs`` alone
+        parser.print_help()
+        return 2
+    if args.command in ("fsck", "import", "config", "export"):
+        os.umask(0o077)  # files they add to a store are private, like the daemon's; an archive too
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as e:
+        print(f"mithrilfs: error: {e}", file=sys.stderr)
+        return 2
+    except (daemon.MountError, StoreError) as e:
+        print(f"mithrilfs: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # ``mithrilfs stats --watch 1 MNT | head -3``: the reader is done
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as e:  # what no command foresaw (a path too long for the kernel, say): one line, not a traceback
+        name = str(e.filename) if e.filename is not None else ""
+        if len(name) > 100:
+            name = f"{name[:60]}...({len(name)} bytes)"
+        print(f"mithrilfs: error: {name + ': ' if name else ''}{e.strerror or e}", file=sys.stderr)
+        return 1
+

@@ -1,0 +1,161 @@
+"""What a live mount does besides answering requests: background loops, the stats snapshot, the end.
+
+- ``background``: the evictor's passes, idle commits, the shared tier's
+  work, recency and the kept counters written to the index in batches,
+  deferred deletes retried, the index's reserve taken back once a full disk
+  has room again, and the snapshot Prometheus serves refreshed.
+- ``snapshot``: what ``stats.json`` and Prometheus show.
+- ``unmounting`` (a clean unmount is a commit point) and ``shutdown`` (tidy
+  the index, mark the store clean).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sqlite3
+import time
+from typing import Any
+
+import trio
+
+from mithrilfs.cache.budget import Budget
+from mithrilfs.cache.lifetime import Lifetimes
+from mithrilfs.cache.recency import Recency
+from mithrilfs.cache.writepath import IDLE_COMMIT_SECONDS, WritePath
+from mithrilfs.observe.events import EventLog
+from mithrilfs.observe.stats import KeptCounters
+from mithrilfs.shared.tier import Tier
+from mithrilfs.store import reports
+from mithrilfs.store.open import Store
+
+log = logging.getLogger(__name__)
+
+RECENCY_FLUSH_SECONDS = 5.0
+SNAPSHOT_SECONDS = 1.0
+SUMMARY_SECONDS = 60.0
+
+
+class Duties:
+    def __init__(self, store: Store, budget: Budget, writes: WritePath, lifetimes: Lifetimes, recency: Recency,
+                 tier: Tier, kept: KeptCounters, events: EventLog, limiter: trio.CapacityLimiter) -> None:
+        self.store = store
+        self.ns = store.ns
+        self.budget = budget
+        self.policy = budget.policy
+        self.writes = writes
+        self.lifetimes = lifetimes
+        self.recency = recency
+        self.tier = tier
+        self.kept = kept
+        self.events = events
+        self._limiter = limiter
+        #: What the last background refresh saw; served to Prometheus from its own thread.
+        self.cached_snapshot: dict[str, Any] = {}
+
+    async def background(self) -> None:
+        """Long-running duties of a live, writable mount (see the module doc)."""
+        if self.store.read_only:
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.budget.evictor.background)
+            nursery.start_soon(self._summaries)
+            nursery.start_soon(self._idle_commits)
+            nursery.start_soon(self.tier.run)
+            while True:
+                await trio.sleep(RECENCY_FLUSH_SECONDS)
+                try:
+                    self.recency.flush()
+                    self.kept.save()
+                except (sqlite3.Error, OSError) as e:
+                    log.warning("could not write recency and counters to the index: %s", e)
+                self.lifetimes.retry_doomed()
+                self.store.ensure_reserve()  # taken back once a full disk has room again
+
+    async def _idle_commits(self) -> None:
+        """Commit files nobody wrote for ``IDLE_COMMIT_SECONDS``, unconfirmed (see ``writepath``).
+
+        Files written in place and never renamed are then deduplicated,
+        counted in the budget as blobs and published like any other.
+        """
+        while True:
+            await trio.sleep(IDLE_COMMIT_SECONDS / 2)
+            idle = self.writes.idle(time.monotonic() - IDLE_COMMIT_SECONDS)
+            try:
+                # files staged in memory in batches; the rest (or everything, after an error) one by one
+                left = await self.writes.commit_idle(idle)
+            except (sqlite3.Error, OSError) as e:
+                log.warning("idle commit of %d files failed (%s); committing them one by one", len(idle), e)
+                left = idle
+            for of in left:
+                try:
+                    await self.budget.retry_when_full(functools.partial(self.writes.commit, of, confirmed=False))
+                except (sqlite3.Error, OSError) as e:
+                    log.warning("idle commit of inode %d failed: %s", of.inode.id, e)
+
+    async def _summaries(self) -> None:
+        """Refresh the snapshot Prometheus serves; write a summary event now and then."""
+        last_summary = time.monotonic()
+        reader = self.ns.reader()
+        try:
+            while True:
+                # the totals scan every file: a separate connection in a thread keeps it off the loop
+                totals = await trio.to_thread.run_sync(reports.totals, reader, limiter=self._limiter)
+                snap = self.snapshot(totals)
+                if time.monotonic() - last_summary >= SUMMARY_SECONDS:
+                    last_summary = time.monotonic()
+                    self.events.emit("summary", **{k: snap[k] for k in (
+                        "hits", "misses", "hit_rate", "files", "physical_bytes", "logical_bytes", "evictions",
+                        "commits", "corrupt_blobs")})
+                await trio.sleep(SNAPSHOT_SECONDS)
+        finally:
+            reader.close()
+
+    def snapshot(self, totals: tuple[int, int, int] | None = None) -> dict[str, Any]:
+        """Current stats; *totals* (files, logical bytes, blobs) when the caller already counted them."""
+        files, logical, blobs = totals if totals is not None else reports.totals(self.ns)
+        evictor = self.budget.evictor
+        snap = self.kept.stats.snapshot({
+            "logical_bytes": logical,
+            "physical_bytes": self.budget.physical(),
+            "max_bytes": self.policy.max_bytes,
+            "low_bytes": self.policy.low_bytes,
+            "files": files,
+            "blobs": blobs,
+            "written_files": len(self.writes.staged),
+            "evicted_files": self.budget.evicted_files,
+            "pid": os.getpid(),
+            "store": str(self.store.root),
+            "read_only": self.store.read_only,
+            "eviction": evictor.current.as_dict() if evictor.current is not None else None,
+            **self.tier.snapshot(),
+        })
+        self.cached_snapshot = snap
+        return snap
+
+    async def unmounting(self) -> None:
+        """A clean unmount is a commit point: everything written is committed (unconfirmed, see ``writepath``)."""
+        if self.store.read_only:
+            return
+        try:
+            await self.writes.commit_all()
+        except (sqlite3.Error, OSError) as e:
+            log.error("could not commit every written file at unmount: %s", e)
+        await self.tier.unmounting()
+
+    def shutdown(self) -> None:
+        """Drop what could not be committed, tidy the index and mark the store clean."""
+        self.writes.shutdown()
+        self.lifetimes.clear()
+        if self.store.read_only:
+            return
+        try:
+            self.recency.flush()
+            self.kept.save()
+            self.ns.recover(after_crash=False)
+            self.store.collect_garbage()
+            self.ns.mark_clean()
+        except (sqlite3.Error, OSError) as e:
+            # e.g. the store went read-only: the next mount repairs what this could not
+            log.error("could not tidy the store at unmount: %s", e)

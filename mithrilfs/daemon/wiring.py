@@ -1,0 +1,94 @@
+"""The one place the object graph of a mount is built: every collaborator is made here and passed in.
+
+Nothing is patched after construction and no collaborator gets a bound
+method of the filesystem back (s3ql's ``mount()`` builds its objects the
+same way).  Two hooks close the graph, both lists this function fills: the
+write path tells ``commit_listeners`` after every commit (the budget keeps
+to itself, the shared tier publishes), and the budget tells the shared
+tier which directories lost names to eviction.  Which shared tier the mount
+has (none, Redis) is decided here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trio
+
+from mithrilfs.cache.budget import Budget
+from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.cache.integrity import Integrity
+from mithrilfs.cache.lifetime import KernelCaches, Lifetimes
+from mithrilfs.cache.names import Names
+from mithrilfs.cache.recency import Recency
+from mithrilfs.cache.writepath import CommitListener, WritePath
+from mithrilfs.control.commands import Commands
+from mithrilfs.control.files import ControlFiles
+from mithrilfs.control.node import ControlNode
+from mithrilfs.daemon.duties import Duties
+from mithrilfs.fs import Operations, Parts
+from mithrilfs.observe.events import EventLog
+from mithrilfs.observe.stats import KeptCounters
+from mithrilfs.observe.tops import TopDirs
+from mithrilfs.shared.redis_tier import RedisTier
+from mithrilfs.shared.redis_wire import RemoteTier
+from mithrilfs.shared.tier import NullTier, Tier
+from mithrilfs.store.namespace import DirPaths
+from mithrilfs.store.open import Store
+
+#: Worker threads for hashing, copying and index scans, shared by everything that offloads.
+OFFLOAD_THREADS = 2
+
+
+@dataclass
+class TierOptions:
+    """The shared tier a mount asked for (``mount --remote ...``); ``remote`` None: none."""
+
+    remote: RemoteTier | None = None
+    owner: tuple[int, int] | None = None
+    startup_set: str = "default"
+    prefetch: str | None = None
+
+
+@dataclass
+class Mounted:
+    """What serving a mount needs: the filesystem, its duties, and the tier (the session asks if it is slow)."""
+
+    ops: Operations
+    duties: Duties
+    tier: Tier
+    events: EventLog
+
+
+def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_options: TierOptions | None = None, *,
+          after_crash: bool = False, fixed_settings: frozenset[str] = frozenset()) -> Mounted:
+    """The filesystem of *store*, with every collaborator it needs (see the module doc)."""
+    tier_options = tier_options or TierOptions()
+    ns, blobs = store.ns, store.blobs
+    limiter = trio.CapacityLimiter(OFFLOAD_THREADS)
+    kept = KeptCounters(ns, read_only=store.read_only)
+    stats = kept.stats
+    events = EventLog(None if store.read_only else store.root / "events.jsonl")
+    paths = DirPaths(ns)
+    tops = TopDirs(ns, paths)
+    commit_listeners: list[CommitListener] = []
+    writes = WritePath(ns, blobs, stats, limiter, commit_listeners)
+    recency = Recency(ns)
+    lifetimes = Lifetimes(ns, blobs, recency, writes.staged.__contains__, kernel)
+
+    tier: Tier = NullTier()
+    if tier_options.remote is not None:
+        tier = RedisTier(ns, blobs, paths, events, lifetimes, tier_options.remote, policy, writes.physical,
+                         owner=tier_options.owner, requeue=after_crash, startup_set=tier_options.startup_set,
+                         prefetch_at_start=tier_options.prefetch)
+    budget = Budget(store, policy, writes, lifetimes, recency, stats, events, tops, evicted=tier)
+    commit_listeners += [tier, budget]
+    integrity = Integrity(store, lifetimes, budget, tier, stats, events, tops, limiter)
+    control = ControlFiles()
+    duties = Duties(store, budget, writes, lifetimes, recency, tier, kept, events, limiter)
+    control.add_json(b"stats.json", duties.snapshot)
+    Commands(store, budget, writes, tier, kept, paths, limiter, fixed_settings=fixed_settings).register(control)
+    ops = Operations(Parts(store=store, writes=writes, lifetimes=lifetimes, recency=recency, budget=budget,
+                           integrity=integrity, tier=tier, control=ControlNode(control), stats=stats, events=events,
+                           paths=paths, tops=tops, names=Names(ns, writes, lifetimes, tops, tier)))
+    return Mounted(ops=ops, duties=duties, tier=tier, events=events)

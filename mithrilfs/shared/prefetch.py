@@ -1,0 +1,209 @@
+"""Warm a node from the shared tier before its workload starts: names first, then blobs in parallel.
+
+A cold node that lets the framework pull its cache file by file pays one
+round trip per directory and per file, one after another as the framework
+asks.  ``Prefetcher`` instead takes a whole *startup set* (the paths a
+workload read in its first minutes, recorded by every node into one Redis
+set) or the whole namespace, lists every directory it needs in pipelined
+batches, materializes the names, and fetches the blobs with several workers,
+each asking for many small blobs in one pipeline.  Every blob is verified
+(size and blake3) before it enters the store; a missing or corrupt one is a
+miss, counted, never a failure.  It stops adding blobs at the low watermark
+of the budget.
+
+The ``state`` dict is what ``stats`` shows while it runs (``mithrilfs
+prefetch`` and ``status --ready`` follow it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.shared.redis_wire import CHUNK, RemoteError
+from mithrilfs.store.cas import hash_bytes
+from mithrilfs.store.namespace import ROOT_INODE, Inode
+
+if TYPE_CHECKING:  # the tier builds and drives its prefetcher
+    from mithrilfs.shared.redis_tier import RedisTier
+
+log = logging.getLogger(__name__)
+
+#: Parallel fetch workers (threads blocked on Redis, hashing, writing staging files).
+WORKERS = 4
+#: Blobs and bytes per pipelined batch of small blobs.
+BATCH_BLOBS = 256
+BATCH_BYTES = 8 << 20
+
+
+class Prefetcher:
+    def __init__(self, shared: RedisTier, policy: EvictionPolicy, physical: Any) -> None:
+        self.shared = shared
+        self.ns = shared.ns
+        self.blobs = shared.blobs
+        self.remote = shared.remote
+        self.policy = policy
+        #: Bytes the store holds now (``Operations.physical``).
+        self.physical = physical
+        self.state: dict[str, Any] = {"state": "idle"}
+
+    @property
+    def running(self) -> bool:
+        return self.state["state"] == "running"
+
+    async def run(self, set_name: str | None) -> dict[str, Any]:
+        """Prefetch a startup set (None: the whole namespace); the final state."""
+        start = time.monotonic()
+        self.state = {"state": "running", "set": set_name or "*", "files": 0, "bytes": 0, "total_files": 0,
+                      "total_bytes": 0, "misses": 0, "skipped_for_budget": 0, "seconds": 0.0}
+        try:
+            wanted = await self._names(set_name)
+            await self._fetch_all(wanted)
+            self.state["state"] = "done"
+        except RemoteError as e:
+            self.state.update(state="failed", error=f"{self.remote.url}: {e}")
+        finally:
+            self.state["seconds"] = round(time.monotonic() - start, 3)
+        log.info("prefetch %s: %s", set_name or "*", self.state)
+        return self.state
+
+    # -- names -------------------------------------------------------------
+    async def _names(self, set_name: str | None) -> list[Inode]:
+        """Materialize the names wanted; the inodes whose content is not here yet."""
+        thread = self.shared.thread
+        if set_name is None:
+            dirs = await thread(self.remote.all_dirs)
+            only: dict[str, set[bytes]] | None = None
+        else:
+            paths = await thread(self.remote.startup_set, set_name)
+            only = {}
+            for p in paths:
+                d, _, name = p.rpartition("/")
+                if name:
+                    only.setdefault(d, set()).add(name.encode(errors="surrogateescape"))
+            dirs = set(only)
+            for d in list(dirs):  # every ancestor too, to materialize the directories on the way
+                parts = d.split("/") if d else []
+                for i in range(len(parts)):
+                    parent = "/".join(parts[:i])
+                    dirs.add(parent)
+                    only.setdefault(parent, set()).add(parts[i].encode(errors="surrogateescape"))
+            dirs = sorted(dirs, key=lambda x: (x.count("/") if x else -1, x))
+        listing = await thread(self.remote.list_dirs, sorted(dirs))
+        wanted: list[Inode] = []
+        # parents before children: a directory's own name is materialized by its parent's pass
+        for d in sorted(listing, key=lambda x: (x.count("/") if x else -1, x)):
+            ino = self._dir_inode(d)
+            if ino is None:
+                continue
+            self.shared.merge(ino, d, listing[d], None if only is None else only.get(d, set()))
+            self.shared.mark_synced(ino)
+            for name, entry in listing[d].items():
+                if entry.type != "f" or (only is not None and name not in only.get(d, set())):
+                    continue
+                child = self.ns.lookup(ino, name)
+                node = self.ns.get(child) if child is not None else None
+                if node is not None and node.is_reg and node.hash is not None and not self._present(node):
+                    wanted.append(node)
+        return wanted
+
+    def _dir_inode(self, path: str) -> int | None:
+        d = ROOT_INODE
+        for part in path.split("/") if path else []:
+            child = self.ns.lookup(d, part.encode(errors="surrogateescape"))
+            node = self.ns.get(child) if child is not None else None
+            if node is None or not node.is_dir:
+                return None
+            d = node.id
+        return d
+
+    def _present(self, node: Inode) -> bool:
+        return self.blobs.cas.exists(node.hash)  # type: ignore[arg-type]
+
+    # -- blobs -------------------------------------------------------------
+    async def _fetch_all(self, wanted: list[Inode]) -> None:
+        by_hash: dict[bytes, Inode] = {}
+        for node in wanted:
+            by_hash.setdefault(node.hash, node)  # type: ignore[arg-type]
+        room = self.policy.low_bytes - self.physical()
+        todo: list[Inode] = []
+        for node in sorted(by_hash.values(), key=lambda n: n.size):
+            if node.size > room:
+                self.state["skipped_for_budget"] += 1
+                continue
+            room -= node.size
+            todo.append(node)
+        self.state["total_files"] = len(todo)
+        self.state["total_bytes"] = sum(n.size for n in todo)
+        small = [n for n in todo if n.size <= CHUNK]
+        large = [n for n in todo if n.size > CHUNK]
+        batches: list[list[Inode]] = []
+        batch: list[Inode] = []
+        size = 0
+        for n in small:
+            if batch and (len(batch) >= BATCH_BLOBS or size + n.size > BATCH_BYTES):
+                batches.append(batch)
+                batch, size = [], 0
+            batch.append(n)
+            size += n.size
+        if batch:
+            batches.append(batch)
+        send, receive = trio.open_memory_channel[list[Inode]](len(batches) + len(large))
+        for b in batches:
+            send.send_nowait(b)
+        for n in large:
+            send.send_nowait([n])
+        send.close()
+        limiter = trio.CapacityLimiter(WORKERS)
+        async with trio.open_nursery() as nursery:
+            for _ in range(WORKERS):
+                nursery.start_soon(self._worker, receive.clone(), limiter)
+        receive.close()
+
+    async def _worker(self, receive: trio.MemoryReceiveChannel, limiter: trio.CapacityLimiter) -> None:
+        async with receive:
+            async for batch in receive:
+                if len(batch) == 1 and batch[0].size > CHUNK:
+                    ok = await self.shared.fetch_blob(batch[0], self.policy.max_bytes)
+                    self._count(batch[0], ok)
+                    continue
+                fetched = await trio.to_thread.run_sync(self._fetch_batch, batch, limiter=limiter)
+                good = [(node, data) for node, data in zip(batch, fetched) if data is not None]
+                self.blobs.intend([(node.hash, node.size) for node, _ in good])
+                new = self._write(good)
+                for (node, _), is_new in zip(good, new):
+                    self.blobs.written(node.hash, node.size, is_new)
+                for node, data in zip(batch, fetched):
+                    self._count(node, data is not None)
+
+    def _fetch_batch(self, batch: list[Inode]) -> list[bytes | None]:
+        """In a worker thread: one pipelined GET for the batch, each blob verified (size and blake3)."""
+        parts = self.remote.fetch_small_blobs([(n.hash.hex(), n.size) for n in batch])  # type: ignore[union-attr]
+        out: list[bytes | None] = []
+        for node, data in zip(batch, parts):
+            if data is not None and hash_bytes(data) != node.hash:
+                self.shared.counters["remote_verify_failures"] += 1
+                log.error("remote blob %s does not match its hash: rejected", node.hash.hex())  # type: ignore[union-attr]
+                data = None
+            out.append(data)
+        return out
+
+    def _write(self, good: list[tuple[Inode, bytes]]) -> list[bool]:
+        """The verified blobs become files (their rows were recorded first).
+
+        On the event loop, one batch at a time: measured here, creating the
+        files from several threads at once was slower (they contend for the
+        same directories), and the fetch workers keep Redis busy meanwhile.
+        """
+        return [self.blobs.cas.write_blob(node.hash, data) for node, data in good]  # type: ignore[arg-type]
+
+    def _count(self, node: Inode, ok: bool) -> None:
+        if ok:
+            self.state["files"] += 1
+            self.state["bytes"] += node.size
+        else:
+            self.state["misses"] += 1

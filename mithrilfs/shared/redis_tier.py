@@ -1,0 +1,409 @@
+"""Glue between the local namespace and the remote tier: read-through, write-behind, convergence.
+
+Read-through: a name missing locally is asked for remotely (bounded by the
+tier's timeouts, in a worker thread); if found it appears locally with its
+size, mode and the mount root's owner, and a *placeholder* blob row (size
+0, no file); the content is streamed, size-checked and verified by blake3 at
+the first read.  ``opendir`` merges the directory's remote names in, at most
+every few seconds, and reconciles names both sides have: the newest
+(version, node) wins, so nodes converge on one version per path.
+
+Write-behind: a commit or rename queues the inode, a user's unlink, rmdir or
+rename queues a tombstone for a name that was published; both queues live in
+the index (they survive unmounts and crashes).  A background task sends what
+has waited ``UPLOAD_DELAY`` (so a tmp file renamed into place is published
+under its final name only): blobs Redis lacks first, then the names, each
+written only where newer than what Redis holds.  When Redis loses its data
+(its epoch token changes) everything local is queued again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import socket
+import stat
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.cache.integrity import Fetched
+from mithrilfs.cache.lifetime import Lifetimes, Removed
+from mithrilfs.observe.events import EventLog
+from mithrilfs.shared.prefetch import Prefetcher
+from mithrilfs.shared.redis_upload import RedisWriteBehind, version_of
+from mithrilfs.shared.redis_wire import RemoteEntry, RemoteError, RemoteTier
+from mithrilfs.shared.tier import Tier
+from mithrilfs.store.blobs import Blobs
+from mithrilfs.store.cas import EMPTY_DIGEST
+from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path, outside_mode
+from mithrilfs.store.tier_queue import TierQueue
+
+log = logging.getLogger(__name__)
+
+DIR_SYNC_SECONDS = 5.0
+#: A missing name is answered from a directory synced this recently; older, the lookup re-syncs it.
+MISS_RESYNC_SECONDS = 1.0
+#: A workload's first reads in this long after the mount make its startup set.
+STARTUP_SECONDS = 300.0
+#: How long the kernel may cache "no such name" when other nodes can create names.
+NEGATIVE_TIMEOUT = 2.0
+
+
+def node_id(ns: Namespace) -> str:
+    """This store's name in the shared tier (kept in the index): tie-breaker and conflict witness."""
+    node = ns.get_meta("node_id")
+    if node is None:
+        host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:40] or "node"
+        node = f"{host}-{secrets.token_hex(4)}"
+        with ns.txn():
+            ns.set_meta("node_id", node)
+    return node
+
+
+class RedisTier(Tier):
+    """The shared tier on Redis (``redis_wire``); knows the namespace and blobs, never the kernel protocol."""
+
+    negative_timeout = NEGATIVE_TIMEOUT
+    slow = True
+
+    def __init__(self, ns: Namespace, blobs: Blobs, paths: DirPaths, events: EventLog, lifetimes: Lifetimes,
+                 remote: RemoteTier, policy: EvictionPolicy, physical: Callable[[], int], *,
+                 owner: tuple[int, int] | None = None, requeue: bool = False, startup_set: str = "default",
+                 prefetch_at_start: str | None = None) -> None:
+        self.ns = ns
+        self.queue = TierQueue(ns)
+        self.blobs = blobs
+        self.paths = paths
+        self.events = events
+        self.lifetimes = lifetimes
+        self.remote = remote
+        self.counters = remote.counters
+        self.node = node_id(ns)
+        #: Owner of materialized entries (``--remote-owner``); None: the mount root's at the time.
+        self.owner = owner
+        self.limiter = trio.CapacityLimiter(4)
+        self._wake = trio.Event()
+        self._dir_synced: dict[int, float] = {}
+        self._syncing: set[int] = set()
+        self._nursery: trio.Nursery | None = None
+        #: Removed paths whose tombstones are not sent yet: never materialized again meanwhile.
+        self.pending_tombstones: dict[str, int] = dict(TierQueue(ns).tombstones())
+        #: Writer of content materialized this mount (conflict detection), by inode.
+        self.origin: dict[int, str] = {}
+        self._epoch = ns.get_meta(self._epoch_meta())
+        #: The startup set this mount records into: what its workload reads first.
+        self.startup_set = startup_set
+        self._started = time.monotonic()
+        self._recorded: set[int] = set()
+        self._to_record: list[str] = []
+        self.behind = RedisWriteBehind(self)
+        self.prefetcher = Prefetcher(self, policy, physical)
+        #: The startup set to prefetch as soon as the mount serves (``mount --prefetch``).
+        self.prefetch_at_start = prefetch_at_start
+        if requeue:  # after an unclean stop a commit may not have reached the queue
+            self.behind.queue_all()
+
+    def _epoch_meta(self) -> str:
+        return f"remote_epoch:{self.remote.url}:{self.remote.namespace}"
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if not self.remote.available():
+            return None
+        try:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        except RemoteError:
+            return None
+
+    # -- read-through ------------------------------------------------------
+    async def lookup(self, parent: int, name: bytes) -> int | None:
+        """A name missing locally: its inode once the directory's remote names are merged, or None.
+
+        The whole directory comes in one request (its first lookup waits
+        for it); after that a missing name is answered from the index, and
+        a missing name re-syncs the directory (waited) only when its last
+        sync is ``MISS_RESYNC_SECONDS`` old, so a cold walk costs one round
+        trip per directory, not per name, and a name another node just
+        published is seen within a second.
+        """
+        last = self._dir_synced.get(parent)
+        if last is None or time.monotonic() - last >= MISS_RESYNC_SECONDS:
+            await self.sync_dir(parent, force=True)
+        ino = self.ns.lookup(parent, name)
+        self.counters["remote_hits" if ino is not None else "remote_misses"] += 1
+        return ino
+
+    async def list_dir(self, d: int) -> None:
+        await self.sync_dir(d)
+
+    async def sync_dir(self, d: int, *, force: bool = False) -> None:
+        """Merge a directory's remote names into the local namespace (rate-limited unless *force*).
+
+        Only a directory's first sync in this mount is waited for; later
+        ones run in the background, so listing a directory the node already
+        knows never waits on Redis (the names they bring show at the next
+        listing).
+        """
+        now = time.monotonic()
+        last = self._dir_synced.get(d)
+        if not force and last is not None and now - last < DIR_SYNC_SECONDS:
+            return
+        self._dir_synced[d] = now
+        if not force and last is not None and self._nursery is not None:
+            if d not in self._syncing:
+                self._syncing.add(d)
+                self._nursery.start_soon(self._sync_in_background, d)
+            return
+        await self._sync(d)
+
+    async def _sync_in_background(self, d: int) -> None:
+        try:
+            await self._sync(d)
+        except Exception:  # a background refresh must not take the mount down
+            log.exception("background sync of directory %d failed", d)
+        finally:
+            self._syncing.discard(d)
+
+    async def _sync(self, d: int) -> None:
+        dir_path = self.paths.of_dir(d)
+        if dir_path is None:
+            return
+        entries = await self._call(self.remote.list_dir, dir_path)
+        if entries is None:
+            return
+        existing = self.merge(d, dir_path, entries)
+        for name, local, entry in existing:
+            if self.ns.get(d) is None:
+                return
+            await self._reconcile(d, name, local, entry, join_path(dir_path, name))
+
+    def merge(self, d: int, dir_path: str, entries: dict[bytes, RemoteEntry],
+              only: set[bytes] | None = None) -> list[tuple[bytes, int, RemoteEntry]]:
+        """Materialize a directory's remote names it lacks, in one transaction (*only*: just these).
+
+        Returns (name, local inode, entry) for the names it already has, to reconcile.
+        """
+        parent = self.ns.get(d)
+        if parent is None or not parent.is_dir:
+            return []
+        existing = []
+        with self.ns.txn():
+            for name, entry in entries.items():
+                if only is not None and name not in only:
+                    continue
+                local = self.ns.lookup(d, name)
+                if local is not None:
+                    existing.append((name, local, entry))
+                elif not entry.is_tombstone and join_path(dir_path, name) not in self.pending_tombstones:
+                    self._create(parent, name, entry)
+        return existing
+
+    async def _reconcile(self, parent: int, name: bytes, ino_id: int, entry: RemoteEntry, path: str) -> None:
+        """One name both sides have: the newer version wins here; ours, if newer, is sent again."""
+        ino = self.ns.get(ino_id)
+        if ino is None or self.lifetimes.is_written(ino_id):
+            return  # a write in progress wins when it commits
+        if not entry.newer_than(version_of(ino), self.origin.get(ino_id, self.node)):
+            if not ino.is_dir and not self._same(ino, entry):
+                self.behind.queue_upload(ino_id)  # ours is newer: Redis holds an older (or replayed) version
+            return
+        if self._same(ino, entry):
+            return
+        if entry.is_tombstone and ino.is_dir:
+            await self._purge_dir(ino)
+            if self.ns.has_children(ino.id):
+                return  # it holds names nobody deleted: kept
+        elif ino.is_dir or entry.type == "d":
+            return  # a directory and a file under one name: keep the local one
+        self._note_conflict(path, ino, entry)
+        self._replace(parent, name, ino, None if entry.is_tombstone else entry)
+
+    async def _purge_dir(self, d: Inode) -> None:
+        """A directory deleted elsewhere: apply the tombstones of its names (a bounded walk)."""
+        await self.sync_dir(d.id, force=True)
+        for _name, child in self.ns.children(d.id):
+            node = self.ns.get(child)
+            if node is not None and node.is_dir:
+                await self._purge_dir(node)
+
+    def _same(self, ino: Inode, e: RemoteEntry) -> bool:
+        if e.is_tombstone:
+            return False
+        if e.type == "d":
+            return ino.is_dir
+        if e.type == "l":
+            return stat.S_ISLNK(ino.mode) and (ino.target or b"") == (e.target or "").encode(errors="surrogateescape")
+        return ino.is_reg and (ino.hash or EMPTY_DIGEST).hex() == e.hash
+
+    def _note_conflict(self, path: str, ino: Inode, theirs: RemoteEntry) -> None:
+        """A newer version from another writer replaces different local content."""
+        ours = self.origin.get(ino.id, self.node)
+        if theirs.type == "f" and ino.is_reg and ours != theirs.node:
+            mine = RemoteEntry("f", version_of(ino), ours, (ino.hash or EMPTY_DIGEST).hex(), ino.size)
+            self._conflict(path, mine, theirs, kept=theirs.node)
+
+    def _conflict(self, path: str, a: RemoteEntry, b: RemoteEntry, *, kept: str) -> None:
+        """Two writers gave one path different content: a non-deterministic build or a cache-key collision."""
+        self.counters["remote_conflicts"] += 1
+        log.warning("conflict at %s: %s wrote %s, %s wrote %s; keeping the newer (%s's)",
+                    path, a.node, (a.hash or "")[:16], b.node, (b.hash or "")[:16], kept)
+        self.events.emit("conflict", path=path, **{a.node: a.hash, b.node: b.hash}, kept=kept)
+
+    def _replace(self, parent: int, name: bytes, old: Inode, entry: RemoteEntry | None) -> None:
+        """Point a local name at a newer remote version (or remove it, for a tombstone)."""
+        parent_ino = self.ns.get(parent)
+        if parent_ino is None:
+            return
+        with self.ns.txn():
+            self.lifetimes.drop_name(parent_ino, name, old)
+            if entry is not None:
+                self._create(parent_ino, name, entry)
+        self.counters["remote_adopted"] += 1
+        try:
+            self.lifetimes.delete_if_unused(old.id)
+        except OSError as e:
+            log.warning("cannot delete inode %d yet: %s", old.id, e)
+            self.lifetimes.doomed.add(old.id)
+        removed: list[Removed] = [(parent, name, old.id)]
+        self.lifetimes.tell_kernel(removed)
+
+    def _create(self, parent: Inode, name: bytes, e: RemoteEntry) -> Inode:
+        """A local inode and name for a remote entry (inside a transaction), with its version as ctime."""
+        root = self.ns.get(ROOT_INODE)
+        assert root is not None
+        uid, gid = self.owner or (root.uid, root.gid)
+        if e.type == "d":
+            node = self.ns.create_inode(stat.S_IFDIR | outside_mode(stat.S_IFDIR, e.mode), uid, gid, nlink=2)
+            self.ns.add_link(parent, +1)
+        elif e.type == "l":
+            node = self.ns.create_inode(stat.S_IFLNK | 0o777, uid, gid,
+                                        target=(e.target or "").encode(errors="surrogateescape"))
+        else:
+            node = self.ns.create_inode(stat.S_IFREG | outside_mode(stat.S_IFREG, e.mode), uid, gid)
+            digest = bytes.fromhex(e.hash)  # type: ignore[arg-type]
+            self.ns.add_placeholder(digest)  # fetched at the first read
+            self.ns.set_content(node, digest, e.size, e.mtime_ns or time.time_ns())
+        self.ns.update_attrs(node, ctime_ns=e.version * 1000, mtime_ns=e.mtime_ns or node.mtime_ns)
+        self.ns.link(parent.id, name, node.id, published=True)
+        self.origin[node.id] = e.node
+        return node
+
+    async def fetch(self, ino: Inode, max_bytes: int) -> Fetched:
+        return Fetched.YES if await self.fetch_blob(ino, max_bytes) else Fetched.NO
+
+    async def fetch_blob(self, ino: Inode, max_bytes: int) -> bool:
+        """Bring a remote blob into the local CAS, size-checked and verified; False when it cannot be had.
+
+        A blob larger than *max_bytes* (the budget) could never stay: a miss.
+        """
+        digest = ino.hash
+        assert digest is not None
+        if ino.size > max_bytes:
+            return False
+        fd, staging = self.blobs.cas.new_staging()
+        try:
+            with os.fdopen(fd, "wb") as out:
+                got = await self._call(self.remote.fetch_blob, digest.hex(), ino.size, out)
+            if got is None:
+                return False
+            if got != digest:
+                self.counters["remote_verify_failures"] += 1
+                log.error("remote blob %s does not match its hash or size: rejected", digest.hex())
+                self.events.emit("corruption", blob=digest.hex(), why="remote blob does not match its hash or size")
+                return False
+            self.blobs.add(staging, digest, ino.size, trusted=True)
+            return True
+        finally:
+            os.unlink(staging)
+
+    def forget_listed(self, dirs: set[int]) -> None:
+        """Names left these directories locally only (evicted): the next lookup there asks Redis again."""
+        for d in dirs:
+            self._dir_synced.pop(d, None)
+
+    def mark_synced(self, d: int) -> None:
+        """The directory's remote names were just merged (by a prefetch): no sync needed for a while."""
+        self._dir_synced[d] = time.monotonic()
+
+    # -- startup sets ------------------------------------------------------
+    def record_read(self, ino: int) -> None:
+        """The first read of a file in this mount: in the first STARTUP_SECONDS, its path joins the set."""
+        if ino in self._recorded or time.monotonic() - self._started > STARTUP_SECONDS:
+            return
+        self._recorded.add(ino)
+        for parent, name in self.ns.names_of(ino)[:1]:
+            dir_path = self.paths.of_dir(parent)
+            if dir_path is not None:
+                self._to_record.append(join_path(dir_path, name))
+                self._wake.set()
+
+    async def _send_recorded(self) -> None:
+        if self._to_record:
+            batch, self._to_record = self._to_record, []
+            try:
+                await self.thread(self.remote.add_to_set, self.startup_set, batch)
+            except RemoteError:
+                self._to_record[:0] = batch
+                raise
+
+    async def unmounting(self) -> None:
+        """Send the startup set recorded so far (bounded: an unmount must not wait on a dead Redis)."""
+        with trio.move_on_after(5):
+            try:
+                await self._send_recorded()
+            except RemoteError as e:
+                log.warning("startup set not sent: %s", e)
+
+    # -- write-behind ------------------------------------------------------
+    def publish(self, ino: Inode) -> None:
+        if ino.is_dir:
+            self.behind.queue_tree(ino.id)
+        else:
+            self.behind.queue_upload(ino.id)
+
+    def tombstone(self, parent: int, name: bytes) -> None:
+        self.behind.removing(parent, name)
+
+    async def push(self) -> dict[str, Any]:
+        """Queue everything; the tier is asked first, so a dead Redis is an error naming the cause at once."""
+        try:
+            await trio.to_thread.run_sync(self.remote.ping)
+        except RemoteError as e:
+            return {"error": f"{self.remote.url}: {e}"}
+        return {"queued": self.behind.queue_all()}
+
+    async def start_prefetch(self, set_name: str | None) -> dict[str, Any]:
+        """Start a prefetch in the background unless one runs; an error names the tier's problem at once."""
+        if self.prefetcher.running:
+            return {"started": False, "error": "a prefetch is already running"}
+        if self._nursery is None:
+            return {"started": False, "error": "the store is read-only"}
+        try:
+            await trio.to_thread.run_sync(self.remote.ping)
+        except RemoteError as e:
+            self.prefetcher.state = {"state": "failed", "error": f"{self.remote.url}: {e}"}
+            return {"started": False, "error": self.prefetcher.state["error"]}
+        self.prefetcher.state = {"state": "running"}
+        self._nursery.start_soon(self.prefetcher.run, set_name)
+        return {"started": True}
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.counters | {"upload_queue": self.behind.pending(), "remote_last_error": self.remote.last_error,
+                                "prefetch": self.prefetcher.state}
+
+    async def run(self) -> None:
+        """The tier's background work: the uploader, and directory syncs nobody waits for."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self.prefetch_at_start is not None:
+                nursery.start_soon(self.start_prefetch, self.prefetch_at_start)
+            nursery.start_soon(self.behind.uploader)
+
+    async def thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+

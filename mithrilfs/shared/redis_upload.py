@@ -1,0 +1,218 @@
+"""The Redis tier's write-behind half: what this node owes the tier, sent in batches.
+
+Names wait in the index's queue (``store.tier_queue``) for ``UPLOAD_DELAY``
+(a temporary name renamed away is never sent), then go blobs first, names
+after, each name by the conditional write that keeps the newest version; a
+name that lost to a newer one elsewhere is taken locally.  An epoch token
+per server tells when the tier lost its data: then everything is queued
+again.  Part of ``RedisTier`` (its ``behind``), whose state it shares.
+"""
+
+from __future__ import annotations
+
+import logging
+import stat
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+from mithrilfs.shared.redis_wire import RemoteEntry, RemoteError
+from mithrilfs.store.cas import EMPTY_DIGEST
+from mithrilfs.store.namespace import ROOT_INODE, Inode, join_path
+
+if TYPE_CHECKING:  # the tier this half is mixed into
+    from mithrilfs.shared.redis_tier import RedisTier
+
+log = logging.getLogger(__name__)
+
+#: A queued name waits this long before it is sent (a temporary name renamed away never is).
+UPLOAD_DELAY = 0.3
+UPLOAD_BATCH = 512
+#: How often the uploader asks whether the tier lost its data (its epoch token).
+EPOCH_SECONDS = 2.0
+
+
+def version_of(ino: Inode) -> int:
+    """An inode's version: the microsecond it last changed (ctime; users cannot set it)."""
+    return ino.ctime_ns // 1000
+
+
+class RedisWriteBehind:
+    """The tier's queue and uploader; *tier* holds the state both halves share."""
+
+    def __init__(self, tier: RedisTier) -> None:
+        self.tier = tier
+
+    def queue_upload(self, ino: int) -> None:
+        self.tier.queue.add([ino], time.time_ns())
+        self.tier._wake.set()
+
+    def queue_tree(self, d: int) -> None:
+        """Queue every file and symlink under directory *d* (it was renamed: their paths changed)."""
+        stack, found = [d], list[int]()
+        while stack:
+            for _, child in self.tier.ns.children(stack.pop()):
+                node = self.tier.ns.get(child)
+                if node is not None:
+                    (stack if node.is_dir else found).append(child)
+        self.tier.queue.add(found, time.time_ns())
+        self.tier._wake.set()
+
+    def removing(self, parent: int, name: bytes) -> None:
+        """A user or framework is about to remove a name: if it was published, queue its tombstone.
+
+        Evictions do not come here: a name evicted locally stays valid for
+        other nodes.
+        """
+        if not self.tier.ns.is_published(parent, name):
+            return
+        dir_path = self.tier.paths.of_dir(parent)
+        if dir_path is None:
+            return
+        path = join_path(dir_path, name)
+        version = time.time_ns() // 1000
+        self.tier.queue.add_tombstone(path, version)
+        self.tier.pending_tombstones[path] = version
+        self.tier._wake.set()
+
+    def queue_all(self) -> int:
+        """Queue every named file and symlink (``push``, or after the tier lost its data)."""
+        with self.tier.ns.txn():
+            n = self.tier.queue.add_all(time.time_ns() - int(UPLOAD_DELAY * 1e9))
+        self.tier._wake.set()
+        return n
+
+    def pending(self) -> int:
+        return self.tier.queue.length()
+
+    async def uploader(self) -> None:
+        backoff = 0.5
+        next_epoch = 0.0
+        while True:
+            try:
+                if time.monotonic() >= next_epoch:
+                    await self._check_epoch()
+                    next_epoch = time.monotonic() + EPOCH_SECONDS
+                sent = await self._send_due()
+                await self.tier._send_recorded()
+                backoff = 0.5
+            except Exception as e:  # a bug or an answer nobody foresaw must not take the mount down either
+                if isinstance(e, RemoteError):
+                    log.debug("upload deferred: %s", e)
+                else:
+                    log.exception("shared tier uploader failed; retrying in %.1f s", backoff)
+                await trio.sleep(backoff)
+                backoff = min(30.0, backoff * 2)
+                continue
+            if not sent:
+                with trio.move_on_after(min(UPLOAD_DELAY, max(0.0, next_epoch - time.monotonic()))):
+                    await self.tier._wake.wait()
+                self.tier._wake = trio.Event()
+
+    async def _check_epoch(self) -> None:
+        """Queue everything again when the tier is not the one we uploaded to (restarted empty, new)."""
+        epoch, _ = await self.tier.thread(self.tier.remote.epoch)
+        if epoch == self.tier._epoch:
+            return
+        n = self.queue_all()
+        if self.tier._epoch is not None:
+            self.tier.counters["remote_data_lost"] += 1
+            log.warning("the shared tier %s lost its data (new epoch): %d local files queued for upload again",
+                        self.tier.remote.url, n)
+            self.tier.events.emit("remote_data_lost", url=self.tier.remote.url, requeued=n)
+        elif n:
+            log.info("first use of the shared tier %s by this store: %d local files queued", self.tier.remote.url, n)
+        with self.tier.ns.txn():
+            self.tier.ns.set_meta(self.tier._epoch_meta(), epoch)
+        self.tier._epoch = epoch
+
+    async def _send_due(self) -> int:
+        """Send one batch of what waited UPLOAD_DELAY; how many queue rows it settled."""
+        now = time.time_ns()
+        due = self.tier.queue.due(now - int(UPLOAD_DELAY * 1e9), UPLOAD_BATCH)
+        tombs = self.tier.queue.tombstones(UPLOAD_BATCH)
+        if not due and not tombs:
+            return 0
+        items: list[tuple[str, RemoteEntry]] = []
+        names: list[tuple[int, bytes]] = []
+        blobs: dict[str, tuple[str, int]] = {}
+        dirs_done: set[int] = set()
+        settled: list[tuple[int, int]] = []
+        for ino_id, queued_ns in due:
+            node = self.tier.ns.get(ino_id)
+            if node is None or node.nlink == 0 or node.is_dir:
+                settled.append((ino_id, queued_ns))
+                continue
+            settled.append((ino_id, queued_ns))
+            if node.hash is None and node.is_reg and self.tier.lifetimes.is_written(ino_id):
+                continue  # nothing committed yet: its commit queues it again
+            for parent, name in self.tier.ns.names_of(ino_id):
+                dir_path = self._add_dirs(parent, items, names, dirs_done)
+                if dir_path is None:
+                    continue
+                path = join_path(dir_path, name)
+                if stat.S_ISLNK(node.mode):
+                    entry = RemoteEntry("l", version_of(node), self.tier.node, mode=0o777, mtime_ns=node.mtime_ns,
+                                        target=(node.target or b"").decode(errors="surrogateescape"))
+                else:
+                    digest = node.hash or EMPTY_DIGEST
+                    entry = RemoteEntry("f", version_of(node), self.tier.node, digest.hex(), node.size,
+                                        stat.S_IMODE(node.mode), node.mtime_ns)
+                    blobs[digest.hex()] = (str(self.tier.blobs.cas.path(digest)) if node.hash else "", node.size)
+                items.append((path, entry))
+                names.append((parent, name))
+        gone = await self._send_blobs(blobs)
+        keep = [i for i, (_, e) in enumerate(items) if e.hash not in gone]
+        items = [items[i] for i in keep]
+        names = [names[i] for i in keep]
+        tomb_items = [(path, RemoteEntry("x", version, self.tier.node)) for path, version in tombs]
+        results = await self.tier.thread(self.tier.remote.publish_entries, items + tomb_items)
+        with self.tier.ns.txn():
+            self.tier.ns.mark_published(names)
+            self.tier.queue.sent(settled)
+            self.tier.queue.tombstones_sent(tombs)
+        for path, _ in tombs:
+            self.tier.pending_tombstones.pop(path, None)
+        self.tier.counters["remote_tombstones"] += len(tombs)
+        for (path, ours), (written, other), name_key in zip(items, results, names):
+            if other is None or ours.type == "d":
+                continue
+            if not written:
+                await self._lost_to(name_key, path, other)
+            elif other.type == "f" and ours.type == "f" and other.hash != ours.hash and other.node != self.tier.node:
+                self.tier._conflict(path, ours, other, kept=self.tier.node)
+        return len(settled) + len(tombs)
+
+    def _add_dirs(self, parent: int, items: list, names: list, done: set[int]) -> str | None:
+        """Entries for *parent* and its ancestors (once per batch); the parent's path."""
+        chain: list[tuple[int, int, bytes]] = []
+        d = parent
+        while d != ROOT_INODE and d not in done:
+            up = self.tier.ns.names_of(d)
+            if not up:
+                return None
+            chain.append((d, up[0][0], up[0][1]))
+            d = up[0][0]
+        for d, up_parent, name in reversed(chain):
+            done.add(d)
+            node = self.tier.ns.get(d)
+            up_path = self.tier.paths.of_dir(up_parent)
+            if node is None or up_path is None:
+                return None
+            items.append((join_path(up_path, name), RemoteEntry("d", version_of(node), self.tier.node,
+                                                             mode=stat.S_IMODE(node.mode), mtime_ns=node.mtime_ns)))
+            names.append((up_parent, name))
+        return self.tier.paths.of_dir(parent)
+
+    async def _send_blobs(self, blobs: dict[str, tuple[str, int]]) -> set[str]:
+        """Upload the blobs Redis lacks (blobs first, names after); the hashes whose files were gone."""
+        missing = await self.tier.thread(self.tier.remote.missing_blobs, {h: size for h, (_, size) in blobs.items()})
+        return await self.tier.thread(self.tier.remote.upload_blobs, [(h, blobs[h][0]) for h in missing])
+
+    async def _lost_to(self, name_key: tuple[int, bytes], path: str, winner: RemoteEntry) -> None:
+        """Our version of a path lost to a newer one from another node: take it locally too."""
+        parent, name = name_key
+        ino_id = self.tier.ns.lookup(parent, name)
+        if ino_id is not None:
+            await self.tier._reconcile(parent, name, ino_id, winner, path)

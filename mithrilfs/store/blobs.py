@@ -1,0 +1,146 @@
+"""The one way content becomes a blob, is verified, and stops being one: index row and file together.
+
+Every producer of blobs (a committed write, a fetch from the shared tier, an
+archive import) goes through ``Blobs.add``: record a refcount-0 intent row,
+then hard-link the finished staging file into ``objects/``.  A crash between
+the two leaves a row that startup collects, never an untracked file; the
+caller points an inode at the blob in its own transaction afterwards.
+``collect`` deletes a blob whose last reference went.  ``bytes`` is the
+running total of blob bytes on disk, the budget's physical size.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from mithrilfs.store.cas import CAS, hash_bytes, hash_file
+from mithrilfs.store.namespace import Namespace
+
+
+class Blobs:
+    def __init__(self, ns: Namespace, cas: CAS) -> None:
+        self.ns = ns
+        self.cas = cas
+        #: Bytes of blob files on disk (placeholders of remote blobs count 0).
+        self.bytes = ns.physical_bytes()
+        #: Blobs hashed and found right during this mount: not re-read before serving.
+        self.verified: set[bytes] = set()
+        #: Blob files deleted before the index could record it (disk full; see free_early).
+        self._freed_early: set[bytes] = set()
+
+    def add(self, staging_path: str, digest: bytes, size: int, *, trusted: bool = False,
+            between: Callable[[str], None] = lambda point: None) -> bool:
+        """Make the finished file *staging_path* (blake3 *digest*) a blob; True when it is new.
+
+        The staging file is left for the caller to remove once its index
+        change is committed (so a failed attempt can be retried).  An
+        existing blob not verified this mount is replaced by these bytes,
+        known good, unless *trusted*.  *between* is called at the crash
+        points ("after_intent").
+        """
+        with self.ns.txn():
+            self.ns.blob_intent(digest, size)
+        between("after_intent")
+        new = self.cas.adopt(staging_path, digest, trust_existing=trusted or digest in self.verified)
+        if new:
+            self.bytes += size
+            self._freed_early.discard(digest)
+        self.verified.add(digest)
+        return new
+
+    def add_data(self, data: bytes | bytearray, digest: bytes, *,
+                 between: Callable[[str], None] = lambda point: None) -> bool:
+        """Make *data* (blake3 *digest*, content staged in memory) a blob; True when it is new.
+
+        As ``add``, with the file written straight into place (``CAS.write_blob``:
+        one create and one rename, no staging file to link and unlink).
+        """
+        with self.ns.txn():
+            self.ns.blob_intent(digest, len(data))
+        between("after_intent")
+        new = self.cas.write_blob(digest, data, trust_existing=digest in self.verified)
+        self.written(digest, len(data), new)
+        return new
+
+    def intend(self, items: list[tuple[bytes, int]]) -> None:
+        """Record many blobs (digest, size) about to appear on disk, in one transaction.
+
+        The first half of ``add`` for callers that write the files
+        themselves (``CAS.write_blob``, a prefetch in worker threads): the
+        rows come first, so a crash never leaves an untracked file.  Then
+        ``written`` for each.
+        """
+        with self.ns.txn():
+            for digest, size in items:
+                self.ns.blob_intent(digest, size)
+
+    def written(self, digest: bytes, size: int, new: bool) -> None:
+        """A blob recorded by ``intend`` is on disk, verified (*new*: it was not there before)."""
+        if new:
+            self.bytes += size
+            self._freed_early.discard(digest)
+        self.verified.add(digest)
+
+    def add_bytes(self, data: bytes, digest: bytes | None = None) -> tuple[bytes, bool]:
+        """Store *data* (already verified against *digest* when given); returns (digest, new)."""
+        digest = digest if digest is not None else hash_bytes(data)
+        fd, path = self.cas.new_staging()
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return digest, self.add(path, digest, len(data), trusted=True)
+        finally:
+            os.unlink(path)
+
+    def verify(self, digest: bytes) -> bool | None:
+        """Hash the blob file: True when it matches its name, False when not, None when it is missing."""
+        if digest in self.verified:
+            return True
+        try:
+            ok = hash_file(self.cas.path(digest)) == digest
+        except FileNotFoundError:
+            return None
+        if ok:
+            self.verified.add(digest)
+        return ok
+
+    def collect(self, digest: bytes | None) -> int:
+        """Delete a blob whose last reference just went; returns the bytes freed."""
+        if digest is None:
+            return 0
+        info = self.ns.blob_info(digest)
+        if info is None or info[0] > 0:
+            return 0
+        self.verified.discard(digest)
+        self.cas.delete(digest)
+        with self.ns.txn():
+            self.ns.forget_blob(digest)
+        if digest in self._freed_early:
+            self._freed_early.discard(digest)
+            return 0  # its bytes were counted off when the file went
+        self.bytes -= info[1]
+        return info[1]
+
+    def free_early(self, digest: bytes) -> bool:
+        """Delete the file of a blob whose only reference is about to go, before the index says so.
+
+        For a full disk: the index needs room to record the delete that
+        would free the room.  Safe because the one inode referencing the
+        blob can no longer be reached (no name, no kernel reference, no
+        handle); should the index write still fail, the next mount's
+        recovery drops that inode and the blob row.  True when a file went.
+        """
+        info = self.ns.blob_info(digest)
+        if info is None or info[0] != 1 or digest in self._freed_early:
+            return False
+        self.verified.discard(digest)
+        self.cas.delete(digest)
+        self._freed_early.add(digest)
+        self.bytes -= info[1]
+        return True
+
+    def quarantine(self, digest: bytes) -> None:
+        """Move a blob that failed verification aside (kept for inspection)."""
+        self.verified.discard(digest)
+        self.cas.quarantine_blob(digest)

@@ -1,0 +1,180 @@
+"""Content-addressed blob store: immutable files under ``objects/`` named by blake3.
+
+Blobs never change once written, which is what lets the filesystem hand the
+kernel ``keep_cache`` and lets any number of names share one copy.  The store
+knows nothing about names or refcounts: that is the namespace's job.  Writers
+work in ``staging/`` and a finished staging file becomes a blob by one
+``rename``, so a blob is either absent or complete, never torn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+
+import blake3
+
+DIGEST_SIZE = 32
+#: Files at least this large are hashed with blake3's threads over an mmap.
+_MMAP_HASH_MIN = 1 << 20
+
+EMPTY_DIGEST = blake3.blake3(b"").digest()
+#: Blobs are immutable and the daemon's alone (a cache may hold secrets baked into kernels).
+BLOB_MODE = 0o400
+
+
+def hash_bytes(data: bytes | bytearray | memoryview) -> bytes:
+    return blake3.blake3(data).digest()
+
+
+def hash_file(path: str | os.PathLike[str]) -> bytes:
+    """blake3 of a file's content; large files use all cores via mmap."""
+    size = os.stat(path).st_size
+    if size == 0:
+        return EMPTY_DIGEST
+    if size >= _MMAP_HASH_MIN:
+        h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        h.update_mmap(os.fspath(path))
+        return h.digest()
+    with open(path, "rb") as f:
+        return hash_bytes(f.read())
+
+
+class CAS:
+    """The ``objects/``, ``staging/`` and ``quarantine/`` directories of a store."""
+
+    def __init__(self, store: str | os.PathLike[str], *, create: bool = True) -> None:
+        self.root = Path(store)
+        self.objects = self.root / "objects"
+        self.staging = self.root / "staging"
+        self.quarantine = self.root / "quarantine"
+        #: Shard directories known to exist (``write_blob`` skips their mkdir).
+        self._shards: set[str] = set()
+        if create:
+            for d in (self.objects, self.staging, self.quarantine):
+                d.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    # -- blobs -----------------------------------------------------------
+    def path(self, digest: bytes) -> Path:
+        h = digest.hex()
+        return self.objects / h[:2] / h
+
+    def exists(self, digest: bytes) -> bool:
+        return os.path.exists(self.path(digest))
+
+    def open(self, digest: bytes) -> int:
+        """A read-only fd on the blob; FileNotFoundError when it is gone."""
+        return os.open(self.path(digest), os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(self, digest: bytes) -> bytes:
+        with open(self.path(digest), "rb") as f:
+            return f.read()
+
+    def verify(self, digest: bytes) -> bool:
+        """True when the blob exists and its content still hashes to its name."""
+        try:
+            return hash_file(self.path(digest)) == digest
+        except FileNotFoundError:
+            return False
+
+    def delete(self, digest: bytes) -> None:
+        try:
+            os.unlink(self.path(digest))
+        except FileNotFoundError:
+            pass
+
+    def adopt(self, staging_path: str | os.PathLike[str], digest: bytes, *, trust_existing: bool = True) -> bool:
+        """Make the finished file at *staging_path* also the blob *digest*.
+
+        Returns True when a new blob appeared, False when one already existed
+        (dedup).  The blob is a hard link to the staging file, made in one
+        atomic step, so it is never seen half-written; the caller removes the
+        staging name once the index points at the blob (and can retry if
+        that fails).  Unless *trust_existing*, an existing blob is atomically
+        replaced by these bytes (same name, so same content when it is
+        intact; a silently damaged one is healed for free).
+        """
+        dest = self.path(digest)
+        if os.path.exists(dest):
+            if not trust_existing:
+                tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
+                os.chmod(staging_path, BLOB_MODE)
+                os.link(staging_path, tmp)
+                os.rename(tmp, dest)
+            return False
+        dest.parent.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(staging_path, BLOB_MODE)
+        try:
+            os.link(staging_path, dest)
+        except FileExistsError:
+            return False
+        return True
+
+    def write_blob(self, digest: bytes, data: bytes | bytearray, *, trust_existing: bool = True) -> bool:
+        """Write verified bytes as the blob *digest* in one rename (no staging file); True when new.
+
+        For small blobs (a prefetch, a commit of content staged in memory):
+        a create and a rename each, where a staging file, its link and its
+        unlink cost more.  Unless *trust_existing*, an existing blob is
+        atomically replaced by these bytes (as ``adopt`` does).  Safe from
+        worker threads.
+        """
+        dest = self.path(digest)
+        existed = os.path.exists(dest)
+        if existed and trust_existing:
+            return False
+        if dest.parent.name not in self._shards:
+            dest.parent.mkdir(mode=0o700, exist_ok=True)
+            self._shards.add(dest.parent.name)
+        tmp = self.staging / uuid.uuid4().hex  # a crash leaves it where startup clears
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, BLOB_MODE)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.rename(tmp, dest)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # a full disk: the retry after making room starts over
+            raise
+        return not existed
+
+    def quarantine_blob(self, digest: bytes) -> Path | None:
+        """Move a blob that failed verification out of ``objects/`` (kept for inspection)."""
+        target = self.quarantine / f"{digest.hex()}.{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(self.path(digest), target)
+        except FileNotFoundError:
+            return None
+        return target
+
+    # -- staging ---------------------------------------------------------
+    def new_staging(self) -> tuple[int, str]:
+        """A fresh, empty staging file opened read-write: (fd, path)."""
+        path = str(self.staging / uuid.uuid4().hex)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        return fd, path
+
+    def clear_staging(self) -> int:
+        """Remove every staging file (uncommitted writes of a previous run)."""
+        n = 0
+        for entry in os.scandir(self.staging):
+            try:
+                os.unlink(entry.path)
+                n += 1
+            except FileNotFoundError:
+                pass
+        return n
+
+    def iter_digests(self):
+        """Every blob on disk, by name (for fsck and tests); stray files are skipped."""
+        for sub in os.scandir(self.objects):
+            if not sub.is_dir():
+                continue
+            for entry in os.scandir(sub.path):
+                if len(entry.name) == 2 * DIGEST_SIZE and entry.name.startswith(sub.name):
+                    try:
+                        yield bytes.fromhex(entry.name)
+                    except ValueError:
+                        continue

@@ -1,0 +1,593 @@
+"""The SQLite index: inodes, directory entries, attributes, content hashes, blob refcounts.
+
+It is the one source of truth for what the mount shows; blobs on disk are
+only reachable through it.  Every mutating call runs inside ``txn()`` so a
+crash leaves either the old or the new state.  WAL mode with
+``synchronous=NORMAL`` makes a commit survive a crash of the daemon (the WAL
+is in the page cache) without an fsync per commit.
+
+Blob refcounts count *inodes* that point at a hash (hard links share one
+inode, hence one reference).  A blob row with refcount 0 is garbage: its file
+may or may not exist and is removed by ``collect_garbage``.  A row is written
+with refcount 0 *before* a staging file is renamed into ``objects/``, so a
+crash between the rename and the pointing transaction leaves a row that
+startup collects, never an untracked file.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import time
+import urllib.parse
+import weakref
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+
+ROOT_INODE = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs (
+    hash BLOB PRIMARY KEY,
+    size INTEGER NOT NULL,
+    refcount INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS blobs_garbage ON blobs(refcount) WHERE refcount = 0;
+CREATE TABLE IF NOT EXISTS inodes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    mode INTEGER NOT NULL,
+    uid INTEGER NOT NULL,
+    gid INTEGER NOT NULL,
+    nlink INTEGER NOT NULL,
+    size INTEGER NOT NULL DEFAULT 0,
+    atime_ns INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    hash BLOB,
+    target BLOB,
+    rdev INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS inodes_unlinked ON inodes(id) WHERE nlink = 0;
+CREATE INDEX IF NOT EXISTS inodes_hash ON inodes(hash) WHERE hash IS NOT NULL;
+CREATE INDEX IF NOT EXISTS inodes_lru ON inodes(atime_ns, id) WHERE hash IS NOT NULL AND nlink > 0;
+CREATE TABLE IF NOT EXISTS dentries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    parent INTEGER NOT NULL,
+    name BLOB NOT NULL,
+    inode INTEGER NOT NULL,
+    -- 1 once the name may be in the shared tier (uploaded, or materialized from it):
+    -- removing it then publishes a tombstone
+    published INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (parent, name)
+);
+CREATE INDEX IF NOT EXISTS dentries_readdir ON dentries(parent, id);
+CREATE INDEX IF NOT EXISTS dentries_inode ON dentries(inode);
+-- content committed by the idle timer that no rename, fsync, chmod, link or
+-- forget has confirmed yet: it may be a snapshot of a paused writer, so an
+-- unclean stop drops these names
+CREATE TABLE IF NOT EXISTS unconfirmed (inode INTEGER PRIMARY KEY);
+-- the shared tier's write-behind queue, kept here so it survives unmounts and crashes:
+-- inodes whose names are to be published, and removed paths whose tombstones are
+CREATE TABLE IF NOT EXISTS upload_queue (inode INTEGER PRIMARY KEY, queued_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS tombstone_queue (path TEXT PRIMARY KEY, version INTEGER NOT NULL);
+"""
+
+#: Inodes loaded most recently are kept in memory (beyond those still in use elsewhere).
+INODE_CACHE_SIZE = 65536
+
+_INODE_COLS = "id, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, hash, target, rdev"
+
+
+@dataclass(slots=True, weakref_slot=True)
+class Inode:
+    id: int
+    mode: int
+    uid: int
+    gid: int
+    nlink: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    hash: bytes | None
+    target: bytes | None
+    #: Device number of a character or block device node (0 for everything else).
+    rdev: int = 0
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def is_reg(self) -> bool:
+        return stat.S_ISREG(self.mode)
+
+
+_INODE_FIELDS = tuple(f.name for f in fields(Inode))
+
+
+@dataclass(slots=True)
+class Dentry:
+    offset: int
+    name: bytes
+    inode: int
+
+
+class Namespace:
+    """The index.  ``get`` answers from an identity map of inodes before asking SQLite.
+
+    Every Inode object in use (a file being written holds one) is the one object
+    for its id, so a change made through any caller is seen by all, and the
+    same cached rows answer repeated lookups without a query (s3ql's inode
+    cache is the model).  The map holds inodes weakly; a ring of the most
+    recently loaded keeps the hot ones alive.  Changes go through the
+    methods below, which update the object and the row together; a rolled
+    back transaction restores the objects it changed and forgets the ones
+    it created.
+    """
+
+    #: Inode objects changed in the open transaction, with their old field values, restored if it
+    #: rolls back: callers keep Inode objects (files being written) across requests, and they must
+    #: never say what the index does not.
+    _undo: dict[int, tuple[Inode, tuple]]
+    #: Inodes whose content awaits confirmation (the ``unconfirmed`` table, mirrored).
+    unconfirmed: set[int]
+
+    def __init__(self, path: str, *, read_only: bool = False, immutable: bool = True) -> None:
+        self.read_only = read_only
+        self._inodes: weakref.WeakValueDictionary[int, Inode] = weakref.WeakValueDictionary()
+        self._recent: deque[Inode] = deque(maxlen=INODE_CACHE_SIZE)
+        self._created: list[int] = []
+        if read_only:
+            # immutable (a read-only filesystem: nothing can change it under
+            # us) needs neither locks nor a writable -shm
+            uri = "file:" + urllib.parse.quote(path) + "?mode=ro" + ("&immutable=1" if immutable else "")
+            self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            self._depth = 0
+            self._undo = {}
+            self.unconfirmed = set()
+            return
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        # after each automatic checkpoint the WAL shrinks back to this size
+        self.db.execute("PRAGMA journal_size_limit=4194304")
+        self.db.execute("PRAGMA foreign_keys=OFF")
+        self._depth = 0
+        self._undo = {}
+        with self.txn():
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    self.db.execute(stmt)
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(inodes)")}
+            if "rdev" not in columns:  # an index made before device nodes were stored
+                self.db.execute("ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0")
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(dentries)")}
+            if "published" not in columns:  # an index made before tombstones
+                self.db.execute("ALTER TABLE dentries ADD COLUMN published INTEGER NOT NULL DEFAULT 0")
+        self.unconfirmed = self._load_unconfirmed()
+        if self.get(ROOT_INODE) is None:
+            now = time.time_ns()
+            with self.txn():
+                # the mount root belongs to whoever made the store (a non-root user's own cache)
+                self.db.execute(
+                    "INSERT INTO inodes (id, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns)"
+                    " VALUES (?, ?, ?, ?, 2, 0, ?, ?, ?)",
+                    (ROOT_INODE, stat.S_IFDIR | 0o755, os.getuid(), os.getgid(), now, now, now),
+                )
+
+    def close(self) -> None:
+        self.db.close()
+
+    def reader(self) -> Namespace:
+        """A second, read-only connection for queries run in a worker thread (WAL lets it read alongside)."""
+        path = self.db.execute("PRAGMA database_list").fetchone()[2]
+        return Namespace(path, read_only=True, immutable=False)
+
+    def shrink_wal(self) -> None:
+        """Checkpoint and truncate the WAL (when the disk is full, it may be most of the space)."""
+        if not self._depth:
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    @contextmanager
+    def txn(self) -> Iterator[None]:
+        """One atomic transaction; nested uses join the outer one."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+            self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            for ino, old in self._undo.values():
+                for name, value in zip(_INODE_FIELDS, old):
+                    setattr(ino, name, value)
+            for ino_id in self._created:  # the id will be handed out again
+                self._inodes.pop(ino_id, None)
+            self.unconfirmed = self._load_unconfirmed()
+            raise
+        finally:
+            self._depth = 0
+            self._undo.clear()
+            self._created.clear()
+
+    def _load_unconfirmed(self) -> set[int]:
+        return {r[0] for r in self.db.execute("SELECT inode FROM unconfirmed")}
+
+    def _changing(self, ino: Inode) -> None:
+        if self._depth and id(ino) not in self._undo:
+            self._undo[id(ino)] = (ino, tuple(getattr(ino, f) for f in _INODE_FIELDS))
+
+    # -- meta ------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    # -- inodes ----------------------------------------------------------
+    def get(self, ino: int) -> Inode | None:
+        node = self._inodes.get(ino)
+        if node is not None:
+            return node
+        row = self.db.execute(f"SELECT {_INODE_COLS} FROM inodes WHERE id = ?", (ino,)).fetchone()
+        return self._remember(Inode(*row)) if row else None
+
+    def _remember(self, node: Inode) -> Inode:
+        self._inodes[node.id] = node
+        self._recent.append(node)
+        return node
+
+    def forget_cached(self) -> None:
+        """Drop the in-memory inodes (after changes made by SQL alone, such as ``recover``)."""
+        self._inodes = weakref.WeakValueDictionary()
+        self._recent.clear()
+
+    def create_inode(
+        self, mode: int, uid: int, gid: int, *, target: bytes | None = None, nlink: int = 1, rdev: int = 0
+    ) -> Inode:
+        now = time.time_ns()
+        size = len(target) if target is not None else 0
+        cur = self.db.execute(
+            "INSERT INTO inodes (mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, target, rdev)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (mode, uid, gid, nlink, size, now, now, now, target, rdev),
+        )
+        new_id = cur.lastrowid
+        assert new_id is not None  # an INSERT always has one
+        if self._depth:
+            self._created.append(new_id)
+        return self._remember(Inode(new_id, mode, uid, gid, nlink, size, now, now, now, None, target, rdev))
+
+    def update_attrs(self, ino: Inode, **fields: int) -> None:
+        """Write changed attribute columns of *ino* (and set them on the object)."""
+        self._changing(ino)
+        for k, v in fields.items():
+            setattr(ino, k, v)
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        self.db.execute(f"UPDATE inodes SET {cols} WHERE id = ?", (*fields.values(), ino.id))
+
+    def add_link(self, ino: Inode, delta: int) -> None:
+        self._changing(ino)
+        ino.nlink += delta
+        ino.ctime_ns = time.time_ns()
+        self.db.execute(
+            "UPDATE inodes SET nlink = ?, ctime_ns = ? WHERE id = ?", (ino.nlink, ino.ctime_ns, ino.id)
+        )
+
+    def delete_inode(self, ino: int) -> None:
+        """Drop an inode that has no names left; its blob reference goes too."""
+        row = self.db.execute("SELECT hash FROM inodes WHERE id = ?", (ino,)).fetchone()
+        if row is None:
+            return
+        self.db.execute("DELETE FROM inodes WHERE id = ?", (ino,))
+        self._inodes.pop(ino, None)
+        self.confirm(ino)
+        if row[0] is not None:
+            self._decref(row[0])
+
+    # -- content ---------------------------------------------------------
+    def blob_intent(self, digest: bytes, size: int) -> None:
+        """Record a blob about to appear on disk (refcount 0 until pointed at).
+
+        A row that exists keeps its refcount; a placeholder's size 0 (content
+        still remote) becomes the real size.
+        """
+        self.db.execute(
+            "INSERT INTO blobs (hash, size, refcount) VALUES (?, ?, 0)"
+            " ON CONFLICT (hash) DO UPDATE SET size = excluded.size WHERE size != excluded.size",
+            (digest, size),
+        )
+
+    def add_placeholder(self, digest: bytes) -> None:
+        """A blob known by name only (its content is elsewhere, fetched on first use): size 0."""
+        self.db.execute("INSERT OR IGNORE INTO blobs (hash, size, refcount) VALUES (?, 0, 0)", (digest,))
+
+    def set_content(self, ino: Inode, digest: bytes, size: int, mtime_ns: int, *, confirmed: bool = True) -> None:
+        """Point *ino* at blob *digest* (which must already have a row).
+
+        Not *confirmed*: an idle-timer commit, recorded in ``unconfirmed``
+        until ``confirm`` (see the table's comment).
+        """
+        if confirmed:
+            self.confirm(ino.id)
+        elif ino.id not in self.unconfirmed:
+            self.db.execute("INSERT OR IGNORE INTO unconfirmed (inode) VALUES (?)", (ino.id,))
+            self.unconfirmed.add(ino.id)
+        old = ino.hash
+        if old == digest:
+            self.update_attrs(ino, size=size, mtime_ns=mtime_ns, ctime_ns=mtime_ns)
+            return
+        self.db.execute("UPDATE blobs SET refcount = refcount + 1 WHERE hash = ?", (digest,))
+        self._changing(ino)
+        ino.hash, ino.size, ino.mtime_ns, ino.ctime_ns = digest, size, mtime_ns, mtime_ns
+        self.db.execute(
+            "UPDATE inodes SET hash = ?, size = ?, mtime_ns = ?, ctime_ns = ? WHERE id = ?",
+            (digest, size, mtime_ns, mtime_ns, ino.id),
+        )
+        if old is not None:
+            self._decref(old)
+
+    def confirm(self, ino: int) -> None:
+        """The inode's committed content is whole (a rename, fsync, chmod, link or forget said so)."""
+        if ino in self.unconfirmed:
+            self.db.execute("DELETE FROM unconfirmed WHERE inode = ?", (ino,))
+            self.unconfirmed.discard(ino)
+
+    def _decref(self, digest: bytes) -> None:
+        self.db.execute("UPDATE blobs SET refcount = refcount - 1 WHERE hash = ?", (digest,))
+
+    def refcount(self, digest: bytes) -> int | None:
+        row = self.db.execute("SELECT refcount FROM blobs WHERE hash = ?", (digest,)).fetchone()
+        return row[0] if row else None
+
+    def blob_info(self, digest: bytes) -> tuple[int, int] | None:
+        """(refcount, size) of a blob row."""
+        row = self.db.execute("SELECT refcount, size FROM blobs WHERE hash = ?", (digest,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def drop_content(self, ino: Inode) -> None:
+        """Forget an inode's content (its blob reference goes; the inode row stays)."""
+        old = ino.hash
+        self._changing(ino)
+        ino.hash, ino.size = None, 0
+        self.db.execute("UPDATE inodes SET hash = NULL, size = 0 WHERE id = ?", (ino.id,))
+        if old is not None:
+            self._decref(old)
+
+    def garbage(self) -> list[bytes]:
+        """Blobs no inode points at any more (their files are to be deleted)."""
+        return [r[0] for r in self.db.execute("SELECT hash FROM blobs WHERE refcount <= 0")]
+
+    def forget_blob(self, digest: bytes) -> None:
+        self.db.execute("DELETE FROM blobs WHERE hash = ? AND refcount <= 0", (digest,))
+
+    def blob_count(self) -> int:
+        return self.db.execute("SELECT count(*) FROM blobs WHERE refcount > 0").fetchone()[0]
+
+    def physical_bytes(self) -> int:
+        return self.db.execute("SELECT coalesce(sum(size), 0) FROM blobs").fetchone()[0]
+
+    # -- directory entries -----------------------------------------------
+    def lookup(self, parent: int, name: bytes) -> int | None:
+        row = self.db.execute(
+            "SELECT inode FROM dentries WHERE parent = ? AND name = ?", (parent, name)
+        ).fetchone()
+        return row[0] if row else None
+
+    def link(self, parent: int, name: bytes, ino: int, *, published: bool = False) -> None:
+        self.db.execute("INSERT INTO dentries (parent, name, inode, published) VALUES (?, ?, ?, ?)",
+                        (parent, name, ino, int(published)))
+
+    def is_published(self, parent: int, name: bytes) -> bool:
+        row = self.db.execute(
+            "SELECT published FROM dentries WHERE parent = ? AND name = ?", (parent, name)).fetchone()
+        return bool(row and row[0])
+
+    def mark_published(self, names: list[tuple[int, bytes]]) -> None:
+        self.db.executemany("UPDATE dentries SET published = 1 WHERE parent = ? AND name = ?", names)
+
+    def unlink(self, parent: int, name: bytes) -> None:
+        self.db.execute("DELETE FROM dentries WHERE parent = ? AND name = ?", (parent, name))
+
+    def move(self, parent: int, name: bytes, new_parent: int, new_name: bytes) -> None:
+        """Re-point one entry; gets a new readdir offset like a fresh entry."""
+        ino = self.lookup(parent, name)
+        if ino is None:
+            raise KeyError(f"no entry {name!r} in directory {parent}")
+        self.unlink(parent, name)
+        self.link(new_parent, new_name, ino)
+
+    def retarget(self, parent: int, name: bytes, ino: int) -> None:
+        self.db.execute("UPDATE dentries SET inode = ? WHERE parent = ? AND name = ?", (ino, parent, name))
+
+    def has_children(self, ino: int) -> bool:
+        return self.db.execute("SELECT 1 FROM dentries WHERE parent = ? LIMIT 1", (ino,)).fetchone() is not None
+
+    def parent_of(self, ino: int) -> int | None:
+        """The directory holding *ino* (directories have exactly one name)."""
+        row = self.db.execute("SELECT parent FROM dentries WHERE inode = ? LIMIT 1", (ino,)).fetchone()
+        return row[0] if row else None
+
+    def readdir(self, parent: int, after: int, limit: int = 256) -> list[Dentry]:
+        rows = self.db.execute(
+            "SELECT id, name, inode FROM dentries WHERE parent = ? AND id > ? ORDER BY id LIMIT ?",
+            (parent, after, limit),
+        ).fetchall()
+        return [Dentry(*r) for r in rows]
+
+    def inodes_with_hash(self, digest: bytes) -> list[int]:
+        return [r[0] for r in self.db.execute("SELECT id FROM inodes WHERE hash = ?", (digest,))]
+
+    def names_of(self, ino: int) -> list[tuple[int, bytes]]:
+        return self.db.execute("SELECT parent, name FROM dentries WHERE inode = ?", (ino,)).fetchall()
+
+    def children(self, parent: int) -> list[tuple[bytes, int]]:
+        return self.db.execute("SELECT name, inode FROM dentries WHERE parent = ?", (parent,)).fetchall()
+
+    def has_child_with_prefix(self, parent: int, prefix: bytes) -> bool:
+        upper = prefix[:-1] + bytes([prefix[-1] + 1])
+        row = self.db.execute(
+            "SELECT 1 FROM dentries WHERE parent = ? AND name >= ? AND name < ? LIMIT 1", (parent, prefix, upper)
+        ).fetchone()
+        return row is not None
+
+    def dirs_with_child_prefix(self, prefix: bytes) -> list[int]:
+        upper = prefix[:-1] + bytes([prefix[-1] + 1])
+        rows = self.db.execute(
+            "SELECT DISTINCT parent FROM dentries WHERE name >= ? AND name < ?", (prefix, upper)
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    # -- recency ---------------------------------------------------------
+    def lru_files(self, after: tuple[int, int], limit: int = 512) -> list[tuple[int, int]]:
+        """(atime_ns, id) of named files with content, least recently used first, after *after*."""
+        return self.db.execute(
+            "SELECT atime_ns, id FROM inodes WHERE hash IS NOT NULL AND nlink > 0"
+            " AND (atime_ns, id) > (?, ?) ORDER BY atime_ns, id LIMIT ?",
+            (*after, limit),
+        ).fetchall()
+
+    def set_atimes(self, items: list[tuple[int, int]]) -> None:
+        """Write a batch of (atime_ns, inode) recency updates."""
+        self.db.executemany("UPDATE inodes SET atime_ns = ? WHERE id = ?", items)
+        for atime, ino in items:
+            node = self._inodes.get(ino)
+            if node is not None:
+                node.atime_ns = atime
+
+    # -- recovery --------------------------------------------------------
+    def recover(self, *, after_crash: bool | None = None) -> dict[str, int]:
+        """Repair what an unclean stop can leave: run at every mount, before serving.
+
+        Inodes with no names were only kept alive by kernel references, which
+        do not survive a remount.  Refcounts are recomputed from the inodes
+        so a crash between steps can never leak or double-free a blob.  After
+        an unclean stop (*after_crash*; by default what the clean mark says,
+        and the unmount's own tidy-up passes False) the names of unconfirmed
+        commits are dropped; after a clean one (and at the unmount's tidy-up)
+        every unconfirmed mark is settled: kept for good.
+        """
+        with self.txn():
+            unconfirmed = 0
+            clean = self.get_meta("clean") == "1" if after_crash is None else not after_crash
+            if not clean:
+                # idle-timer commits nothing confirmed may be snapshots of a paused writer:
+                # their names go, and the framework sees a miss and recompiles
+                unconfirmed = self.db.execute(
+                    "DELETE FROM dentries WHERE inode IN (SELECT inode FROM unconfirmed)").rowcount
+                self.db.execute("UPDATE inodes SET nlink = 0 WHERE id IN (SELECT inode FROM unconfirmed)")
+                self.db.execute("DELETE FROM unconfirmed")
+            else:
+                # a clean stop keeps what it committed (as it always has), so the mark has done its
+                # work; kept, it would drop at some later unclean stop a name every mount since served
+                self.db.execute("DELETE FROM unconfirmed")
+            unlinked = self.db.execute("DELETE FROM inodes WHERE nlink <= 0").rowcount
+            dangling = 0
+            if not clean or unlinked:
+                # full scans: only after an unclean stop (or when inodes were dropped)
+                dangling = self.db.execute(
+                    "DELETE FROM dentries WHERE inode NOT IN (SELECT id FROM inodes)"
+                ).rowcount
+                self.db.execute(
+                    "UPDATE blobs SET refcount = (SELECT count(*) FROM inodes WHERE inodes.hash = blobs.hash)"
+                )
+                self.db.execute(
+                    "INSERT OR IGNORE INTO blobs (hash, size, refcount)"
+                    " SELECT hash, size, count(*) FROM inodes WHERE hash IS NOT NULL GROUP BY hash"
+                )
+            self.set_meta("clean", "0")
+        self.forget_cached()
+        self.unconfirmed = self._load_unconfirmed()
+        return {"dangling_entries": dangling, "unlinked_inodes": unlinked, "unconfirmed_names_dropped": unconfirmed}
+
+    def mark_clean(self) -> None:
+        with self.txn():
+            self.set_meta("clean", "1")
+
+
+#: Longest name in a directory, as on ext4 (statfs reports it; longer ones get ENAMETOOLONG).
+NAME_MAX = 255
+#: The mount's control directory: a name of the root no stored entry may take.
+CONTROL_NAME = b".mithrilfs"
+
+
+def valid_name(name: bytes) -> bool:
+    """A name a directory may hold and the mount can serve (what the kernel would accept from a user).
+
+    Every way a name enters the index from outside the kernel (the shared
+    tier, an archive import) checks it; fsck reports any that got in.
+    """
+    return 0 < len(name) <= NAME_MAX and b"/" not in name and b"\0" not in name and name not in (b".", b"..")
+
+
+def servable(parent: int, name: bytes) -> bool:
+    """``valid_name``, and not the control directory's place at the root."""
+    return valid_name(name) and not (parent == ROOT_INODE and name == CONTROL_NAME)
+
+
+def outside_mode(fmt: int, mode: int) -> int:
+    """Permission bits for an entry that comes from outside the kernel (an archive, the shared tier).
+
+    No set-user/group-id file: the importer would own it, and a copy taken
+    off the (nosuid) mount would keep the bits.  A symlink is 0777, as the
+    kernel makes them.  A directory keeps set-group-id and sticky.
+    """
+    if fmt == stat.S_IFLNK:
+        return 0o777
+    perm = stat.S_IMODE(mode)
+    return perm & 0o777 if fmt == stat.S_IFREG else perm & ~stat.S_ISUID
+
+
+def join_path(dir_path: str, name: bytes) -> str:
+    """A name's path below *dir_path* ("" for the root), as stats, the shared tier and fsck spell it."""
+    text = name.decode(errors="surrogateescape")
+    return f"{dir_path}/{text}" if dir_path else text
+
+
+class DirPaths:
+    """Each directory's path from the mount root ("" for the root), cached.
+
+    A directory has exactly one name, so the path is a walk up its parents;
+    a directory rename clears the cache (``clear``).  Used for per-directory
+    stats and as the shared tier's key.
+    """
+
+    def __init__(self, ns: Namespace) -> None:
+        self.ns = ns
+        self._paths: dict[int, str] = {ROOT_INODE: ""}
+
+    def clear(self) -> None:
+        self._paths = {ROOT_INODE: ""}
+
+    def of_dir(self, d: int) -> str | None:
+        """The directory's path; None once it has no name."""
+        chain: list[tuple[int, bytes]] = []
+        while (path := self._paths.get(d)) is None:
+            names = self.ns.names_of(d)
+            if not names:
+                return None
+            parent, name = names[0]
+            chain.append((d, name))
+            d = parent
+        for child, name in reversed(chain):
+            path = self._paths[child] = join_path(path, name)
+        return path
+
+    def of_name(self, parent: int, name: bytes) -> str:
+        """A name's path ('?/name' when its directory has no name any more)."""
+        base = self.of_dir(parent)
+        return join_path("?" if base is None else base, name)

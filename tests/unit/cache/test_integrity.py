@@ -1,0 +1,178 @@
+"""Integrity on its own: verify before serving, quarantine bad blobs, ask a blob source for missing ones.
+
+Built as ``daemon.wiring.build`` builds it, on a real store (CAS + SQLite
+index in a temporary directory).  The blob source (the shared tier in a
+mount) is a small implementation of the ``BlobSource`` protocol that
+answers as told and, when it has the bytes, really puts the blob back
+through ``Blobs.add``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+
+from mithrilfs.cache.budget import Budget
+from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.cache.integrity import BlobSource, Fetched, Integrity
+from mithrilfs.cache.lifetime import Lifetimes, NoKernelCaches
+from mithrilfs.cache.recency import Recency
+from mithrilfs.cache.writepath import WritePath
+from mithrilfs.observe.events import EventLog
+from mithrilfs.observe.stats import Stats
+from mithrilfs.observe.tops import TopDirs
+from mithrilfs.shared.tier import NullTier
+from mithrilfs.store.cas import hash_bytes
+from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode
+from mithrilfs.store.open import Store, open_store
+
+POLICY_MAX = 1 << 30
+
+
+class AnsweringSource:
+    """A ``BlobSource`` that answers a fixed ``Fetched`` and, for YES, adds the bytes it holds as the blob."""
+
+    def __init__(self, store: Store, answer: Fetched, holds: dict[bytes, bytes] | None = None) -> None:
+        self.store = store
+        self.answer = answer
+        self.holds = holds or {}
+        self.asked: list[tuple[int, int]] = []
+
+    async def fetch(self, ino: Inode, max_bytes: int) -> Fetched:
+        self.asked.append((ino.id, max_bytes))
+        if self.answer is Fetched.YES:
+            assert ino.hash is not None
+            data = self.holds[ino.hash]
+            fd, path = self.store.cas.new_staging()
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                self.store.blobs.add(path, hash_bytes(data), len(data), trusted=True)
+            finally:
+                os.unlink(path)
+        return self.answer
+
+
+@dataclass
+class Checked:
+    """A store with one file ``inductor/k.py``, and the Integrity that guards its reads."""
+
+    store: Store
+    stats: Stats
+    lifetimes: Lifetimes
+    ino: Inode
+    data: bytes
+    dir: int
+
+    def integrity(self, source: BlobSource) -> Integrity:
+        """Integrity wired as in a mount, asking *source* for missing blobs."""
+        store = self.store
+        writes = WritePath(store.ns, store.blobs, self.stats, trio.CapacityLimiter(2), [])
+        tops = TopDirs(store.ns, DirPaths(store.ns))
+        budget = Budget(store, EvictionPolicy(max_bytes=POLICY_MAX), writes, self.lifetimes, Recency(store.ns),
+                        self.stats, EventLog(None), tops, evicted=NullTier())
+        return Integrity(store, self.lifetimes, budget, source, self.stats, EventLog(None), tops,
+                         trio.CapacityLimiter(2))
+
+
+@pytest.fixture
+def checked(tmp_path: Path) -> Iterator[Checked]:
+    """One committed file; its blob is not yet verified in this mount (as after a remount)."""
+    store = open_store(tmp_path / "store")
+    try:
+        ns = store.ns
+        data = b"def kernel(): return 42\n" * 10
+        digest, _ = store.blobs.add_bytes(data)
+        with ns.txn():
+            d = ns.create_inode(stat.S_IFDIR | 0o755, os.getuid(), os.getgid(), nlink=2)
+            ns.link(ROOT_INODE, b"inductor", d.id)
+            ino = ns.create_inode(stat.S_IFREG | 0o644, os.getuid(), os.getgid())
+            ns.link(d.id, b"k.py", ino.id)
+            ns.set_content(ino, digest, len(data), ino.mtime_ns)
+        store.blobs.verified.clear()  # a new mount has verified nothing yet
+        lifetimes = Lifetimes(ns, store.blobs, Recency(ns), lambda ino: False, NoKernelCaches())
+        yield Checked(store, Stats(), lifetimes, ino, data, d.id)
+    finally:
+        store.close()
+
+
+def test_a_good_blob_verifies_and_is_remembered(checked: Checked) -> None:
+    """The first read hashes the blob; once right it is in ``verified`` and served without a re-read."""
+    integrity = checked.integrity(NullTier())
+    digest = checked.ino.hash
+    assert digest not in checked.store.blobs.verified
+    assert trio.run(integrity.verify, checked.ino) is True
+    assert digest in checked.store.blobs.verified
+    assert integrity.read(checked.ino.id, digest, 0, 9) == checked.data[:9]  # type: ignore[arg-type]
+    assert checked.stats.by_dir["inductor"]["corrupt_blobs"] == 0
+
+
+def test_a_tampered_blob_is_quarantined_and_its_names_removed(checked: Checked) -> None:
+    """Bytes that do not hash to the blob's name are never served: quarantine, names gone, counted."""
+    store = checked.store
+    digest = checked.ino.hash
+    assert digest is not None
+    path = store.cas.path(digest)
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:
+        f.write(b"X")  # same size, different content
+    integrity = checked.integrity(NullTier())
+    assert trio.run(integrity.verify, checked.ino) is False
+    assert digest not in store.blobs.verified
+    assert not store.cas.exists(digest)
+    quarantined = os.listdir(store.cas.quarantine)
+    assert len(quarantined) == 1 and quarantined[0].startswith(digest.hex())
+    assert store.ns.lookup(checked.dir, b"k.py") is None
+    assert store.ns.get(checked.ino.id) is None
+    assert checked.stats.by_dir["inductor"]["corrupt_blobs"] == 1
+
+
+def test_a_missing_blob_with_no_tier_is_corruption(checked: Checked) -> None:
+    """With nobody to ask (Fetched.NO_TIER), a lost blob is treated as corrupt: counted, names removed."""
+    store = checked.store
+    digest = checked.ino.hash
+    store.cas.delete(digest)  # type: ignore[arg-type]
+    source = AnsweringSource(store, Fetched.NO_TIER)
+    assert trio.run(checked.integrity(source).verify, checked.ino) is False
+    assert source.asked == [(checked.ino.id, POLICY_MAX)]
+    assert store.ns.lookup(checked.dir, b"k.py") is None
+    assert checked.stats.by_dir["inductor"]["corrupt_blobs"] == 1
+
+
+def test_a_missing_blob_the_tier_cannot_give_is_a_miss_not_corruption(checked: Checked) -> None:
+    """Fetched.NO: the name is forgotten (the next open is a miss), nothing is quarantined or counted."""
+    store = checked.store
+    digest = checked.ino.hash
+    store.cas.delete(digest)  # type: ignore[arg-type]
+    source = AnsweringSource(store, Fetched.NO)
+    assert trio.run(checked.integrity(source).verify, checked.ino) is False
+    assert len(source.asked) == 1
+    assert store.ns.lookup(checked.dir, b"k.py") is None
+    assert store.ns.blob_info(digest) is None  # type: ignore[arg-type]
+    assert checked.stats.by_dir["inductor"]["corrupt_blobs"] == 0
+    assert os.listdir(store.cas.quarantine) == []
+
+
+def test_a_missing_blob_the_tier_puts_back_is_served(checked: Checked) -> None:
+    """Fetched.YES after the source added the blob: verify says it may be served and the name stays."""
+    store = checked.store
+    digest = checked.ino.hash
+    assert digest is not None
+    store.cas.delete(digest)
+    source = AnsweringSource(store, Fetched.YES, {digest: checked.data})
+    integrity = checked.integrity(source)
+    assert trio.run(integrity.verify, checked.ino) is True
+    assert len(source.asked) == 1
+    assert store.ns.lookup(checked.dir, b"k.py") == checked.ino.id
+    assert store.cas.read(digest) == checked.data
+    assert integrity.read(checked.ino.id, digest, 0, len(checked.data)) == checked.data
+    assert checked.stats.by_dir["inductor"]["corrupt_blobs"] == 0
+    # verified now: a second read neither hashes nor asks again
+    assert trio.run(integrity.verify, checked.ino) is True
+    assert len(source.asked) == 1

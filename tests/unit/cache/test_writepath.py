@@ -1,0 +1,242 @@
+"""WritePath on its own: staging, the running hash, commits, unconfirmed marks, files failed for room.
+
+Built as ``daemon.wiring`` builds it, on a real store (CAS + SQLite index in
+a temporary directory); no filesystem, no kernel.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import blake3
+import pytest
+import trio
+
+from mithrilfs.cache.writepath import MEM_STAGING_MAX, ContentDropped, Staged, WritePath
+from mithrilfs.observe.stats import ROOT_KEY, Stats
+from mithrilfs.store.namespace import ROOT_INODE, Inode, Namespace
+from mithrilfs.store.open import Store, open_store
+
+#: A size staged in a file rather than in memory (past ``MEM_STAGING_MAX``).
+BIG = MEM_STAGING_MAX + (64 << 10)
+
+
+class RecordingListener:
+    """A commit listener (the protocol the budget and the shared tier implement) that remembers each call."""
+
+    def __init__(self) -> None:
+        self.commits: list[tuple[int, bytes | None, int]] = []
+
+    async def committed(self, of: Staged) -> None:
+        self.commits.append((of.inode.id, of.inode.hash, of.inode.size))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = open_store(tmp_path / "store")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def listener() -> RecordingListener:
+    return RecordingListener()
+
+
+@pytest.fixture
+def writes(store: Store, listener: RecordingListener) -> Iterator[WritePath]:
+    """The write path as wiring builds it, with a recording listener in the commit-listener list."""
+    w = WritePath(store.ns, store.blobs, Stats(), trio.CapacityLimiter(2), [listener])
+    try:
+        yield w
+    finally:
+        w.shutdown()  # closes staging fds of a test that failed half way
+
+
+def new_file(ns: Namespace, name: bytes) -> Inode:
+    """A named, empty regular file in the root (what CREATE leaves before any write)."""
+    with ns.txn():
+        ino = ns.create_inode(stat.S_IFREG | 0o644, os.getuid(), os.getgid())
+        ns.link(ROOT_INODE, name, ino.id)
+    return ino
+
+
+async def committed_file(writes: WritePath, name: bytes, data: bytes) -> Inode:
+    """A file whose content *data* is committed (confirmed), through the write path itself."""
+    ino = new_file(writes.ns, name)
+    of = writes.staged_for(ino, ROOT_KEY)
+    await writes.write(of, 0, data)
+    await writes.commit(of)
+    return ino
+
+
+def unconfirmed_rows(ns: Namespace) -> set[int]:
+    """The ``unconfirmed`` table as stored (not only its in-memory mirror)."""
+    return {r[0] for r in ns.db.execute("SELECT inode FROM unconfirmed")}
+
+
+@pytest.mark.parametrize("total", [3000, BIG], ids=["in-memory", "staging-file"])
+def test_sequential_writes_commit_the_blob_named_by_its_hash_and_tell_listeners_once(
+        store: Store, writes: WritePath, listener: RecordingListener, total: int) -> None:
+    """Writes in sequence keep a running hash that names the blob; each commit is told to listeners once."""
+    data = os.urandom(total)
+
+    async def t() -> None:
+        ino = new_file(store.ns, b"f")
+        of = writes.staged_for(ino, ROOT_KEY)
+        step = 1000 if total < 10000 else 64 << 10
+        for off in range(0, total, step):
+            assert await writes.write(of, off, data[off:off + step]) == len(data[off:off + step])
+        # the running-hash path: nothing needs reading back at commit
+        assert of.hasher is not None and of.hashed == total
+        assert (of.mem is None) == (total > MEM_STAGING_MAX)
+        assert writes.staging_bytes() == total
+        await writes.commit(of)
+        digest = blake3.blake3(data).digest()
+        assert ino.hash == digest and ino.size == total
+        assert store.ns.get(ino.id).hash == digest
+        assert store.cas.read(digest) == data
+        assert store.ns.refcount(digest) == 1
+        assert listener.commits == [(ino.id, digest, total)]
+        assert ino.id not in writes.staged and writes.staging_bytes() == 0
+        assert os.listdir(store.cas.staging) == []
+        # a commit point with nothing written commits nothing and tells nobody
+        await writes.commit_inode(ino.id)
+        assert listener.commits == [(ino.id, digest, total)]
+
+    trio.run(t)
+
+
+@pytest.mark.parametrize("total", [3000, BIG], ids=["in-memory", "staging-file"])
+def test_out_of_order_writes_still_commit_the_right_hash(store: Store, writes: WritePath, total: int) -> None:
+    """A write that lands before the running hash's end drops it: the commit hashes the staged bytes."""
+    data = os.urandom(total)
+    half = total // 2
+
+    async def t() -> None:
+        ino = new_file(store.ns, b"f")
+        of = writes.staged_for(ino, ROOT_KEY)
+        await writes.write(of, half, data[half:])  # the second half first: a hole before it
+        assert of.hasher is None
+        await writes.write(of, 0, data[:half])
+        await writes.commit(of)
+        assert ino.hash == blake3.blake3(data).digest()
+        assert store.cas.read(ino.hash) == data
+
+    trio.run(t)
+
+
+def test_truncate_to_zero_then_write_replaces_the_content(store: Store, writes: WritePath) -> None:
+    """O_TRUNC then a write commits only the new bytes, and the old blob is collected."""
+    async def t() -> None:
+        ino = await committed_file(writes, b"f", b"old content, longer than the new")
+        old = ino.hash
+        assert old is not None and store.cas.exists(old)
+        of = writes.staged_for(ino, ROOT_KEY)
+        await writes.truncate(of, 0)
+        assert of.size == 0 and of.hasher is not None  # starts a fresh running hash
+        await writes.write(of, 0, b"new")
+        await writes.commit(of)
+        assert ino.hash == blake3.blake3(b"new").digest() and ino.size == 3
+        assert store.cas.read(ino.hash) == b"new"
+        assert not store.cas.exists(old) and store.ns.blob_info(old) is None
+
+    trio.run(t)
+
+
+def test_unconfirmed_commit_is_recorded_until_a_confirmed_commit_point(store: Store, writes: WritePath) -> None:
+    """An idle-timer commit marks the inode unconfirmed (index and mirror); a later fsync/rename clears it."""
+    async def t() -> None:
+        ino = new_file(store.ns, b"f")
+        of = writes.staged_for(ino, ROOT_KEY)
+        await writes.write(of, 0, b"maybe a paused writer")
+        await writes.commit(of, confirmed=False)
+        assert ino.hash == blake3.blake3(b"maybe a paused writer").digest()
+        assert ino.id in store.ns.unconfirmed and ino.id in unconfirmed_rows(store.ns)
+        # a confirmed commit point with nothing new to commit still confirms
+        await writes.commit_inode(ino.id, confirmed=True)
+        assert ino.id not in store.ns.unconfirmed and ino.id not in unconfirmed_rows(store.ns)
+
+    trio.run(t)
+
+
+def test_fail_drops_staging_and_the_next_confirmed_commit_point_says_enospc_once(
+        store: Store, writes: WritePath, listener: RecordingListener) -> None:
+    """A file failed for room gives its staging back, keeps its old content, and reports ENOSPC exactly once."""
+    async def t() -> None:
+        ino = await committed_file(writes, b"f", b"v1")
+        v1 = ino.hash
+        listener.commits.clear()
+        of = writes.staged_for(ino, ROOT_KEY)
+        await writes.write(of, 0, os.urandom(BIG))
+        assert writes.staging_bytes() == BIG and of.staging_path is not None
+        await writes.fail(of)
+        assert writes.staging_bytes() == 0
+        assert writes.physical() == store.blobs.bytes
+        assert ino.id in writes.failed and ino.id not in writes.staged
+        assert os.listdir(store.cas.staging) == []
+        # its next writes fail at once (no second slice of the cache for it)
+        with pytest.raises(ContentDropped):
+            await writes.write(writes.staged_for(ino, ROOT_KEY), 0, b"more")
+        # unconfirmed commit points (idle timer, unmount) leave it failed
+        await writes.commit_inode(ino.id, confirmed=False)
+        await writes.commit_all()
+        assert ino.id in writes.failed
+        # the first confirmed one tells the writer, with ENOSPC ...
+        with pytest.raises(ContentDropped) as e:
+            await writes.commit_inode(ino.id, confirmed=True)
+        assert e.value.errno == errno.ENOSPC
+        assert ino.id not in writes.failed
+        # ... and only once
+        await writes.commit_inode(ino.id, confirmed=True)
+        assert ino.hash == v1 and store.cas.read(v1) == b"v1"
+        assert listener.commits == []
+
+    trio.run(t)
+
+
+def test_truncate_to_zero_starts_a_failed_file_over(store: Store, writes: WritePath) -> None:
+    """After a failure for room, O_TRUNC clears the failed state and the file can be written and committed."""
+    async def t() -> None:
+        ino = new_file(store.ns, b"f")
+        of = writes.staged_for(ino, ROOT_KEY)
+        await writes.write(of, 0, b"x" * 100)
+        await writes.fail(of)
+        assert ino.id in writes.failed
+        of = writes.staged_for(ino, ROOT_KEY)
+        await writes.truncate(of, 0)
+        assert ino.id not in writes.failed
+        of = writes.staged_for(ino, ROOT_KEY)
+        await writes.write(of, 0, b"second try")
+        await writes.commit_inode(ino.id, confirmed=True)  # no ContentDropped
+        assert ino.hash == blake3.blake3(b"second try").digest()
+
+    trio.run(t)
+
+
+def test_physical_is_blob_bytes_plus_staging_bytes(store: Store, writes: WritePath) -> None:
+    """What the budget counts: unique committed blobs plus every byte being written, in memory or in files."""
+    async def t() -> None:
+        await committed_file(writes, b"a", b"A" * 1000)
+        await committed_file(writes, b"dup", b"A" * 1000)  # the same blob: counted once
+        assert store.blobs.bytes == 1000
+        small = writes.staged_for(new_file(store.ns, b"small"), ROOT_KEY)
+        await writes.write(small, 0, b"s" * 300)
+        big = writes.staged_for(new_file(store.ns, b"big"), ROOT_KEY)
+        await writes.write(big, 0, b"b" * BIG)
+        assert writes.staging_bytes() == 300 + BIG
+        assert writes.physical() == store.blobs.bytes + writes.staging_bytes() == 1000 + 300 + BIG
+        await writes.truncate(big, 10)  # shrinking staging shrinks the total
+        assert writes.physical() == 1000 + 300 + 10
+        await writes.commit(small)
+        assert writes.physical() == 1000 + 300 + 10 and store.blobs.bytes == 1300
+        on_disk = sum(os.path.getsize(store.cas.path(d)) for d in store.cas.iter_digests())
+        assert on_disk == store.blobs.bytes
+
+    trio.run(t)

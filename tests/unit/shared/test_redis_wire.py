@@ -1,0 +1,193 @@
+"""The shared tier's wire layer against a real redis-server: hostile entries, convergence, tombstones, HMAC.
+
+``parse_entry`` is fed what an attacker with write access to Redis could
+store; the conditional write (the Lua script behind
+``RemoteTier.publish_entries``) is exercised by two writers publishing the
+same path in both orders on a real server (the ``redis_server`` fixture of
+tests/conftest.py, stopped by PID).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from conftest import RedisServer
+
+from mithrilfs.shared.redis_wire import MAX_ENTRY_BYTES, MAX_SIZE, MAX_VERSION, RemoteEntry, RemoteTier, parse_entry
+
+HASH = "ab" * 32
+OTHER_HASH = "cd" * 32
+
+
+def good_file(**changes: Any) -> dict[str, Any]:
+    """A valid file entry's fields, with *changes* applied (None removes a field)."""
+    d: dict[str, Any] = {"t": "f", "v": 1_700_000_000_000_000, "n": "node-a", "h": HASH, "s": 123,
+                         "m": 0o644, "mt": 1_700_000_000_000_000_000}
+    for k, v in changes.items():
+        if v is None:
+            d.pop(k, None)
+        else:
+            d[k] = v
+    return d
+
+
+def raw(d: dict[str, Any]) -> bytes:
+    return json.dumps(d).encode()
+
+
+def file_entry(version: int, node: str, digest: str = HASH, size: int = 10) -> RemoteEntry:
+    return RemoteEntry("f", version, node, digest, size, 0o644, 1)
+
+
+@pytest.fixture
+def tiers(redis_server: RedisServer) -> Iterator[Callable[..., RemoteTier]]:
+    """Make RemoteTiers on the test's redis-server; every client made is closed afterwards."""
+    made: list[RemoteTier] = []
+
+    def make(namespace: str = "t", key: bytes | None = None) -> RemoteTier:
+        tier = RemoteTier(redis_server.url, namespace, key)
+        made.append(tier)
+        return tier
+
+    try:
+        yield make
+    finally:
+        for tier in made:
+            tier.close()
+
+
+# -- parse_entry: everything read from Redis is hostile ------------------------------------------
+
+@pytest.mark.parametrize("value,why", [
+    (b'{"t":"d","v":1,"n":"a","m":0,"mt":0,"pad":"' + b"x" * MAX_ENTRY_BYTES + b'"}', "too large"),
+    (b"[" * 4000 + b"]" * 4000, "not JSON"),  # deep nesting under the size limit: no RecursionError escapes
+    (b'{"t":"f"', "not JSON"),
+    (b"[1, 2]", "not an entry object"),
+    (raw(good_file(extra="field")), "not an entry object"),
+    (raw(good_file(t="q")), "unknown type"),
+    (raw(good_file(n="has space")), "bad node"),
+    (raw(good_file(n="")), "bad node"),
+    (raw(good_file(n="x" * 65)), "bad node"),
+    (raw(good_file(n=7)), "bad node"),
+    (raw(good_file(v=True)), "'v' out of range"),
+    (raw(good_file(v=1.0)), "'v' out of range"),
+    (raw(good_file(v=0)), "'v' out of range"),
+    (raw(good_file(v=MAX_VERSION)), "'v' out of range"),
+    (raw(good_file(s=True)), "'s' out of range"),
+    (raw(good_file(s=-1)), "'s' out of range"),
+    (raw(good_file(s=MAX_SIZE)), "'s' out of range"),
+    (raw(good_file(s="123")), "'s' out of range"),
+    (raw(good_file(m=False)), "'m' out of range"),
+    (raw(good_file(m=0o10000)), "'m' out of range"),
+    (raw(good_file(mt=-1)), "'mt' out of range"),
+    (raw(good_file(h=HASH.upper())), "bad hash"),
+    (raw(good_file(h=HASH[:-1])), "bad hash"),
+    (raw(good_file(h=HASH[:-1] + "g")), "bad hash"),
+    (raw(good_file(h=None)), "bad hash"),
+    (raw(good_file(mac=5)), "bad mac"),
+    (raw({"t": "l", "v": 1, "n": "a", "m": 0o777, "mt": 0, "tg": ""}), "bad symlink target"),
+    (raw({"t": "l", "v": 1, "n": "a", "m": 0o777, "mt": 0, "tg": "a\0b"}), "bad symlink target"),
+    (raw({"t": "l", "v": 1, "n": "a", "m": 0o777, "mt": 0, "tg": "x" * 4096}), "bad symlink target"),
+])
+def test_parse_entry_rejects_hostile_entries(value: bytes, why: str) -> None:
+    """Each way an entry can be wrong is refused with a reason (and never raises anything but ValueError)."""
+    with pytest.raises(ValueError, match=why):
+        parse_entry(value)
+
+
+def test_parse_entry_accepts_good_entries() -> None:
+    """Valid entries of every type come back field for field, with their mac."""
+    entry, mac = parse_entry(raw(good_file(mac="m" * 64, s=MAX_SIZE - 1)))
+    assert entry == RemoteEntry("f", 1_700_000_000_000_000, "node-a", HASH, MAX_SIZE - 1, 0o644,
+                                1_700_000_000_000_000_000)
+    assert mac == "m" * 64
+    tomb, mac = parse_entry(b'{"t":"x","v":5,"n":"b"}')
+    assert tomb.is_tombstone and (tomb.version, tomb.node, mac) == (5, "b", None)
+    link, _ = parse_entry(raw({"t": "l", "v": 2, "n": "c", "m": 0o777, "mt": 3, "tg": "../lib.so"}))
+    assert (link.type, link.target) == ("l", "../lib.so")
+    d, _ = parse_entry(raw({"t": "d", "v": MAX_VERSION - 1, "n": "d", "m": 0o755, "mt": 0}))
+    assert (d.type, d.version) == ("d", MAX_VERSION - 1)
+
+
+def test_hostile_entries_in_redis_are_ignored_and_counted(redis_server: RedisServer,
+                                                          tiers: Callable[..., RemoteTier]) -> None:
+    """What ``list_dir`` reads goes through the same checks: bad entries (and bad names) vanish, counted."""
+    tier = tiers()
+    tier.publish_entries([("dir/good.so", file_entry(10, "node-a"))])
+    key = f"{tier.prefix}d:dir"
+    assert redis_server.cli("HSET", key, "bool.so", raw(good_file(s=True)).decode()).returncode == 0
+    assert redis_server.cli("HSET", key, "deep.so", "[" * 4000 + "]" * 4000).returncode == 0
+    assert redis_server.cli("HSET", key, "..", raw(good_file()).decode()).returncode == 0
+    before = tier.counters["remote_rejected"]
+    assert tier.list_dir("dir") == {b"good.so": file_entry(10, "node-a")}
+    assert tier.counters["remote_rejected"] == before + 3
+
+
+# -- the conditional write: every node converges on the newest (version, node) ------------------
+
+@pytest.mark.parametrize("first,second,winner", [
+    (file_entry(100, "node-a", HASH), file_entry(100, "node-b", OTHER_HASH), "node-b"),  # tie: node decides
+    (file_entry(100, "node-b", OTHER_HASH), file_entry(100, "node-a", HASH), "node-b"),
+    (file_entry(200, "node-a", HASH), file_entry(100, "node-z", OTHER_HASH), "node-a"),  # newer version wins
+    (file_entry(100, "node-z", OTHER_HASH), file_entry(200, "node-a", HASH), "node-a"),
+])
+def test_two_writers_converge_on_the_newest_version_in_either_order(
+        tiers: Callable[..., RemoteTier], first: RemoteEntry, second: RemoteEntry, winner: str) -> None:
+    """Whatever order two nodes publish the same path in, Redis ends with the newest (version, node)."""
+    a, b = tiers(), tiers()
+    assert a.publish_entries([("lib/k.so", first)]) == [(True, None)]
+    written, other = b.publish_entries([("lib/k.so", second)])[0]
+    expected = first if first.node == winner else second
+    assert written == (expected is second)
+    assert other == first  # the entry replaced, or the newer one that stayed
+    for reader in (a, b):
+        assert reader.list_dir("lib") == {b"k.so": expected}
+
+
+def test_a_newer_tombstone_deletes_and_an_older_one_does_not(tiers: Callable[..., RemoteTier]) -> None:
+    """Deletion is a versioned write too: it wins only when it is newer than the entry it meets."""
+    tier = tiers()
+    tier.publish_entries([("d/gone.so", file_entry(100, "node-a")), ("d/kept.so", file_entry(300, "node-a"))])
+    results = tier.publish_entries([("d/gone.so", RemoteEntry("x", 200, "node-b")),
+                                    ("d/kept.so", RemoteEntry("x", 200, "node-b"))])
+    assert results[0] == (True, file_entry(100, "node-a"))
+    assert results[1] == (False, file_entry(300, "node-a"))
+    listed = tier.list_dir("d")
+    assert listed[b"gone.so"].is_tombstone and listed[b"gone.so"].version == 200
+    assert listed[b"kept.so"] == file_entry(300, "node-a")
+    # an entry older than the tombstone does not bring the name back
+    assert tier.publish_entries([("d/gone.so", file_entry(150, "node-c"))])[0][0] is False
+    assert tier.list_dir("d")[b"gone.so"].is_tombstone
+
+
+# -- HMAC ----------------------------------------------------------------------------------------
+
+def test_entries_signed_with_another_key_are_ignored(redis_server: RedisServer,
+                                                     tiers: Callable[..., RemoteTier]) -> None:
+    """With a key, only entries carrying our HMAC count: another key's, or none, are rejected."""
+    ours, theirs = tiers(key=b"our key"), tiers(key=b"their key")
+    theirs.publish_entries([("d/theirs.so", file_entry(100, "node-t"))])
+    ours.publish_entries([("d/ours.so", file_entry(100, "node-o"))])
+    redis_server.cli("HSET", f"{ours.prefix}d:d", "unsigned.so", raw(good_file()).decode())
+    assert ours.list_dir("d") == {b"ours.so": file_entry(100, "node-o")}
+    assert ours.counters["remote_rejected"] == 2
+    assert theirs.list_dir("d") == {b"theirs.so": file_entry(100, "node-t")}
+    # an unsigned or foreign entry does not get to stay by claiming a newer version
+    written, other = ours.publish_entries([("d/theirs.so", file_entry(50, "node-o"))])[0]
+    assert written and other is None
+    assert ours.list_dir("d")[b"theirs.so"] == file_entry(50, "node-o")
+
+
+def test_the_signature_covers_the_path(redis_server: RedisServer, tiers: Callable[..., RemoteTier]) -> None:
+    """A validly signed entry copied to another name is rejected: the HMAC binds namespace and path."""
+    tier = tiers(key=b"k")
+    tier.publish_entries([("d/a.so", file_entry(100, "node-a"))])
+    value = redis_server.cli("HGET", f"{tier.prefix}d:d", "a.so").stdout.strip()
+    redis_server.cli("HSET", f"{tier.prefix}d:d", "b.so", value)
+    assert set(tier.list_dir("d")) == {b"a.so"}
+    other_ns = tiers(namespace="other", key=b"k")
+    redis_server.cli("HSET", f"{other_ns.prefix}d:d", "a.so", value)
+    assert other_ns.list_dir("d") == {}

@@ -1,0 +1,160 @@
+"""The SQLite namespace alone: entries, attributes, refcounts, persistence, recovery."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from mithrilfs.store.namespace import ROOT_INODE, Namespace
+from mithrilfs.store.open import StoreError, open_store
+
+
+@pytest.fixture
+def ns(tmp_path):
+    n = Namespace(str(tmp_path / "index.sqlite3"))
+    yield n
+    n.close()
+
+
+def _file(ns, parent, name):
+    with ns.txn():
+        ino = ns.create_inode(stat.S_IFREG | 0o644, 0, 0)
+        ns.link(parent, name, ino.id)
+    return ino
+
+
+def test_root_exists_and_is_a_directory(ns):
+    root = ns.get(ROOT_INODE)
+    assert root is not None and root.is_dir and root.nlink == 2
+
+
+def test_entries_and_readdir_offsets_are_stable(ns):
+    names = [f"f{i}".encode() for i in range(10)]
+    for n in names:
+        _file(ns, ROOT_INODE, n)
+    first = ns.readdir(ROOT_INODE, 0, limit=4)
+    rest = ns.readdir(ROOT_INODE, first[-1].offset)
+    assert [d.name for d in first + rest] == names
+    # removing an entry already returned does not shift the others
+    with ns.txn():
+        ns.unlink(ROOT_INODE, b"f1")
+    again = ns.readdir(ROOT_INODE, first[-1].offset)
+    assert [d.name for d in again] == [d.name for d in rest]
+
+
+def test_refcounts_follow_inodes(ns):
+    a = _file(ns, ROOT_INODE, b"a")
+    b = _file(ns, ROOT_INODE, b"b")
+    h = b"\x01" * 32
+    with ns.txn():
+        ns.blob_intent(h, 5)
+    assert ns.refcount(h) == 0
+    with ns.txn():
+        ns.set_content(a, h, 5, 1)
+        ns.set_content(b, h, 5, 1)
+    assert ns.refcount(h) == 2
+    with ns.txn():
+        ns.unlink(ROOT_INODE, b"a")
+        ns.delete_inode(a.id)
+    assert ns.refcount(h) == 1
+    h2 = b"\x02" * 32
+    with ns.txn():
+        ns.blob_intent(h2, 7)
+        ns.set_content(b, h2, 7, 2)
+    assert ns.refcount(h) == 0 and ns.refcount(h2) == 1
+    assert ns.garbage() == [h]
+    with ns.txn():
+        ns.forget_blob(h)
+    assert ns.refcount(h) is None
+
+
+def test_persistence_and_stable_inode_numbers(tmp_path):
+    path = str(tmp_path / "index.sqlite3")
+    ns = Namespace(path)
+    f = _file(ns, ROOT_INODE, b"kept")
+    with ns.txn():
+        d = ns.create_inode(stat.S_IFDIR | 0o755, 0, 0, nlink=2)
+        ns.link(ROOT_INODE, b"dir", d.id)
+    ns.close()
+    ns = Namespace(path)
+    assert ns.lookup(ROOT_INODE, b"kept") == f.id
+    assert ns.lookup(ROOT_INODE, b"dir") == d.id
+    assert ns.get(d.id).is_dir
+    ns.close()
+
+
+def test_transaction_rolls_back_on_error(ns):
+    with pytest.raises(RuntimeError):
+        with ns.txn():
+            _file(ns, ROOT_INODE, b"ghost")
+            raise RuntimeError
+    assert ns.lookup(ROOT_INODE, b"ghost") is None
+
+
+def test_rollback_restores_inode_objects(ns):
+    f = _file(ns, ROOT_INODE, b"f")
+    h = b"\x09" * 32
+    with ns.txn():
+        ns.blob_intent(h, 3)
+    with pytest.raises(RuntimeError):
+        with ns.txn():
+            ns.set_content(f, h, 3, 5)
+            ns.add_link(f, +1)
+            raise RuntimeError("disk full")
+    assert (f.hash, f.size, f.nlink) == (None, 0, 1)
+    assert ns.get(f.id).hash is None and ns.refcount(h) == 0
+
+
+def test_recover_drops_unlinked_inodes_and_fixes_refcounts(ns):
+    a = _file(ns, ROOT_INODE, b"a")
+    h = b"\x03" * 32
+    with ns.txn():
+        ns.blob_intent(h, 1)
+        ns.set_content(a, h, 1, 1)
+        ns.unlink(ROOT_INODE, b"a")
+        ns.add_link(a, -1)  # unlinked while open, then the daemon died
+        ns.db.execute("UPDATE blobs SET refcount = 7")  # and the counts were off
+    report = ns.recover()
+    assert report["unlinked_inodes"] == 1
+    assert ns.get(a.id) is None
+    assert ns.refcount(h) == 0
+
+
+def test_store_format_stamp_and_lock(tmp_path):
+    s = open_store(tmp_path / "st")
+    assert (tmp_path / "st" / "FORMAT").exists()
+    assert stat.S_IMODE((tmp_path / "st").stat().st_mode) == 0o700
+    with pytest.raises(StoreError, match="in use"):
+        open_store(tmp_path / "st")
+    s.close()
+    (tmp_path / "st" / "FORMAT").write_text('{"format": 99}')
+    with pytest.raises(StoreError, match="format 99"):
+        open_store(tmp_path / "st")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "something").write_text("x")
+    with pytest.raises(StoreError, match="not a mithrilfs store"):
+        open_store(other)
+
+
+def test_index_from_before_device_numbers_gains_the_column(tmp_path):
+    import sqlite3
+
+    path = str(tmp_path / "old.sqlite3")
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE inodes (id INTEGER PRIMARY KEY AUTOINCREMENT, mode INTEGER NOT NULL, uid INTEGER NOT NULL,
+            gid INTEGER NOT NULL, nlink INTEGER NOT NULL, size INTEGER NOT NULL DEFAULT 0, atime_ns INTEGER NOT NULL,
+            mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, hash BLOB, target BLOB);
+        INSERT INTO inodes VALUES (1, 16877, 0, 0, 2, 0, 1, 1, 1, NULL, NULL);
+        INSERT INTO inodes VALUES (2, 33188, 0, 0, 1, 5, 1, 1, 1, NULL, NULL);
+    """)
+    db.commit()
+    db.close()
+    ns = Namespace(path)
+    assert ns.get(2).rdev == 0 and ns.get(2).size == 5
+    with ns.txn():
+        dev = ns.create_inode(stat.S_IFCHR | 0o600, 0, 0, rdev=259)
+    assert ns.get(dev.id).rdev == 259
+    ns.close()
