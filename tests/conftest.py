@@ -17,8 +17,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from mithrilfs.store.open import Store
 
 # the daemon's own definitions: a FUSE mount at the path, the pid its control dir reports,
 # "alive" meaning not a zombie
@@ -403,3 +407,45 @@ def make_archive(path, entries: list, blobs: dict[str, bytes] | None = None, spa
 
 def entry(path, **kw):
     return {"path": path, "type": "file", "mode": 0o644, "mtime_ns": 1, "atime_ns": 1, **kw}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """A real store (CAS and SQLite index) in a temp dir, for tests below the mount."""
+    from mithrilfs.store.open import open_store
+
+    s = open_store(tmp_path / "store")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def make_dir(store: Store, parent: int, name: bytes) -> int:
+    """A directory *name* in *parent*, straight in the index (tests below the mount)."""
+    import stat
+
+    ns = store.ns
+    with ns.txn():
+        d = ns.create_inode(stat.S_IFDIR | 0o755, os.getuid(), os.getgid(), nlink=2)
+        ns.link(parent, name, d.id)
+        parent_ino = ns.get(parent)
+        assert parent_ino is not None
+        ns.add_link(parent_ino, 1)
+    return d.id
+
+
+@pytest.fixture
+def shared_dir(tmp_path: Path) -> Iterator[Path]:
+    """A host directory with shared propagation (a pod's hostPath under Bidirectional)."""
+    d = tmp_path / "shared"
+    d.mkdir()
+    subprocess.run(["mount", "--bind", str(d), str(d)], check=True)
+    subprocess.run(["mount", "--make-shared", str(d)], check=True)
+    try:
+        yield d
+    finally:
+        for sub in (d / "cache", d):
+            if is_mounted(sub) or sub == d:
+                if subprocess.run(["umount", str(sub)], capture_output=True).returncode:
+                    subprocess.run(["umount", "-l", str(sub)], capture_output=True)

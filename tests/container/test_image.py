@@ -205,20 +205,6 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
         podman("rmi", "-f", image, check=False)
 
 
-@pytest.fixture
-def shared(tmp_path: Path) -> Iterator[Path]:
-    """A host directory with shared propagation (a pod's hostPath under Bidirectional)."""
-    d = tmp_path / "shared"
-    d.mkdir()
-    subprocess.run(["mount", "--bind", str(d), str(d)], check=True)
-    subprocess.run(["mount", "--make-shared", str(d)], check=True)
-    try:
-        yield d
-    finally:
-        for sub in (d / "cache", d):
-            if is_mounted(sub) or sub == d:
-                if subprocess.run(["umount", str(sub)], capture_output=True).returncode:
-                    subprocess.run(["umount", "-l", str(sub)], capture_output=True)
 
 
 def _mounted_and_answering(mp: Path) -> bool:
@@ -229,19 +215,19 @@ def _mountinfo(images: Images, container: str) -> str:
     return images.podman("exec", container, "cat", "/proc/self/mountinfo").stdout
 
 
-def test_sidecar_image(images: Images, shared: Path, tmp_path: Path):
+def test_sidecar_image(images: Images, shared_dir: Path, tmp_path: Path):
     podman, store = images.podman, tmp_path / "store"
     store.mkdir()
-    cache = shared / "cache"
+    cache = shared_dir / "cache"
     side = podman.name("side")
     sidecar = ["run", "-d", "--name", side, "--device", "/dev/fuse", "--cap-add", "SYS_ADMIN",
-               "-v", f"{shared}:/mithrilfs:rshared", "-v", f"{store}:/store", images.image]
+               "-v", f"{shared_dir}:/mithrilfs:rshared", "-v", f"{store}:/store", images.image]
     podman(*sidecar)
     wait_for(lambda: _mounted_and_answering(cache), what="the sidecar's mount to reach the host")
 
     # host -> app container (rslave), and app container -> host
     write_committed(cache / "from-host", b"written on the host")
-    app = ["run", "--rm", "-v", f"{shared}:/mithrilfs:rslave", images.base]
+    app = ["run", "--rm", "-v", f"{shared_dir}:/mithrilfs:rslave", images.base]
     res = podman(*app, "sh", "-c", "cat /mithrilfs/cache/from-host && printf 'written in the app' "
                  "> /mithrilfs/cache/from-app && sync /mithrilfs/cache/from-app")
     assert res.stdout == "written on the host"
@@ -255,7 +241,7 @@ def test_sidecar_image(images: Images, shared: Path, tmp_path: Path):
 
     # an app started after the mount exists sees a restarted sidecar's new mount
     running_app = podman.name("app")
-    podman("run", "-d", "--name", running_app, "-v", f"{shared}:/mithrilfs:rslave", images.base, "sleep", "600")
+    podman("run", "-d", "--name", running_app, "-v", f"{shared_dir}:/mithrilfs:rslave", images.base, "sleep", "600")
     assert podman("exec", running_app, "cat", "/mithrilfs/cache/from-host").stdout == "written on the host"
     podman("stop", "-t", "30", side)
     assert podman("inspect", side, "--format", "{{.State.ExitCode}}").stdout.strip() == "0"
@@ -275,22 +261,22 @@ def test_sidecar_image(images: Images, shared: Path, tmp_path: Path):
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
 
 
-def test_sidecar_on_a_volume_root_warns(images: Images, shared: Path, tmp_path: Path):
+def test_sidecar_on_a_volume_root_warns(images: Images, shared_dir: Path, tmp_path: Path):
     """Mounting on the shared volume's root is what strands apps on a dead mount: the entrypoint says so."""
     podman = images.podman
     side = podman.name("root")
     (tmp_path / "store").mkdir()
     podman("run", "-d", "--name", side, "--device", "/dev/fuse", "--cap-add", "SYS_ADMIN",
-           "-e", "MITHRILFS_MOUNTPOINT=/cache", "-v", f"{shared}:/cache:rshared", "-v", f"{tmp_path}/store:/store",
+           "-e", "MITHRILFS_MOUNTPOINT=/cache", "-v", f"{shared_dir}:/cache:rshared", "-v", f"{tmp_path}/store:/store",
            images.image)
-    wait_for(lambda: _mounted_and_answering(shared), what="the sidecar's mount")
+    wait_for(lambda: _mounted_and_answering(shared_dir), what="the sidecar's mount")
     logs = podman("logs", side).stderr
     assert "/cache is a volume's root" in logs and "subdirectory" in logs
     podman("stop", "-t", "30", side)
-    assert not is_mounted(shared)
+    assert not is_mounted(shared_dir)
 
 
-def _compose_for_test(shared: Path, store: Path, images: Images) -> dict:
+def _compose_for_test(shared_dir: Path, store: Path, images: Images) -> dict:
     """deploy/docker-compose.yaml with only the host-specific parts replaced: this test's directories and
     images, no build section (the image is built already).  podman-compose gives the project a bridge
     network of its own (its CNI file under the tests' run root), removed afterwards."""
@@ -299,20 +285,20 @@ def _compose_for_test(shared: Path, store: Path, images: Images) -> dict:
     side.pop("build")
     side["image"] = images.image
     side["volumes"] = [
-        {**v, "source": str(shared)} if isinstance(v, dict) and v["target"] == "/mithrilfs"
+        {**v, "source": str(shared_dir)} if isinstance(v, dict) and v["target"] == "/mithrilfs"
         else f"{store}:/store" for v in side["volumes"]]
     app["image"], app["command"] = images.base, ["sleep", "600"]
-    app["volumes"] = [{**v, "source": str(shared)} for v in app["volumes"]]
+    app["volumes"] = [{**v, "source": str(shared_dir)} for v in app["volumes"]]
     compose.pop("volumes")
     return compose
 
 
-def test_compose_file(images: Images, shared: Path, tmp_path: Path):
+def test_compose_file(images: Images, shared_dir: Path, tmp_path: Path):
     podman, store = images.podman, tmp_path / "store"
     store.mkdir()
-    cache = shared / "cache"
+    cache = shared_dir / "cache"
     f = tmp_path / "compose.yaml"
-    f.write_text(yaml.safe_dump(_compose_for_test(shared, store, images)))
+    f.write_text(yaml.safe_dump(_compose_for_test(shared_dir, store, images)))
     project = f"mithrilfs-test-{os.getpid()}"
     compose = ["podman-compose", "-p", project, "-f", str(f)]
 

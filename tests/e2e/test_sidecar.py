@@ -24,17 +24,6 @@ pytestmark = pytest.mark.e2e
 WORKLOAD = REPO / "scripts" / "compile_workload.py"
 
 
-@pytest.fixture
-def shared_dir(tmp_path):
-    d = tmp_path / "shared"
-    d.mkdir()
-    subprocess.run(["mount", "--bind", str(d), str(d)], check=True)
-    subprocess.run(["mount", "--make-shared", str(d)], check=True)
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d / "cache")], capture_output=True)
-        subprocess.run(["umount", "-l", str(d)], capture_output=True)
 
 
 def _app(env: dict) -> dict:

@@ -15,10 +15,10 @@ import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import trio
+from conftest import make_dir as mkdir
 
 from mithrilfs.cache.budget import Budget
 from mithrilfs.cache.eviction import EvictionPolicy, Unit
@@ -29,7 +29,7 @@ from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import ROOT_KEY, Stats
 from mithrilfs.observe.tops import TopDirs
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode
-from mithrilfs.store.open import Store, open_store
+from mithrilfs.store.open import Store
 
 
 class RecordingEvictionListener:
@@ -57,15 +57,6 @@ class Cache:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = open_store(tmp_path / "store")
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@pytest.fixture
 def cache(store: Store) -> Iterator[Cache]:
     """A large budget (files are added without evicting) and no minimum age unless a test sets one."""
     policy = EvictionPolicy(max_bytes=1 << 30, min_age=0)
@@ -84,16 +75,6 @@ def cache(store: Store) -> Iterator[Cache]:
         writes.shutdown()
 
 
-def mkdir(store: Store, parent: int, name: bytes) -> int:
-    """A directory *name* in *parent*."""
-    ns = store.ns
-    with ns.txn():
-        d = ns.create_inode(stat.S_IFDIR | 0o755, os.getuid(), os.getgid(), nlink=2)
-        ns.link(parent, name, d.id)
-        parent_ino = ns.get(parent)
-        assert parent_ino is not None
-        ns.add_link(parent_ino, 1)
-    return d.id
 
 
 async def add_file(cache: Cache, parent: int, name: bytes, data: bytes, *, used_ns: int | None = None) -> Inode:

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from conftest import make_dir
 
 from mithrilfs.cache.lifetime import Lifetimes, Removed
 from mithrilfs.cache.recency import Recency
-from mithrilfs.store.namespace import ROOT_INODE, Inode, Namespace
-from mithrilfs.store.open import Store, open_store
+from mithrilfs.store.namespace import ROOT_INODE, Inode
+from mithrilfs.store.open import Store
 
 
 class RecordingKernel:
@@ -32,15 +31,6 @@ class RecordingKernel:
 
     def invalidate_inode(self, inode: int, off: int = 0, length: int = 0) -> None:
         self.invalidated.append((inode, off, length))
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = open_store(tmp_path / "store")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture
@@ -59,15 +49,6 @@ def lifetimes(store: Store, written: set[int], kernel: RecordingKernel) -> Lifet
     return Lifetimes(store.ns, store.blobs, Recency(store.ns), written.__contains__, kernel)
 
 
-def mkdir(ns: Namespace, parent: int, name: bytes) -> int:
-    """A directory *name* in *parent*."""
-    with ns.txn():
-        d = ns.create_inode(stat.S_IFDIR | 0o755, os.getuid(), os.getgid(), nlink=2)
-        ns.link(parent, name, d.id)
-        parent_ino = ns.get(parent)
-        assert parent_ino is not None
-        ns.add_link(parent_ino, 1)
-    return d.id
 
 
 def add_file(store: Store, parent: int, name: bytes, data: bytes) -> Inode:
@@ -151,7 +132,7 @@ def test_delete_if_unused_keeps_a_blob_another_inode_shares(store: Store, lifeti
 def test_remove_all_names_keeping_content_of_a_referenced_inode_until_forget(
         store: Store, lifetimes: Lifetimes) -> None:
     """Eviction (keep_content): a referenced inode keeps row and blob until unref + delete; others go at once."""
-    d = mkdir(store.ns, ROOT_INODE, b"inductor")
+    d = make_dir(store, ROOT_INODE, b"inductor")
     held = add_file(store, d, b"held.so", b"mapped by a process")
     with store.ns.txn():
         store.ns.link(ROOT_INODE, b"held-link", held.id)  # a second name: both must go
@@ -197,7 +178,7 @@ def test_remove_all_names_without_keeping_content_makes_a_referenced_inode_unrea
 def test_tell_kernel_passes_parent_child_and_name(store: Store, lifetimes: Lifetimes,
                                                   kernel: RecordingKernel) -> None:
     """Every name the daemon removed on its own reaches the kernel as (parent, child, name)."""
-    d = mkdir(store.ns, ROOT_INODE, b"triton")
+    d = make_dir(store, ROOT_INODE, b"triton")
     lifetimes.tell_kernel([(d, b"k.cubin", 42), (ROOT_INODE, b"x", 43)])
     assert kernel.deleted == [(d, 42, b"k.cubin"), (ROOT_INODE, 43, b"x")]
     # forget_content removes every name of a blob and tells the kernel about each of them

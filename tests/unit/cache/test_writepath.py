@@ -10,7 +10,6 @@ import errno
 import os
 import stat
 from collections.abc import Iterator
-from pathlib import Path
 
 import blake3
 import pytest
@@ -19,7 +18,7 @@ import trio
 from mithrilfs.cache.writepath import MEM_STAGING_MAX, ContentDropped, Staged, WritePath
 from mithrilfs.observe.stats import ROOT_KEY, Stats
 from mithrilfs.store.namespace import ROOT_INODE, Inode, Namespace
-from mithrilfs.store.open import Store, open_store
+from mithrilfs.store.open import Store
 
 #: A size staged in a file rather than in memory (past ``MEM_STAGING_MAX``).
 BIG = MEM_STAGING_MAX + (64 << 10)
@@ -33,15 +32,6 @@ class RecordingListener:
 
     async def committed(self, of: Staged) -> None:
         self.commits.append((of.inode.id, of.inode.hash, of.inode.size))
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = open_store(tmp_path / "store")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture

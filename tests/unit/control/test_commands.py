@@ -14,11 +14,11 @@ import json
 import os
 import stat
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from conftest import make_dir as mkdir
 
 from mithrilfs import settings
 from mithrilfs.cache.eviction import EvictionPolicy
@@ -28,16 +28,7 @@ from mithrilfs.daemon.wiring import Mounted, build
 from mithrilfs.kernel import FUSEError
 from mithrilfs.observe.stats import COUNTERS, KeptCounters
 from mithrilfs.store.namespace import ROOT_INODE, Inode
-from mithrilfs.store.open import Store, open_store
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = open_store(tmp_path / "store")
-    try:
-        yield s
-    finally:
-        s.close()
+from mithrilfs.store.open import Store
 
 
 def mount(store: Store, policy: EvictionPolicy | None = None, fixed: frozenset[str] = frozenset()) -> Mounted:
@@ -81,15 +72,6 @@ async def read_json(m: Mounted, name: bytes) -> dict[str, Any]:
     return json.loads(await files.read(ino, 0, size))
 
 
-def mkdir(store: Store, parent: int, name: bytes) -> int:
-    ns = store.ns
-    with ns.txn():
-        d = ns.create_inode(stat.S_IFDIR | 0o755, os.getuid(), os.getgid(), nlink=2)
-        ns.link(parent, name, d.id)
-        parent_ino = ns.get(parent)
-        assert parent_ino is not None
-        ns.add_link(parent_ino, 1)
-    return d.id
 
 
 async def add_file(m: Mounted, parent: int, name: bytes, data: bytes, *, used_ns: int | None = None) -> Inode:
