@@ -137,13 +137,9 @@ def _timed(op: str) -> Callable[[F], F]:
     return wrap
 
 
-def _err(code: int) -> FUSEError:
-    return FUSEError(code)
-
-
 def _check_name_length(name: bytes) -> None:
     if len(name) > NAME_MAX:
-        raise _err(errno.ENAMETOOLONG)
+        raise FUSEError(errno.ENAMETOOLONG)
 
 
 @dataclass
@@ -312,9 +308,9 @@ class Operations(kernel.Operations):
         now = time.time_ns()
         if fields.update_size:
             if ino.is_dir:
-                raise _err(errno.EISDIR)
+                raise FUSEError(errno.EISDIR)
             if not ino.is_reg:
-                raise _err(errno.EINVAL)
+                raise FUSEError(errno.EINVAL)
             # not a commit point: O_TRUNC arrives here too (with no file handle, like
             # truncate(2)), and its writer is only starting
             await self.writes.truncate(self._staged(inode), attr.st_size)
@@ -345,7 +341,7 @@ class Operations(kernel.Operations):
     async def readlink(self, inode: int, ctx: Any = None) -> bytes:
         ino = self._inode(inode)
         if not stat.S_ISLNK(ino.mode) or ino.target is None:
-            raise _err(errno.EINVAL)
+            raise FUSEError(errno.EINVAL)
         return ino.target
 
     # ------------------------------------------------------------------
@@ -361,7 +357,7 @@ class Operations(kernel.Operations):
         # device nodes are stored with their device number; the mount is nodev, so none can be opened
         if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
                 or stat.S_ISBLK(mode)):
-            raise _err(errno.EINVAL)
+            raise FUSEError(errno.EINVAL)
         dev = rdev if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else 0
         return self._attr(self._new_entry(parent_inode, name, mode, ctx, rdev=dev))
 
@@ -377,7 +373,7 @@ class Operations(kernel.Operations):
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> EntryAttributes:
         self._check_not_control(new_parent_inode, new_name)
         if self.control.owns(inode) or self._inode(inode).is_dir:
-            raise _err(errno.EPERM)
+            raise FUSEError(errno.EPERM)
         with self.budget.using(inode):
             await self.writes.commit_inode(inode)  # a second name: the content is whole
         return self._attr(self.names.link(inode, new_parent_inode, new_name))
@@ -423,7 +419,7 @@ class Operations(kernel.Operations):
             return of
         inode = self._inode(ino)
         if not inode.is_reg:
-            raise _err(errno.EINVAL)
+            raise FUSEError(errno.EINVAL)
         return self.writes.staged_for(inode, self.tops.of_file(ino))
 
     @_request
@@ -446,7 +442,7 @@ class Operations(kernel.Operations):
                 data = of.read(off, size)
                 break
             if inode in self.lifetimes.unreadable:
-                raise _err(errno.EIO)  # its content was bad and is gone; a retried read must not see it empty
+                raise FUSEError(errno.EIO)  # its content was bad and is gone; a retried read must not see it empty
             ino = self._inode(inode)
             digest = ino.hash
             if digest is None:
@@ -454,7 +450,7 @@ class Operations(kernel.Operations):
                 break
             if digest not in self.store.blobs.verified:
                 if not await self.integrity.verify(ino):
-                    raise _err(errno.EIO)  # never served: quarantined, or a miss from now on
+                    raise FUSEError(errno.EIO)  # never served: quarantined, or a miss from now on
                 continue  # it may have been written meanwhile
             if off == 0:
                 self.tier.record_read(inode)
@@ -470,7 +466,7 @@ class Operations(kernel.Operations):
         if self.control.owns(inode):
             return await self.control.write(inode, buf)
         if inode in self.writes.failed:
-            raise _err(errno.ENOSPC)  # no more eviction for a file that already failed for room
+            raise FUSEError(errno.ENOSPC)  # no more eviction for a file that already failed for room
         of = self._staged(inode)
         n = await self.budget.write(of, off, buf, lambda: self._staged(inode))
         counters = self.stats.by_dir[of.top]
@@ -491,7 +487,7 @@ class Operations(kernel.Operations):
         if self.control.owns(inode):
             return self.control.opendir(inode)
         if not self._inode(inode).is_dir:
-            raise _err(errno.ENOTDIR)
+            raise FUSEError(errno.ENOTDIR)
         await self.tier.list_dir(inode)
         return inode
 
@@ -541,13 +537,13 @@ class Operations(kernel.Operations):
     # from then on, which also spares a getxattr("security.capability")
     # round trip on every write.
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
-        raise _err(errno.ENOSYS)
+        raise FUSEError(errno.ENOSYS)
 
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        raise _err(errno.ENOSYS)
+        raise FUSEError(errno.ENOSYS)
 
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        raise _err(errno.ENOSYS)
+        raise FUSEError(errno.ENOSYS)
 
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
-        raise _err(errno.ENOSYS)
+        raise FUSEError(errno.ENOSYS)

@@ -19,6 +19,7 @@ from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.lifetime import NoKernelCaches
 from mithrilfs.cache.writepath import OFFLOAD_MIN
 from mithrilfs.control.files import CONTROL_NAME
+from mithrilfs.daemon.duties import Duties
 from mithrilfs.daemon.wiring import build
 from mithrilfs.store.cas import hash_bytes
 from mithrilfs.store.namespace import ROOT_INODE
@@ -27,11 +28,20 @@ from mithrilfs.store.open import open_store
 CTX = kernel.RequestContext()
 
 
+#: Each filesystem's duties, for ``shutdown`` (a clean unmount's tidy-up).
+_DUTIES: dict[object, Duties] = {}
+
+
 def Operations(store):
     """The filesystem of *store* as a mount builds it (``daemon.wiring``), with no kernel to notify."""
     mounted = build(store, EvictionPolicy(), NoKernelCaches())
-    mounted.ops.shutdown = mounted.duties.shutdown  # the tests end a mount through its filesystem
+    _DUTIES[mounted.ops] = mounted.duties
     return mounted.ops
+
+
+def shutdown(ops) -> None:
+    """What a clean unmount does after the kernel let go (``Duties.shutdown``)."""
+    _DUTIES.pop(ops).shutdown()
 
 
 @pytest.fixture
@@ -39,7 +49,7 @@ def ops(tmp_path):
     store = open_store(tmp_path / "store")
     o = Operations(store)
     yield o
-    o.shutdown()
+    shutdown(o)
     store.close()
 
 
@@ -410,7 +420,7 @@ def test_unclean_stop_drops_unconfirmed_names_clean_one_keeps_them(tmp_path):
     assert store.ns.lookup(ROOT_INODE, b"renamed") is not None
     ops = Operations(store)
     trio.run(write_idle, ops, b"idle2")
-    ops.shutdown()  # a clean stop keeps them (still unconfirmed)
+    shutdown(ops)  # a clean stop keeps them (still unconfirmed)
     store.close()
     store = open_store(tmp_path / "s")
     assert store.ns.recover()["unconfirmed_names_dropped"] == 0
