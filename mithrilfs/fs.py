@@ -181,6 +181,8 @@ class Operations(kernel.Operations):
         self.paths = parts.paths
         self.tops = parts.tops
         self.names = parts.names
+        #: An inode by number, ENOENT when gone (``Names.inode``); bound once: every request asks.
+        self._inode = parts.names.inode
         # revalidations are the only sign of use: an idle TTL shorter than the timeouts needs them sooner
         self.cache_timeout = min(ENTRY_TIMEOUT, self.policy.idle_ttl / 4) if self.policy.idle_ttl else ENTRY_TIMEOUT
 
@@ -208,9 +210,6 @@ class Operations(kernel.Operations):
         e.st_mtime_ns = mtime
         e.st_ctime_ns = ino.ctime_ns
         return e
-
-    def _inode(self, ino: int) -> Inode:
-        return self.names.inode(ino)
 
     def _check_not_control(self, parent: int, name: bytes) -> None:
         _check_name_length(name)
@@ -448,7 +447,7 @@ class Operations(kernel.Operations):
             if digest is None:
                 data = b""
                 break
-            if digest not in self.store.blobs.verified:
+            if digest not in self.integrity.blobs.verified:
                 if not await self.integrity.verify(ino):
                     raise FUSEError(errno.EIO)  # never served: quarantined, or a miss from now on
                 continue  # it may have been written meanwhile
