@@ -125,7 +125,7 @@ class Budget:
             inodes.append(ino)
         removed_names: list[Removed] = []
         # the stats' top-level directory, while the names that say it are still there
-        top = self.tops.of_file(inodes[0].id) if inodes else None
+        top = self.tops.of_file(inodes[0].id, remember=False) if inodes else None
         later = 0
         for ino in inodes:
             if ino.hash is not None and self.lifetimes.referenced(ino.id):

@@ -1,7 +1,7 @@
 """Budget, watermarks, LRU order, pinning and Triton groups: which files go, and when.
 
 Policy only: deciding *that* a unit goes lives here, removing its names
-(and telling the kernel) lives in ``fs.Operations.evict_unit``.
+(and telling the kernel) lives in ``budget.Budget.evict_unit``.
 
 Recency is the daemon's own clock, set on ``lookup`` and ``getattr`` (the
 kernel's revalidations, at most one a minute per file in use) in memory

@@ -22,6 +22,7 @@ import trio
 from mithrilfs.cache.budget import Budget
 from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.cache.writepath import OFFLOAD_MIN
+from mithrilfs.kernel import FUSEError
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import ROOT_KEY, Stats
 from mithrilfs.observe.tops import TopDirs
@@ -92,7 +93,7 @@ class Integrity:
         if digest in self.blobs.verified:
             return
         inodes = [i for i in map(self.ns.get, self.ns.inodes_with_hash(digest)) if i is not None]
-        top = self.tops.of_file(inodes[0].id) if inodes else ROOT_KEY
+        top = self.tops.of_file(inodes[0].id, remember=False) if inodes else ROOT_KEY
         self.stats.add(top, "corrupt_blobs")
         self.events.emit("corruption", blob=digest.hex(), why=why, names=sum(i.nlink for i in inodes))
         if self.store.read_only:
@@ -113,7 +114,7 @@ class Integrity:
             fd = self.cas.open(digest)
         except FileNotFoundError:
             log.error("blob %s of inode %d is missing", digest.hex(), inode)
-            raise OSError(errno.EIO, f"blob {digest.hex()} is missing") from None
+            raise FUSEError(errno.EIO) from None  # logged here: the answer, not another error event
         try:
             return os.pread(fd, size, off)
         finally:

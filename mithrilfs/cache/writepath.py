@@ -26,7 +26,7 @@ because it may be a snapshot of a writer that only paused; an unclean stop
 drops those names.
 
 A write that finds no room on the store's disk even after one slice of
-the cache was evicted for its file (``fs``) fails the file (``fail``): its
+the cache was evicted for its file (``Budget.write``) fails the file (``fail``): its
 staging and write state are dropped at once, so a writer that can never
 fit gives back what it took instead of leaving the disk full, and the inode
 keeps its last committed content.  The inode is then in ``failed`` (not a

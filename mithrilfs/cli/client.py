@@ -120,7 +120,12 @@ def read_json(mountpoint: Path, path: Path) -> dict:
 
 def tier_command(mp: Path, name: str, request: str) -> dict:
     """Run a command that needs the shared tier; a one-line usage error for a mount without one."""
-    answer = control_command(control_file(mp, name), request)
+    try:
+        path = control_file(mp, name)
+    except UsageError:
+        control_file(mp, "pid")  # a mount, but without a remote
+        raise UsageError(f"{mp} was mounted without --remote") from None
+    answer = control_command(path, request)
     if answer.get("no_tier"):
         raise UsageError(f"{mp} was mounted without --remote")
     return answer

@@ -51,9 +51,11 @@ class Commands:
         self.fixed_settings = fixed_settings
 
     def register(self, control: ControlFiles) -> None:
-        for name, run in ((b"gc", self.gc), (b"commit", self.commit), (b"clear", self.clear), (b"zero", self.zero),
-                          (b"usage", self.usage_command), (b"settings", self.apply_settings),
-                          (b"push", self.push), (b"prefetch", self.prefetch)):
+        commands = [(b"gc", self.gc), (b"commit", self.commit), (b"clear", self.clear), (b"zero", self.zero),
+                    (b"usage", self.usage_command), (b"settings", self.apply_settings)]
+        if self.tier.shared:  # without a tier the files are absent: the CLI says "mounted without --remote"
+            commands += [(b"push", self.push), (b"prefetch", self.prefetch)]
+        for name, run in commands:
             control.add_command(name, run)
         control.add_json_async(b"usage.json", self.usage)
 

@@ -303,8 +303,8 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
         except kernel.MountError as e:
             announce(f"cannot mount {opts.mountpoint}: {e}")
             return 1
-        # the kernel sends nothing until the session reads: the filesystem is built on the mount's
-        # fd (its notifications need it), and the mount goes again if anything below fails
+        # the kernel's INIT waits in the fd until the session reads (and the mount point with it): the
+        # filesystem is built on the fd (its notifications need it); the mount goes if anything below fails
         notifier = kernel.Notifier(fuse.fd)
         failure = None
         try:

@@ -2,10 +2,9 @@
 
 Nothing is patched after construction and no collaborator gets a bound
 method of the filesystem back (s3ql's ``mount()`` builds its objects the
-same way).  Two hooks close the graph, both lists this function fills: the
-write path tells ``commit_listeners`` after every commit (the budget keeps
-to itself, the shared tier publishes), and the budget tells the shared
-tier which directories lost names to eviction.  Which shared tier the mount
+same way).  One list closes the graph: the write path tells
+``commit_listeners`` after every commit (the budget keeps to itself, the
+shared tier publishes); it is filled here once both exist.  Which shared tier the mount
 has (none, Redis) is decided here and nowhere else.
 """
 

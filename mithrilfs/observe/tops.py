@@ -29,12 +29,18 @@ class TopDirs:
             return name.decode(errors="replace") if child_is_dir else ROOT_KEY
         return self.of_dir(parent)
 
-    def of_file(self, ino: int) -> str:
-        """A file's top-level directory, remembered from its lookup when there was one."""
+    def of_file(self, ino: int, *, remember: bool = True) -> str:
+        """A file's top-level directory, remembered from its lookup when there was one.
+
+        Not *remember*: worked out without keeping it (a file on its way out: eviction, quarantine,
+        which the kernel may never FORGET).
+        """
         top = self._of_file.get(ino)
         if top is None:
             names = self.ns.names_of(ino)
-            top = self._of_file[ino] = self.of_child(names[0][0], False, names[0][1]) if names else ROOT_KEY
+            top = self.of_child(names[0][0], False, names[0][1]) if names else ROOT_KEY
+            if remember:
+                self._of_file[ino] = top
         return top
 
     def remember(self, ino: int, top: str) -> None:

@@ -93,7 +93,7 @@ class RedisTier(Tier):
         self._syncing: set[int] = set()
         self._nursery: trio.Nursery | None = None
         #: Removed paths whose tombstones are not sent yet: never materialized again meanwhile.
-        self.pending_tombstones: dict[str, int] = dict(TierQueue(ns).tombstones())
+        self.pending_tombstones: dict[str, int] = dict(self.queue.tombstones())
         #: Writer of content materialized this mount (conflict detection), by inode.
         self.origin: dict[int, str] = {}
         self._epoch = ns.get_meta(self._epoch_meta())

@@ -34,7 +34,7 @@ from mithrilfs.store.namespace import Inode
 LOCAL_NEGATIVE_TIMEOUT = 300.0
 
 #: What the commands that need a tier answer without one (``no_tier`` is set too).
-NO_TIER = "mounted without --remote"
+WITHOUT_REMOTE = "mounted without --remote"
 
 __all__ = ["Fetched", "NullTier", "Tier"]
 
@@ -46,6 +46,8 @@ class Tier(ABC):
     negative_timeout: float = LOCAL_NEGATIVE_TIMEOUT
     #: Whether requests may wait on it (lookups, directory reads): the session makes them interruptible.
     slow: bool = False
+    #: Whether there is a tier to push to and prefetch from: the control directory offers those commands.
+    shared: bool = True
 
     @abstractmethod
     async def lookup(self, parent: int, name: bytes) -> int | None:
@@ -103,6 +105,8 @@ class Tier(ABC):
 class NullTier(Tier):
     """No shared tier: nothing is found, fetched or queued."""
 
+    shared = False
+
     async def lookup(self, parent: int, name: bytes) -> int | None:
         return None
 
@@ -128,10 +132,10 @@ class NullTier(Tier):
         pass
 
     async def push(self) -> dict[str, Any]:
-        return {"error": NO_TIER, "no_tier": True}
+        return {"error": WITHOUT_REMOTE, "no_tier": True}
 
     async def start_prefetch(self, set_name: str | None) -> dict[str, Any]:
-        return {"started": False, "error": NO_TIER, "no_tier": True}
+        return {"started": False, "error": WITHOUT_REMOTE, "no_tier": True}
 
     def snapshot(self) -> dict[str, Any]:
         return {}

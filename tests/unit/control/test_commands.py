@@ -208,12 +208,15 @@ def test_settings_applies_stored_config_but_keeps_fixed_settings(store: Store) -
 
 
 def test_push_and_prefetch_without_a_tier_answer_no_tier(mounted: Mounted) -> None:
-    """A mount without --remote has a NullTier: the tier commands say so instead of pretending."""
+    """A mount without --remote has a NullTier: no push or prefetch file, and the tier itself says why."""
     async def t() -> None:
-        push = await command(mounted, b"push")
+        files = control(mounted)
+        assert files.lookup(b"push") is None and files.lookup(b"prefetch") is None
+        assert files.lookup(b"gc") is not None
+        push = await mounted.tier.push()
         assert push["no_tier"] is True and "error" in push
-        for request in (b"all", b"set=default"):
-            prefetch = await command(mounted, b"prefetch", request)
+        for set_name in (None, "default"):
+            prefetch = await mounted.tier.start_prefetch(set_name)
             assert prefetch["no_tier"] is True and prefetch["started"] is False
 
     trio.run(t)
