@@ -35,13 +35,13 @@ from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.cache.names import Names
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.writepath import ContentDropped, Staged, WritePath
-from mithrilfs.control.node import ControlNode
+from mithrilfs.control.node import BLKSIZE, ControlNode
 from mithrilfs.kernel import DirBuffer, EntryAttributes, FileInfo, FUSEError, SetattrFields, StatvfsData
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import Stats
 from mithrilfs.observe.tops import TopDirs
 from mithrilfs.shared.tier import Tier
-from mithrilfs.store.namespace import NAME_MAX, ROOT_INODE, DirPaths, Inode
+from mithrilfs.store.namespace import NAME_MAX, ROOT_INODE, Inode
 from mithrilfs.store.open import Store, is_disk_full
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 #: eviction's recency: fine for a compile cache, where a working set lives
 #: for hours.
 ENTRY_TIMEOUT = 60.0
-_BLKSIZE = 128 * 1024
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -156,7 +155,6 @@ class Parts:
     control: ControlNode
     stats: Stats
     events: EventLog
-    paths: DirPaths
     tops: TopDirs
     names: Names
 
@@ -178,7 +176,6 @@ class Operations(kernel.Operations):
         self.control = parts.control
         self.stats = parts.stats
         self.events = parts.events
-        self.paths = parts.paths
         self.tops = parts.tops
         self.names = parts.names
         #: An inode by number, ENOENT when gone (``Names.inode``); bound once: every request asks.
@@ -204,7 +201,7 @@ class Operations(kernel.Operations):
         if of is not None:
             size, mtime = of.size, of.mtime_ns
         e.st_size = size
-        e.st_blksize = _BLKSIZE
+        e.st_blksize = BLKSIZE
         e.st_blocks = (size + 511) // 512
         e.st_atime_ns = self.recency.get(ino.id, ino.atime_ns)
         e.st_mtime_ns = mtime
@@ -467,7 +464,7 @@ class Operations(kernel.Operations):
         if inode in self.writes.failed:
             raise FUSEError(errno.ENOSPC)  # no more eviction for a file that already failed for room
         of = self._staged(inode)
-        n = await self.budget.write(of, off, buf, lambda: self._staged(inode))
+        n = await self.budget.write(of, off, buf)
         counters = self.stats.by_dir[of.top]
         counters["writes"] += 1
         counters["write_bytes"] += n

@@ -161,14 +161,14 @@ class Budget:
                  result.reason, result.units, result.files, result.bytes, result.skipped_pinned)
 
     # -- a full backing disk -------------------------------------------------
-    async def write(self, of: Staged, off: int, buf: bytes, current: Callable[[], Staged]) -> int:
+    async def write(self, of: Staged, off: int, buf: bytes) -> int:
         """Write into staging; on a full disk, one slice of the cache per file, then the file fails.
 
         A file gets one eviction slice (``make_room``) for all its writes:
         a writer that still does not fit after that would otherwise evict
         the whole cache and fail anyway.  The retry runs only with the
-        index's reserve in place, on *current()*'s state of the file (the
-        idle timer may have committed it meanwhile).  A file that fails
+        index's reserve in place, on the file's write state as it is then
+        (the idle timer may have committed it meanwhile).  A file that fails
         gives its staging back at once (``WritePath.fail``), so the disk,
         the reserve and unlink work again; its content is not kept, and
         ``ContentDropped`` (ENOSPC, never retried) is the write's answer.
@@ -181,7 +181,7 @@ class Budget:
         if not of.room_made:
             of.room_made = True
             await self.make_room(len(buf))
-            of = current()
+            of = self.writes.staged_for(of.inode, of.top)
             of.room_made = True
             if self.store.ensure_reserve():
                 try:

@@ -18,7 +18,8 @@ from mithrilfs.control.files import CONTROL_DIR_INODE, CONTROL_NAME, ControlFile
 from mithrilfs.kernel import DirBuffer, EntryAttributes, FUSEError, SetattrFields
 from mithrilfs.store.namespace import ROOT_INODE
 
-_BLKSIZE = 128 * 1024
+#: st_blksize of every file the mount shows (its own and the control files): 128 KiB reads suit both.
+BLKSIZE = 128 * 1024
 
 
 class ControlNode:
@@ -62,7 +63,7 @@ class ControlNode:
         now = time.time_ns()
         e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = now
         e.st_uid, e.st_gid = os.getuid(), os.getgid()
-        e.st_blksize = _BLKSIZE
+        e.st_blksize = BLKSIZE
         if ino == CONTROL_DIR_INODE:
             e.st_mode = stat.S_IFDIR | 0o555
             e.st_nlink = 2

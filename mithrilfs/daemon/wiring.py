@@ -89,5 +89,5 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     Commands(store, budget, writes, tier, kept, paths, limiter, fixed_settings=fixed_settings).register(control)
     ops = Operations(Parts(store=store, writes=writes, lifetimes=lifetimes, recency=recency, budget=budget,
                            integrity=integrity, tier=tier, control=ControlNode(control), stats=stats, events=events,
-                           paths=paths, tops=tops, names=Names(ns, writes, lifetimes, tops, tier)))
+                           tops=tops, names=Names(ns, writes, lifetimes, tops, tier)))
     return Mounted(ops=ops, duties=duties, tier=tier, events=events)

@@ -122,9 +122,6 @@ class NullTier(Tier):
     def publish(self, ino: Inode) -> None:
         pass
 
-    async def committed(self, of: Staged) -> None:
-        pass
-
     def tombstone(self, parent: int, name: bytes) -> None:
         pass
 

@@ -193,17 +193,17 @@ def repair(store: Store, report: FsckReport) -> None:
                 db.execute("DELETE FROM dentries WHERE id = ?", (dentry_id,))
         # entries to nothing, or under something that is not a directory, and inodes no name reaches:
         # repeated until neither changes (each removal can orphan the next level down)
-        while sum((
-            db.execute(
+        while True:
+            gone = db.execute(
                 "DELETE FROM inodes WHERE id != ? AND id NOT IN (SELECT inode FROM dentries)", (ROOT_INODE,)
-            ).rowcount,
-            db.execute(
+            ).rowcount
+            gone += db.execute(
                 "DELETE FROM dentries WHERE id IN (SELECT d.id FROM dentries d LEFT JOIN inodes i ON i.id = d.inode"
                 " LEFT JOIN inodes p ON p.id = d.parent WHERE i.id IS NULL OR p.id IS NULL OR (p.mode & ?) != ?)",
                 (0o170000, stat.S_IFDIR),
-            ).rowcount,
-        )):
-            pass
+            ).rowcount
+            if not gone:
+                break
         for ino, _, actual in list(_wrong_nlinks(store)):
             db.execute("UPDATE inodes SET nlink = ? WHERE id = ?", (actual, ino))
         db.execute("DELETE FROM inodes WHERE nlink <= 0 AND id != ?", (ROOT_INODE,))
