@@ -43,10 +43,7 @@ class Blobs:
             self.ns.blob_intent(digest, size)
         between("after_intent")
         new = self.cas.adopt(staging_path, digest, trust_existing=trusted or digest in self.verified)
-        if new:
-            self.bytes += size
-            self._freed_early.discard(digest)
-        self.verified.add(digest)
+        self.written(digest, size, new)
         return new
 
     def add_data(self, data: bytes | bytearray, digest: bytes, *,
