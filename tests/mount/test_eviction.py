@@ -65,7 +65,9 @@ def test_writing_five_times_the_budget_stays_within_it(mount_factory: MountFacto
         sampler.join()
     assert store_bytes(m.store) <= budget
     assert m.stats()["physical_bytes"] == store_bytes(m.store)
-    assert peak <= budget + largest, f"peak {peak} above budget + largest file"
+    # a sample is a walk of the store, not an instant: a blob evicted after the walk counted it and one
+    # added before the walk reached it are both counted, so a sample may read one file more than was there
+    assert peak <= budget + 2 * largest, f"peak {peak} above budget + the file being written + the walk's slack"
     st = m.stats()
     assert st["evictions"] > 0 and st["evicted_bytes"] >= written - budget
     # what is left is intact
