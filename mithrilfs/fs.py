@@ -461,8 +461,9 @@ class Operations(kernel.Operations):
     async def write(self, inode: int, fh: int, off: int, buf: bytes) -> int:
         if self.control.owns(inode):
             return await self.control.write(inode, buf)
-        if inode in self.writes.failed:
-            raise FUSEError(errno.ENOSPC)  # no more eviction for a file that already failed for room
+        code = self.writes.failed.get(inode)
+        if code is not None:
+            raise FUSEError(code)  # no more eviction for a file that already failed for room, nor writes after a tear
         of = self._staged(inode)
         n = await self.budget.write(of, off, buf)
         counters = self.stats.by_dir[of.top]

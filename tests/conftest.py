@@ -181,8 +181,8 @@ def shared_mnt(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mount]:
         factory.cleanup()
 
 
-def watchdog_pid(mountpoint: Path) -> int | None:
-    """The watchdog process a root mount of *mountpoint* started (it unmounts if the daemon dies)."""
+def supervisor_pid(mountpoint: Path) -> int | None:
+    """The supervisor of a mount of *mountpoint* (it takes over or detaches when the daemon dies)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -190,16 +190,16 @@ def watchdog_pid(mountpoint: Path) -> int | None:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"mithrilfs.kernel.watchdog" in argv and os.fsencode(os.path.realpath(mountpoint)) in argv:
+        if b"mithrilfs.daemon.supervisor" in argv and os.fsencode(os.path.realpath(mountpoint)) in argv:
             return int(entry.name)
     return None
 
 
 def wait_unmounted(mountpoint: Path, timeout: float = 10) -> None:
-    """Wait until the watchdog of a dead daemon has detached its mount, and has exited itself."""
+    """Wait until the supervisor of a dead daemon has detached its mount, and has exited itself."""
     deadline = time.monotonic() + timeout
-    while is_mounted(mountpoint) or watchdog_pid(mountpoint) is not None:
-        assert time.monotonic() < deadline, "the dead daemon's mount (or its watchdog) is still there"
+    while is_mounted(mountpoint) or supervisor_pid(mountpoint) is not None:
+        assert time.monotonic() < deadline, "the dead daemon's mount (or its supervisor) is still there"
         time.sleep(0.05)
 
 

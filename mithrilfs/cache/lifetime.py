@@ -17,6 +17,15 @@ nothing can reach any more, is freed first (``Blobs.free_early``) so the
 index has room; should it still fail, the inode is kept in ``doomed`` and
 retried, and a clean unmount or the next mount's recovery removes whatever
 is still left.
+
+A daemon that takes over a live mount (``daemon.supervisor``) inherits the
+kernel's references without their counts.  ``adopt_kernel_references``
+makes every inode that existed then count as held; the new daemon counts
+what it hands out from then on, and a FORGET of more than that proves the
+kernel dropped the old references too (the kernel forgets an inode with
+its whole count).  A FORGET of no more than the new count may be the
+kernel's "forget one lookup" after a raced lookup: the inode stays held,
+which only delays its removal to the next mount's recovery.
 """
 
 from __future__ import annotations
@@ -73,16 +82,34 @@ class Lifetimes:
         self.unreadable: set[int] = set()
         #: Told of names the daemon removed, and of inodes whose content changed under the kernel.
         self.kernel = kernel
+        #: Inodes below this id may hold kernel references of a previous daemon (counts unknown) ...
+        self._inherited_below = 0
+        #: ... except these, which the kernel has shown it forgot.
+        self._inherited_gone: set[int] = set()
 
     def ref(self, ino: int) -> None:
         self.lookups[ino] = self.lookups.get(ino, 0) + 1
 
     def referenced(self, ino: int) -> bool:
-        return self.lookups.get(ino, 0) > 0
+        return self.lookups.get(ino, 0) > 0 or self._inherited(ino)
+
+    def _inherited(self, ino: int) -> bool:
+        return ino < self._inherited_below and ino not in self._inherited_gone
+
+    def adopt_kernel_references(self, below: int) -> None:
+        """A takeover: inodes with ids below *below* may be held by the kernel (see the module doc)."""
+        self._inherited_below = below
 
     def unref(self, ino: int, n: int) -> bool:
         """The kernel dropped *n* references; True when none is left."""
-        left = self.lookups.get(ino, 0) - n
+        counted = self.lookups.get(ino, 0)
+        if self._inherited(ino):
+            if n <= counted:  # maybe a forget of one raced lookup: the old references may remain
+                self.lookups[ino] = counted - n
+                return False
+            self._inherited_gone.add(ino)
+            counted = n
+        left = counted - n
         if left > 0:
             self.lookups[ino] = left
             return False

@@ -36,6 +36,16 @@ already failed; a write that was waiting for the file's lock too), its next
 confirmed commit point fails once with ENOSPC (``ContentDropped``) so the
 writer learns its content was not kept, unconfirmed commits (idle timer,
 unmount, ``commit``) leave it alone, and a truncate to empty starts it over.
+Staging outlives the daemon.  With a supervisor (``WriteWatcher`` with
+``keeps_content``) every inode's staging content is also in a file
+descriptor the supervisor holds: the staging file itself, or, for content
+staged in memory, a memfd mirror that every write and truncate updates
+before its reply.  A daemon that takes over after a crash adopts them
+(``adopt``): they hold exactly what the kernel was told was written (a
+request the dead daemon had not answered is resent and done again, and
+writes and truncates are idempotent).  Only a file whose content the old
+daemon had already dropped (failed for room) is left ``torn``: the same
+state as a file that failed, with EIO.
 
 Writes of ``WRITE_OFFLOAD_MIN`` and more copy and hash in a worker thread;
 a file's own lock orders them against truncates and commits and keeps the
@@ -95,13 +105,55 @@ def crash_point(name: str) -> None:
 
 
 class ContentDropped(OSError):
-    """A commit point of a file whose writes failed for room: its content was dropped, not committed.
+    """A commit point of a file whose uncommitted content was dropped: the writer learns it here, once.
 
-    An ENOSPC that must not make room again: the file already had its slice.
+    ENOSPC for writes that failed for room (an error that must not make
+    room again: the file already had its slice); EIO for content that died
+    with a previous daemon (``torn``).
     """
 
-    def __init__(self, ino: int) -> None:
-        super().__init__(errno.ENOSPC, f"inode {ino}: its writes failed for room and its content was dropped")
+    def __init__(self, ino: int, code: int = errno.ENOSPC) -> None:
+        why = "its writes failed for room" if code == errno.ENOSPC else "its writes died with the previous daemon"
+        super().__init__(code, f"inode {ino}: {why} and its content was dropped")
+
+
+class WriteWatcher(Protocol):
+    """Told what is being written, so that a daemon taking over after a crash can go on (module doc).
+
+    ``staging``: the inode's staging content now lives in *fd* (the staging
+    file at *path*, or a memfd mirror when *path* is None); ``writing``: it
+    has uncommitted writes; ``lost``: its uncommitted content was dropped and
+    its writer not told yet; ``settled``: nothing uncommitted is left.
+    """
+
+    #: Whether staging content must be kept where it outlives the daemon (memfd mirrors).
+    keeps_content: bool
+
+    def staging(self, ino: int, fd: int, path: str | None) -> None: ...
+
+    def writing(self, ino: int) -> None: ...
+
+    def lost(self, ino: int) -> None: ...
+
+    def settled(self, ino: int) -> None: ...
+
+
+class NoWriteWatcher:
+    """Nobody keeps anything (no supervisor: tools, tests, a daemon that detaches on a crash)."""
+
+    keeps_content = False
+
+    def staging(self, ino: int, fd: int, path: str | None) -> None:
+        pass
+
+    def writing(self, ino: int) -> None:
+        pass
+
+    def lost(self, ino: int) -> None:
+        pass
+
+    def settled(self, ino: int) -> None:
+        pass
 
 
 async def _acquire(lock: trio.Lock) -> None:
@@ -145,6 +197,8 @@ class Staged:
     staging_path: str | None = None
     #: Staging content held in memory (a small file), instead of a staging file.
     mem: bytearray | None = None
+    #: A memfd with the same content as ``mem``, kept for a successor daemon (``WriteWatcher.keeps_content``).
+    mirror_fd: int | None = None
     dirty: bool = False
     #: Bumped by every change to staging; a commit whose hash was computed
     #: before the latest change is abandoned.
@@ -197,7 +251,7 @@ class WritePath:
     """Inodes being written, their staging files, and commits."""
 
     def __init__(self, ns: Namespace, blobs: Blobs, stats: Stats, limiter: trio.CapacityLimiter,
-                 listeners: Sequence[CommitListener]) -> None:
+                 listeners: Sequence[CommitListener], watcher: WriteWatcher | None = None) -> None:
         self.ns = ns
         self.blobs = blobs
         self.cas = blobs.cas
@@ -206,8 +260,9 @@ class WritePath:
         #: Told after every commit (the budget, the shared tier): wiring fills the list.
         self.listeners = listeners
         self.staged: dict[int, Staged] = {}
-        #: Inodes whose writes failed for room (see the module doc).
-        self.failed: set[int] = set()
+        #: Inodes whose uncommitted content was dropped, and the errno their writer gets (see the module doc).
+        self.failed: dict[int, int] = {}
+        self.watcher: WriteWatcher = watcher if watcher is not None else NoWriteWatcher()
         #: Bytes of all staging content (``staging_bytes``), and of the part held in memory;
         #: kept as running totals: every commit asks, with thousands of files being written.
         self._bytes = 0
@@ -237,11 +292,12 @@ class WritePath:
 
     def drop(self, ino: int) -> None:
         """Forget an inode's uncommitted content (it lost its last name and the kernel forgot it)."""
-        self.failed.discard(ino)
+        self.failed.pop(ino, None)
         of = self.staged.pop(ino, None)
         if of is not None:
             self._drop_staging(of)
             of.dirty = False
+        self.watcher.settled(ino)
 
     def idle(self, quiet_since: float) -> list[Staged]:
         """Written inodes with no write or truncate since *quiet_since* (monotonic), not busy."""
@@ -250,9 +306,10 @@ class WritePath:
     async def fail(self, of: Staged) -> None:
         """A write found no room even after a slice of the cache went: drop what was staged (module doc)."""
         async with _Held(of.lock):
-            self.failed.add(of.inode.id)
+            self.failed[of.inode.id] = errno.ENOSPC
             self._drop_staging(of)
             of.dirty = False
+            self.watcher.lost(of.inode.id)  # its writer has not been told yet
             of.write_gen += 1
             if self.staged.get(of.inode.id) is of:
                 del self.staged[of.inode.id]
@@ -264,6 +321,9 @@ class WritePath:
         if of.mem is not None:
             self._mem_bytes -= of.size
             of.mem = None
+        if of.mirror_fd is not None:
+            os.close(of.mirror_fd)
+            of.mirror_fd = None
         if of.staging_fd is not None:
             os.close(of.staging_fd)
             try:
@@ -291,7 +351,11 @@ class WritePath:
             raise
         self._mem_bytes -= of.size
         of.mem = None
+        if of.mirror_fd is not None:
+            os.close(of.mirror_fd)
+            of.mirror_fd = None
         of.staging_fd, of.staging_path = fd, path
+        self._kept(of)
 
     async def ensure_staging(self, of: Staged, *, empty: bool = False) -> None:
         """Give the inode staging content, starting as a copy of its blob unless *empty*."""
@@ -302,7 +366,7 @@ class WritePath:
                 return
             if of.inode.id in self.failed:  # it failed while this request waited for the lock
                 self._forget_if_settled(of)
-                raise ContentDropped(of.inode.id)
+                raise ContentDropped(of.inode.id, self.failed[of.inode.id])
             digest, size = of.inode.hash, of.inode.size
             copy = digest is not None and size > 0 and not empty
             if self._fits_in_memory(of, size if copy else 0):
@@ -315,6 +379,7 @@ class WritePath:
                         os.close(src)
                 of.mem = mem
                 self._start(of, len(mem), copy)
+                self._kept(of)
                 return
             fd, path = self.cas.new_staging()
             try:
@@ -333,6 +398,19 @@ class WritePath:
                 raise
             of.staging_fd, of.staging_path = fd, path
             self._start(of, size if copy else 0, copy)
+            self._kept(of)
+
+    def _kept(self, of: Staged) -> None:
+        """New staging content is in place: give the watcher a descriptor of it (see the module doc)."""
+        if not self.watcher.keeps_content:
+            return
+        if of.mem is not None:
+            of.mirror_fd = os.memfd_create("mithrilfs-staging", os.MFD_CLOEXEC)
+            if of.mem:
+                os.pwrite(of.mirror_fd, of.mem, 0)
+            self.watcher.staging(of.inode.id, of.mirror_fd, None)
+        elif of.staging_fd is not None:
+            self.watcher.staging(of.inode.id, of.staging_fd, of.staging_path)
 
     def _start(self, of: Staged, size: int, copy: bool) -> None:
         """Staging content of *size* bytes is in place (a copy of the blob, or empty)."""
@@ -380,6 +458,8 @@ class WritePath:
             if off > len(mem):
                 mem.extend(bytes(off - len(mem)))  # a hole
             mem[off:end] = buf
+            if of.mirror_fd is not None:
+                os.pwrite(of.mirror_fd, buf, off)
             if hasher is not None:
                 hasher.update(buf)
             n = len(buf)
@@ -396,13 +476,13 @@ class WritePath:
             self._set_size(of, off + n)
         of.mtime_ns = time.time_ns()
         of.changed = time.monotonic()
-        of.dirty = True
+        self._dirty(of)
         of.write_gen += 1
         return n
 
     async def truncate(self, of: Staged, size: int) -> None:
-        if size == 0:  # starting over (O_TRUNC): a file whose writes failed for room may try again
-            self.failed.discard(of.inode.id)
+        if size == 0 and self.failed.pop(of.inode.id, None) is not None:
+            self.watcher.settled(of.inode.id)  # starting over (O_TRUNC): a file whose writes failed may try again
         if size == of.size and not of.has_staging:
             self._forget_if_settled(of)
             return  # no change (O_TRUNC of an empty lock file): nothing to commit
@@ -414,6 +494,8 @@ class WritePath:
                     del of.mem[size:]
                 else:
                     of.mem.extend(bytes(size - len(of.mem)))
+                if of.mirror_fd is not None:
+                    os.ftruncate(of.mirror_fd, size)
             else:
                 os.ftruncate(of.staging_fd, size)  # type: ignore[arg-type]
             if size == 0:
@@ -423,7 +505,7 @@ class WritePath:
             self._set_size(of, size)
             of.mtime_ns = time.time_ns()
             of.changed = time.monotonic()
-            of.dirty = True
+            self._dirty(of)
             of.write_gen += 1
 
     async def commit(self, of: Staged, *, confirmed: bool = True) -> None:
@@ -475,7 +557,7 @@ class WritePath:
             crash_point("after_set_content")
             self.stats.add(of.top, "commits")
             self._drop_staging(of)
-            of.dirty = False
+            self._clean(of)
             self._forget_if_settled(of)
             if old != digest:
                 self.blobs.collect(old)
@@ -508,8 +590,61 @@ class WritePath:
     def _settle_failed(self, ino: int, confirmed: bool) -> None:
         """A commit point of a file whose writes failed for room: a confirmed one tells the writer, once."""
         if confirmed:
-            self.failed.discard(ino)
-            raise ContentDropped(ino)
+            code = self.failed.pop(ino)
+            self.watcher.settled(ino)
+            raise ContentDropped(ino, code)
+
+    def _dirty(self, of: Staged) -> None:
+        if not of.dirty:
+            of.dirty = True
+            self.watcher.writing(of.inode.id)
+
+    def _clean(self, of: Staged) -> None:
+        if of.dirty:
+            of.dirty = False
+            if of.inode.id not in self.failed:
+                self.watcher.settled(of.inode.id)
+
+    def torn(self, inodes: set[int]) -> None:
+        """A daemon that took over: these inodes had uncommitted writes whose content the previous one lost.
+
+        Each keeps its last committed content and its writer learns it as
+        for a file whose writes failed for room, with EIO: its writes fail,
+        its next confirmed commit point fails once, a truncate to empty
+        starts over.
+        """
+        for ino in inodes:
+            self.failed[ino] = errno.EIO
+            self.watcher.lost(ino)
+
+    def adopt(self, inode: Inode, top: str, fd: int, path: str | None) -> None:
+        """A daemon that took over: *fd* holds the staging content the previous one left (module doc).
+
+        *path*: the staging file *fd* is open on; None: a memfd mirror,
+        whose content is staged in memory again (or in a new staging file
+        when it no longer fits).
+        """
+        size = os.fstat(fd).st_size
+        of = self.staged_for(inode, top)
+        if path is None:
+            content = bytearray(os.pread(fd, size, 0)) if size else bytearray()
+            os.close(fd)
+            of.mem = content
+            of.size = 0
+            self._set_size(of, len(content))
+            if not self._fits_in_memory(of, of.size):
+                self._spill(of)
+            else:
+                self._kept(of)
+        else:
+            of.staging_fd, of.staging_path = fd, path
+            of.size = 0
+            self._set_size(of, size)
+            self._kept(of)
+        of.hasher = None
+        of.mtime_ns = time.time_ns()
+        of.changed = time.monotonic()
+        self._dirty(of)
 
     async def commit_idle(self, ofs: list[Staged]) -> list[Staged]:
         """Commit idle files staged in memory in batches, unconfirmed; returns the rest (committed one by one).
@@ -568,7 +703,7 @@ class WritePath:
                 crash_point("after_set_content")
                 self.stats.add(of.top, "commits")
                 self._drop_staging(of)
-                of.dirty = False
+                self._clean(of)
         finally:
             for of, _, _ in batch:
                 of.lock.release()

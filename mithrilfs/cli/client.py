@@ -42,8 +42,9 @@ def control_file(mountpoint: Path, name: str) -> Path:
     return path
 
 
-def control_command(path: Path, request: str) -> dict:
-    """Run a command through its control file: write the request, read the JSON answer back.
+def control_command(path: Path, request: str, *, answered: bool = True) -> dict:
+    """Run a command through its control file: write the request, read the JSON answer back (unless not
+    *answered*: ``restart``, whose answer dies with the daemon that gave it).
 
     Commands change the mount, so only its owner may run them; anyone who sees the mount reads.
     """
@@ -56,11 +57,18 @@ def control_command(path: Path, request: str) -> dict:
                                     f"(uid {owner}; this is uid {os.getuid()}): run it as uid {owner}") from None
         try:
             os.write(fd, request.encode())
-            return json.loads(os.pread(fd, 1 << 16, 0))
+            if not answered:
+                return {}
+            answer = os.pread(fd, 1 << 16, 0)
         finally:
             os.close(fd)
     except OSError as e:  # the mount went away under us
         raise daemon.MountError(f"{path.parent.parent}: the mount stopped answering ({e.strerror})") from None
+    try:
+        return json.loads(answer)
+    except ValueError:
+        raise daemon.MountError(f"{path.parent.parent}: '{path.name}' gave no answer (the daemon changed meanwhile?)"
+                                ) from None
 
 
 def while_drawing(command: Callable[[], dict], mountpoint: Path, draw: Callable[[int, int], None] | None,

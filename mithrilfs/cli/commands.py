@@ -29,6 +29,7 @@ from mithrilfs.cli.client import (
     while_drawing,
 )
 from mithrilfs.cli.parser import given_settings
+from mithrilfs.daemon import ended
 from mithrilfs.daemon import lifecycle as daemon
 from mithrilfs.errors import UsageError
 from mithrilfs.shared.redis_wire import url_password, without_password
@@ -98,6 +99,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         debug=args.debug,
         nonempty=args.nonempty,
         fixed_settings=frozenset(given),
+        on_crash=args.on_crash,
     )
     if opts.prefetch is not None and args.remote is None:
         usage_error("--prefetch needs --remote")
@@ -272,6 +274,33 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         time.sleep(args.watch)
 
 
+def _cmd_restart(args: argparse.Namespace) -> int:
+    mp = args.mountpoint.expanduser().absolute()
+    before = read_stats(mp)
+    control_command(control_file(mp, "restart"), "restart", answered=False)
+    deadline = time.monotonic() + args.timeout
+    while True:
+        # reads wait in the kernel while the daemons change places: the answer comes from the new one
+        pid = daemon.daemon_pid(mp)
+        if pid is not None and pid != before["pid"]:
+            break
+        if time.monotonic() > deadline or (pid is None and not daemon.is_fuse_mount(mp)):
+            raise daemon.MountError(f"{mp}: no new daemon took over within {args.timeout:.0f} s"
+                                    + ("" if daemon.is_fuse_mount(mp) else " (the mount is gone)"))
+        time.sleep(0.05)
+    after = read_stats(mp)
+    print(f"{mp}: restarted: daemon {before['pid']} (mithrilfs {before.get('version', '?')}) handed over to "
+          f"{after['pid']} (mithrilfs {after.get('version', '?')})")
+    return 0
+
+
+def _restarts_line(snap: dict[str, Any]) -> str:
+    if not snap.get("restarts"):
+        return ""
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap["last_restart_at"]))
+    return f", restarted {snap['restarts']} times (last: {snap['last_restart_cause']}, {at})"
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
     state = daemon.probe_mount(mp, timeout=1.0)
@@ -287,18 +316,23 @@ def _cmd_status(args: argparse.Namespace) -> int:
     status = 0 if state == "live" else 1
     if args.json:
         keys = ("pid", "store", "files", "physical_bytes", "max_bytes", "hit_rate", "read_only", "upload_queue",
-                "remote_last_error")
+                "remote_last_error", "version", "restarts", "last_restart_cause", "last_restart_at")
+        gone = ended.read(os.path.realpath(mp)) if state == "unmounted" else None
         print(json.dumps({"mountpoint": str(mp), "state": state, "ready": status == 0,
-                          **{k: snap[k] for k in keys if k in snap}, "prefetch": prefetch or None}, sort_keys=True))
+                          **{k: snap[k] for k in keys if k in snap}, "prefetch": prefetch or None,
+                          "ended": gone}, sort_keys=True))
         return status
     if state == "live":
         print(f"{mp}: live{' (read-only store: serves cached files, writes fail)' if snap.get('read_only') else ''}, "
               f"pid {snap['pid']}, {snap['files']} files, {format_size(snap['physical_bytes'])} of "
-              f"{format_size(snap['max_bytes'])}, hit rate {snap['hit_rate']:.0%}")
+              f"{format_size(snap['max_bytes'])}, hit rate {snap['hit_rate']:.0%}{_restarts_line(snap)}")
     elif state == "prefetching":
         print(f"{mp}: live, prefetching ({prefetch.get('files', 0)} of {prefetch.get('total_files', '?')} files)")
     elif state == "forbidden":
         print(daemon.forbidden_message(mp))
+    elif state == "unmounted" and (gone := ended.read(os.path.realpath(mp))) is not None:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(gone["at"]))
+        print(f"{mp}: not mounted: detached at {at}: {gone['reason']}")
     else:
         print(f"{mp}: " + {"unmounted": "not mounted", "dead": "daemon is gone (stale mount)",
                            "hung": "mounted but not answering within 1 s",
@@ -563,6 +597,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 #: Each command's function, by the name the parser gives it.
 COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc, "fsck": _cmd_fsck,
-             "stats": _cmd_stats, "status": _cmd_status, "env": _cmd_env, "run": _cmd_run,
+             "stats": _cmd_stats, "status": _cmd_status, "restart": _cmd_restart, "reload": _cmd_restart, "env": _cmd_env, "run": _cmd_run,
              "export": _cmd_export, "import": _cmd_import, "push": _cmd_push, "prefetch": _cmd_prefetch,
              "clear": _cmd_clear, "config": _cmd_config}

@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--store", type=Path, default=None, help=f"store directory (default {default_store()})")
     m.add_argument("--foreground", "-f", action="store_true", help="stay attached (for containers)")
     m.add_argument("--nonempty", action="store_true", help="mount over a directory that holds files (hiding them)")
+    m.add_argument("--on-crash", choices=("takeover", "detach"), default="takeover",
+                   help="if the daemon dies: a new one takes the live mount over (default; programs see a pause),"
+                        " or the mount is detached (programs get ENOTCONN)")
     m.add_argument("--allow-other", action="store_true", help="let other users see the mount")
     m.add_argument("--debug", action="store_true", help="log every FUSE request")
     _add_settings(m, "the store's setting ('mithrilfs config'), else ")
@@ -154,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("mountpoint", type=Path)
     u.add_argument("--lazy", action="store_true",
                    help="detach now even if files are in use; the daemon exits once they are closed")
+
+    r = sub.add_parser("restart", aliases=["reload"],
+                       help="hand the live mount to a new daemon of the installed code (upgrades; programs see a pause)")
+    r.add_argument("mountpoint", type=Path)
+    r.add_argument("--timeout", type=_duration, default=60.0, metavar="SECONDS",
+                   help="how long to wait for the new daemon (default 60)")
 
     g = sub.add_parser("gc", help="evict now and print what was freed")
     g.add_argument("mountpoint", type=Path)

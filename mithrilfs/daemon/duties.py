@@ -6,7 +6,8 @@
   has room again, and the snapshot Prometheus serves refreshed.
 - ``snapshot``: what ``stats.json`` and Prometheus show.
 - ``unmounting`` (a clean unmount is a commit point) and ``shutdown`` (tidy
-  the index, mark the store clean).
+  the index, mark the store clean), or ``hand_over`` (a restart: the
+  successor serves what the kernel still holds, so nothing is tidied away).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from typing import Any
 
 import trio
 
+from mithrilfs import __version__
 from mithrilfs.cache.budget import Budget
 from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.writepath import IDLE_COMMIT_SECONDS, WritePath
+from mithrilfs.daemon.channel import Restarts
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import KeptCounters
 from mithrilfs.shared.tier import Tier
@@ -39,7 +42,8 @@ SUMMARY_SECONDS = 60.0
 
 class Duties:
     def __init__(self, store: Store, budget: Budget, writes: WritePath, lifetimes: Lifetimes, recency: Recency,
-                 tier: Tier, kept: KeptCounters, events: EventLog, limiter: trio.CapacityLimiter) -> None:
+                 tier: Tier, kept: KeptCounters, events: EventLog, limiter: trio.CapacityLimiter,
+                 restarts: Restarts) -> None:
         self.store = store
         self.ns = store.ns
         self.budget = budget
@@ -51,6 +55,7 @@ class Duties:
         self.kept = kept
         self.events = events
         self._limiter = limiter
+        self.restarts = restarts
         #: What the last background refresh saw; served to Prometheus from its own thread.
         self.cached_snapshot: dict[str, Any] = {}
 
@@ -126,10 +131,12 @@ class Duties:
             "written_files": len(self.writes.staged),
             "evicted_files": self.budget.evicted_files,
             "pid": os.getpid(),
+            "version": __version__,
             "store": str(self.store.root),
             "read_only": self.store.read_only,
             "eviction": evictor.current.as_dict() if evictor.current is not None else None,
             **self.tier.snapshot(),
+            **self.restarts.as_stats(),
         })
         self.cached_snapshot = snap
         return snap
@@ -143,6 +150,21 @@ class Duties:
         except (sqlite3.Error, OSError) as e:
             log.error("could not commit every written file at unmount: %s", e)
         await self.tier.unmounting()
+
+    def hand_over(self) -> None:
+        """A restart: keep what the successor needs (no recovery, no clean mark: the mount lives on).
+
+        A file whose writes failed stays in the supervisor's set of written
+        files, so the successor fails its writer too instead of writing on
+        from its last committed content.
+        """
+        if self.store.read_only:
+            return
+        try:
+            self.recency.flush()
+            self.kept.save()
+        except (sqlite3.Error, OSError) as e:
+            log.error("could not save recency and counters before the handoff: %s", e)
 
     def shutdown(self) -> None:
         """Drop what could not be committed, tidy the index and mark the store clean."""

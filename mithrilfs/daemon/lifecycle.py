@@ -1,39 +1,62 @@
-"""Mount lifecycle: open the store, mount, daemonize once the mount answers, stop cleanly.
+"""Mount lifecycle: open the store, mount, daemonize once the mount answers, stop cleanly, hand over.
 
 ``mount`` forks before any trio or FUSE state exists.  The child mounts,
-proves the mount answers by ``stat``-ing it from a worker thread (which goes
-through the kernel to our own handlers), and only then writes ``ok`` down a
-pipe; the parent exits 0 on ``ok`` and prints the child's one-line error
-otherwise.  SIGTERM/SIGINT end the FUSE loop; the mount is then detached and
-the store marked clean.
+starts its supervisor (``daemon.supervisor``: it holds a copy of the fd
+and replaces a daemon that dies), proves the mount answers by
+``stat``-ing it from a worker thread (which goes through the kernel to our
+own handlers), and only then writes ``ok`` down a pipe; the parent exits 0
+on ``ok`` and prints the child's one-line error otherwise.  With
+``--foreground`` the parent stays instead, until the mount is gone,
+passing SIGTERM/SIGINT to whichever daemon serves then: so a container or
+a systemd unit sees one process whatever the daemons underneath do.
+SIGTERM/SIGINT end the FUSE loop; the mount is then detached and the store
+marked clean.
+
+A successor (``daemon.successor``) runs ``serve`` with the ``Handover``
+its supervisor gives it: the same store and options, the inherited fd and
+session instead of a new mount, a recovery that leaves what the kernel
+still holds alone (``recover(live=True)``), the torn files marked, and the
+kernel asked to resend what the dead daemon left unanswered
+(``Session.adopt``).  ``restart`` (the control file) is the clean way
+there: the daemon stops reading, finishes what it was doing, commits
+every written file (unconfirmed, as at an unmount: a writer that goes on
+writing continues from there), closes the store and tells the supervisor
+``handoff`` instead of unmounting.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import fcntl
+import functools
 import json
 import logging
 import logging.handlers
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from mithrilfs import kernel
 from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.cache.writepath import crash_point
 from mithrilfs.control.files import CONTROL_NAME
-from mithrilfs.daemon import wiring
+from mithrilfs.daemon import ended, wiring
+from mithrilfs.daemon.channel import Handover, NoSupervisor, Restarts, Supervisor, SupervisorLink
 from mithrilfs.daemon.wiring import TierOptions
 from mithrilfs.errors import UsageError
-from mithrilfs.kernel.mount import unescape_mount_field
+from mithrilfs.kernel.mount import FSTYPE, mount_entries, unescape_mount_field
 from mithrilfs.observe.metrics import MetricsServer
 from mithrilfs.shared.redis_wire import RemoteTier
 from mithrilfs.store.open import HOLDER_FILE, RESERVE_BYTES, Store, StoreError, open_store, validate_store
@@ -73,6 +96,25 @@ class MountOptions:
     nonempty: bool = False
     #: Settings (``settings.SETTINGS`` names) given on the command line: they beat the store's.
     fixed_settings: frozenset[str] = frozenset()
+    #: What the supervisor does when the daemon dies: start a successor ("takeover") or detach ("detach").
+    on_crash: str = "takeover"
+
+    def as_json(self) -> dict[str, Any]:
+        """Everything a successor needs to serve like this daemon (secrets included: see ``daemon.channel``)."""
+        d = {k: v for k, v in vars(self).items() if k not in ("policy", "fixed_settings", "remote_key")}
+        d.update(mountpoint=str(self.mountpoint), store=str(self.store), policy=dataclasses.asdict(self.policy),
+                 fixed_settings=sorted(self.fixed_settings),
+                 remote_key=self.remote_key.hex() if self.remote_key is not None else None)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> MountOptions:
+        d = dict(d)
+        d.update(mountpoint=Path(d["mountpoint"]), store=Path(d["store"]), policy=EvictionPolicy(**d["policy"]),
+                 fixed_settings=frozenset(d["fixed_settings"]),
+                 remote_key=bytes.fromhex(d["remote_key"]) if d["remote_key"] is not None else None,
+                 remote_owner=tuple(d["remote_owner"]) if d["remote_owner"] is not None else None)
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 # ----------------------------------------------------------------------
@@ -174,25 +216,16 @@ def check_mountpoint(mountpoint: Path, store: Path, *, nonempty: bool = False) -
 def mount(opts: MountOptions) -> int:
     """Mount and return the exit status for the CLI (0 once the mount answers)."""
     check_mountpoint(opts.mountpoint, opts.store, nonempty=opts.nonempty)
-    if opts.foreground:
-        _setup_logging(None, opts.debug)
-
-        def announce(msg: str) -> None:
-            if msg.startswith("ok"):
-                print(f"mithrilfs: mounted {opts.mountpoint} (store {opts.store})", file=sys.stderr, flush=True)
-                if msg == READY_READ_ONLY:
-                    print(read_only_notice(opts.store), file=sys.stderr, flush=True)
-            else:
-                print(f"mithrilfs: {msg}", file=sys.stderr, flush=True)
-
-        return serve(opts, announce)
-
+    ended.clear(os.path.realpath(opts.mountpoint))
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the daemon
         os.close(r)
-        os.setsid()
-        _detach_stdio()
+        if opts.foreground:
+            setup_logging(None, opts.debug)  # stderr stays the terminal's (or the container's)
+        else:
+            os.setsid()
+            _detach_stdio()
         code = 1
         try:
 
@@ -202,21 +235,56 @@ def mount(opts: MountOptions) -> int:
                 except OSError:
                     pass
 
-            code = serve(opts, announce, log_in_store=True)
+            code = serve(opts, announce, log_in_store=not opts.foreground)
         finally:
             os._exit(code)
     os.close(w)
+    asked: list[int] = []
+    if opts.foreground:  # from now on a signal is for the daemon (passed on once it serves)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, lambda signum, _: asked.append(signum))
     msg = _read_line(r, READY_TIMEOUT)
     os.close(r)
     if msg is not None and msg.startswith("ok"):
+        if opts.foreground:
+            print(f"mithrilfs: mounted {opts.mountpoint} (store {opts.store})", file=sys.stderr, flush=True)
         if msg == READY_READ_ONLY:
-            print(read_only_notice(opts.store), file=sys.stderr)
-        return 0
+            print(read_only_notice(opts.store), file=sys.stderr, flush=True)
+        return _stay_in_foreground(opts, pid, asked) if opts.foreground else 0
     if msg is None:
         os.kill(pid, signal.SIGTERM)
         raise MountError(f"the mount did not answer within {READY_TIMEOUT:.0f} s")
     os.waitpid(pid, 0)
     raise MountError(msg or "the daemon exited before the mount was ready")
+
+
+def _stay_in_foreground(opts: MountOptions, first: int, asked: list[int]) -> int:
+    """``--foreground``: wait until the mount is gone; SIGTERM/SIGINT/SIGHUP (*asked*) go to the daemon
+    serving then.
+
+    0 after an unmount, 1 when the supervisor gave the mount up (``status`` says why).
+    """
+    holder = opts.store / HOLDER_FILE
+    target = os.path.realpath(opts.mountpoint)  # resolved once: a path through a dead daemon's mount would wait
+    while True:
+        try:
+            os.waitpid(first, os.WNOHANG)  # the first daemon is our child: no zombie
+        except ChildProcessError:
+            pass
+        if not any(fstype == FSTYPE for _, _, fstype in mount_entries(target)):
+            return 1 if ended.read(target) else 0
+        while asked:
+            asked.pop()
+            try:
+                pid = json.loads(holder.read_text())["pid"]
+            except (OSError, ValueError, KeyError):
+                pid = daemon_pid(opts.mountpoint)  # a read-only store keeps no holder file
+            try:
+                if pid is not None:
+                    os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        time.sleep(0.1)
 
 
 #: What the daemon announces once its mount answers; the read-only store's variant makes the CLI say so.
@@ -255,7 +323,7 @@ def _detach_stdio() -> None:
     os.close(devnull)
 
 
-def _setup_logging(path: Path | None, debug: bool) -> None:
+def setup_logging(path: Path | None, debug: bool) -> None:
     handler: logging.Handler
     if path is None:
         handler = logging.StreamHandler(sys.stderr)
@@ -267,15 +335,17 @@ def _setup_logging(path: Path | None, debug: bool) -> None:
     root.setLevel(logging.DEBUG if debug else logging.INFO)
 
 
-def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: bool = False) -> int:
-    """Open the store, mount, serve until unmounted or signalled; returns the exit status.
+def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: bool = False,
+          handover: Handover | None = None) -> int:
+    """Open the store, mount (or take over, with *handover*), serve until unmounted, signalled or
+    restarted; returns the exit status.
 
     An unexpected failure is logged with its traceback (where a log exists)
     and announced in one line: before the mount is ready, that line is what
     the ``mount`` command prints instead of a bare "the daemon exited".
     """
     try:
-        return _serve(opts, announce, log_in_store=log_in_store)
+        return _serve(opts, announce, log_in_store=log_in_store, handover=handover)
     except Exception as e:
         log.exception("the daemon failed")
         where = f"; see {opts.store / LOG_FILE}" if log_in_store and logging.getLogger().handlers else ""
@@ -283,33 +353,49 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
         return 1
 
 
-def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: bool = False) -> int:
+def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: bool = False,
+           handover: Handover | None = None) -> int:
     os.umask(0o077)  # the store's files (index, log, blobs) are the daemon's alone
     try:
-        store = open_store(opts.store)
+        store = open_store(opts.store, lock_fd=handover.lock_fd if handover is not None else None)
     except StoreError as e:
         announce(str(e))
         return 1
     if log_in_store and not store.read_only:
-        _setup_logging(store.root / LOG_FILE, opts.debug)
+        setup_logging(store.root / LOG_FILE, opts.debug)
     try:
-        after_crash = not store.read_only and _repair_at_startup(store)
+        if handover is not None:
+            crash_point("takeover")
+            after_crash = handover.restarts.cause == "crash"
+            if not store.read_only:
+                _repair_at_startup(store, live=True, keep={path for _, _, path in handover.staged if path})
+        else:
+            after_crash = not store.read_only and _repair_at_startup(store)
         tier_options = TierOptions(owner=opts.remote_owner, startup_set=opts.startup_set, prefetch=opts.prefetch)
         if opts.remote is not None:
             tier_options.remote = RemoteTier(opts.remote, opts.remote_namespace, opts.remote_key,
                                              password=opts.remote_password, cluster=opts.remote_cluster)
-        try:
-            fuse = kernel.mount(str(opts.mountpoint), allow_other=opts.allow_other, read_only=store.read_only)
-        except kernel.MountError as e:
-            announce(f"cannot mount {opts.mountpoint}: {e}")
-            return 1
+        if handover is not None:
+            # the resolved path the first daemon mounted: resolving it here would wait on our own mount
+            fuse = kernel.FuseMount(handover.fuse_fd, handover.options["mount_path"],
+                                    bool(handover.options["via_fusermount"]))
+        else:
+            try:
+                fuse = kernel.mount(str(opts.mountpoint), allow_other=opts.allow_other, read_only=store.read_only)
+            except kernel.MountError as e:
+                announce(f"cannot mount {opts.mountpoint}: {e}")
+                return 1
+        supervisor = _supervisor(fuse, opts, store, handover)
         # the kernel's INIT waits in the fd until the session reads (and the mount point with it): the
         # filesystem is built on the fd (its notifications need it); the mount goes if anything below fails
         notifier = kernel.Notifier(fuse.fd)
         failure = None
         try:
             mounted = wiring.build(store, opts.policy, notifier, tier_options, after_crash=after_crash,
-                                   fixed_settings=opts.fixed_settings)
+                                   fixed_settings=opts.fixed_settings, supervisor=supervisor,
+                                   restarts=handover.restarts if handover is not None else Restarts())
+            if handover is not None:
+                _take_over(store, mounted, handover)
             metrics = None
             if opts.metrics_port is not None:
                 try:
@@ -318,24 +404,31 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
                     failure = f"cannot serve metrics on 127.0.0.1:{opts.metrics_port}: {e.strerror}"
         except BaseException:
             notifier.close()
-            fuse.unmount()
+            if handover is None:
+                fuse.unmount()
             raise
         if failure is not None:
             notifier.close()
-            fuse.unmount()
+            if handover is None:
+                fuse.unmount()
             announce(failure)
             return 1
         session = kernel.Session(fuse.fd, mounted.ops, interruptible=mounted.tier.slow, debug=opts.debug,
                                  notifier=notifier)
         if not store.read_only:  # named in the error a second mount of this store gets
             (store.root / HOLDER_FILE).write_text(json.dumps({"pid": os.getpid(), "mountpoint": str(opts.mountpoint)}))
-        log.info("serving %s (store %s%s, pid %d, budget %d bytes)", opts.mountpoint, opts.store,
-                 ", read-only" if store.read_only else "", os.getpid(), opts.policy.max_bytes)
+        log.info("serving %s (store %s%s, pid %d, budget %d bytes%s)", opts.mountpoint, opts.store,
+                 ", read-only" if store.read_only else "", os.getpid(), opts.policy.max_bytes,
+                 f", taking over after a {handover.restarts.cause}" if handover is not None else "")
         mounted.duties.snapshot()
         if metrics is not None:
             metrics.start()
+        restart = trio.Event()
+        mounted.control.add_command(b"restart", functools.partial(_restart, session, restart))
         try:
-            trio.run(_run, session, mounted, opts.mountpoint, announce)
+            entry = fuse.mount_entry()
+            trio.run(_run, session, mounted, opts.mountpoint, announce, supervisor, handover, restart,
+                     entry[1] if entry is not None else None)
         except kernel.ProtocolError as e:
             announce(str(e))
             return 1
@@ -343,35 +436,119 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
             if metrics is not None:
                 metrics.stop()
             session.close()
-            fuse.unmount()
-            (store.root / HOLDER_FILE).unlink(missing_ok=True)
-            mounted.duties.shutdown()
-            mounted.events.emit("unmount", mountpoint=str(opts.mountpoint), **{
-                k: mounted.duties.cached_snapshot.get(k, 0) for k in ("hits", "misses", "commits", "evictions")})
-            log.info("unmounted %s", opts.mountpoint)
+            if restart.is_set():
+                mounted.duties.hand_over()
+                log.info("handing %s over to a new daemon", opts.mountpoint)
+            else:
+                fuse.unmount()
+                (store.root / HOLDER_FILE).unlink(missing_ok=True)
+                mounted.duties.shutdown()
+                mounted.events.emit("unmount", mountpoint=str(opts.mountpoint), **{
+                    k: mounted.duties.cached_snapshot.get(k, 0) for k in ("hits", "misses", "commits", "evictions")})
+                log.info("unmounted %s", opts.mountpoint)
+        if restart.is_set():
+            store.close()  # the successor takes the store's lock
+            supervisor.handing_over()
+        supervisor.close()
         return 0
     finally:
         store.close()
 
 
-def _open_and_close(path: Path) -> None:
+def _supervisor(fuse: kernel.FuseMount, opts: MountOptions, store: Store, handover: Handover | None) -> Supervisor:
+    """The daemon's line to its supervisor: a successor inherits one; a new mount starts it (best effort:
+    without one, a crash leaves a dead mount that the next mount of the path cleans up)."""
+    options = opts.as_json() | {"via_fusermount": fuse.via_fusermount, "read_only": store.read_only,
+                                "mount_path": fuse.mountpoint}
+    if handover is not None:
+        return SupervisorLink(handover.channel_fd, options)
+    entry = fuse.mount_entry()
+    if entry is None:
+        return NoSupervisor()
+    r, w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    # the supervisor holds the connection and the store's lock for the life of the mount
+    dup, lock = os.dup(fuse.fd), os.dup(store.lock_fd)
     try:
-        os.close(os.open(path, os.O_RDONLY))
+        subprocess.Popen(
+            [sys.executable, "-m", "mithrilfs.daemon.supervisor", str(fuse.mountpoint), str(entry[0]), entry[1],
+             "fusermount3" if fuse.via_fusermount else "umount2", str(dup), str(lock)],
+            stdin=r.fileno(), stdout=None if opts.foreground else subprocess.DEVNULL,
+            stderr=None if opts.foreground else subprocess.DEVNULL, cwd="/",
+            pass_fds=(dup, lock), start_new_session=not opts.foreground)
     except OSError as e:
-        log.debug("cannot open %s: %s", path, e)
+        log.warning("cannot start the supervisor (%s): a crash of the daemon will leave a dead mount", e)
+        w.close()
+        return NoSupervisor()
+    finally:
+        r.close()
+        os.close(dup)
+        os.close(lock)
+    return SupervisorLink(w.detach(), options)
+
+
+def _take_over(store: Store, mounted: wiring.Mounted, handover: Handover) -> None:
+    """What a successor inherits from the kernel and from the daemon before it (see the module doc)."""
+    ops = mounted.ops
+    ops.lifetimes.adopt_kernel_references(store.ns.next_inode_id())
+    adopted = 0
+    for ino_id, fd, path in handover.staged:
+        ino = store.ns.get(ino_id)
+        if ino is None or not ino.is_reg or store.read_only:
+            os.close(fd)
+            continue
+        ops.writes.adopt(ino, ops.tops.of_file(ino_id), fd, path)
+        adopted += 1
+    torn = set(handover.torn)
+    if torn and not store.read_only:
+        # a snapshot the idle timer took of a file that was written further since is no whole file:
+        # its names go, as after any crash (the writer learns it from its next write)
+        removed: list = []
+        with store.ns.txn():
+            for ino_id in torn & store.ns.unconfirmed:
+                ino = store.ns.get(ino_id)
+                if ino is not None:
+                    ops.lifetimes.remove_all_names([ino], removed, keep_content=True)
+        ops.lifetimes.tell_kernel(removed)
+    ops.writes.torn(torn)
+    log.info("took over the live mount after a %s: %d files being written go on, %d lost their uncommitted "
+             "writes", handover.restarts.cause, adopted, len(torn))
+
+
+async def _restart(session: kernel.Session, restart: trio.Event, request: bytes) -> bytes:
+    """``restart``: hand the mount to a new daemon of the installed code once this request is answered."""
+    restart.set()
+    trio.lowlevel.current_trio_token().run_sync_soon(session.stop)
+    return (json.dumps({"restarting": True, "pid": os.getpid()}) + "\n").encode()
+
+
+def _probe(path: Path) -> str | None:
+    """Open and read *path* on our own mount from another process; None if it worked, else why not.
+
+    Never from a thread of the daemon: a thread waiting on its own mount
+    when the daemon is killed can never finish (the kernel waits for an
+    answer to a request the daemon had read), so the dying daemon would
+    never close its descriptors and its supervisor would wait for ever.
+    A process of its own waits harmlessly for the successor instead.
+    """
+    try:
+        res = subprocess.run(["cat", "--", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, cwd="/", close_fds=True)
+    except OSError as e:
+        return f"cannot run cat: {e.strerror}"
+    return None if res.returncode == 0 else (res.stderr.strip().splitlines() or ["cat failed"])[-1]
 
 
 READAHEAD_KB = 1024
 
 
-def _raise_readahead(mountpoint: Path) -> None:
+def _raise_readahead(dev: str) -> None:
     """Let the kernel read ahead 1 MiB per FUSE request instead of 128 KiB (root only; best effort).
 
     Large sequential reads (big .so files, 256 MiB benchmarks) then cost a
-    quarter as many round trips to the daemon.
+    quarter as many round trips to the daemon.  *dev*: the mount's
+    major:minor (from mountinfo: never a stat of our own mount, see ``_probe``).
     """
-    dev = os.stat(mountpoint).st_dev
-    path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+    path = f"/sys/class/bdi/{dev}/read_ahead_kb"
     try:
         with open(path, "w") as f:
             f.write(str(READAHEAD_KB))
@@ -379,14 +556,16 @@ def _raise_readahead(mountpoint: Path) -> None:
         log.debug("cannot raise readahead (%s): %s", path, e)
 
 
-def _repair_at_startup(store: Store) -> bool:
+def _repair_at_startup(store: Store, *, live: bool = False, keep: Collection[str] = ()) -> bool:
     """Undo what an unclean stop can leave: staging files, unlinked inodes, unreferenced blobs.
 
-    True when the last stop was unclean.
+    True when the last stop was unclean.  *live*: a takeover, where the
+    kernel still holds inodes (``Namespace.recover``) and the staging files
+    in *keep* are adopted.
     """
     after_crash = store.ns.get_meta("clean") != "1"
-    stale = store.cas.clear_staging()
-    repaired = store.ns.recover()
+    stale = store.cas.clear_staging(keep)
+    repaired = store.ns.recover(live=live)
     freed = store.collect_garbage()
     if not store.ensure_reserve():
         log.warning("could not reserve %d bytes on the store's disk", RESERVE_BYTES)
@@ -396,11 +575,14 @@ def _repair_at_startup(store: Store) -> bool:
 
 
 async def _run(session: kernel.Session, mounted: wiring.Mounted, mountpoint: Path,
-               announce: Callable[[str], None]) -> None:
+               announce: Callable[[str], None], supervisor: Supervisor, handover: Handover | None,
+               restart: trio.Event, dev: str | None) -> None:
+    if handover is not None:
+        await session.adopt(handover.session)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal, session)
         nursery.start_soon(mounted.duties.background)
-        nursery.start_soon(_announce_when_live, session, mounted, mountpoint, announce)
+        nursery.start_soon(_announce_when_live, session, mounted, mountpoint, announce, supervisor, handover, dev)
         await session.serve()
         nursery.cancel_scope.cancel()
     await mounted.duties.unmounting()
@@ -415,26 +597,32 @@ async def _stop_on_signal(session: kernel.Session) -> None:
 
 
 async def _announce_when_live(session: kernel.Session, mounted: wiring.Mounted, mountpoint: Path,
-                              announce: Callable[[str], None]) -> None:
-    # stat goes through the kernel to our own getattr/lookup: proof that we answer.
-    # These threads wait on our own mount: if a signal ends the FUSE loop
-    # first, they must be abandoned (the unmount then fails their call)
-    # rather than waited for, or the daemon would wait on itself forever.
-    try:
-        await trio.to_thread.run_sync(os.stat, mountpoint / CONTROL_NAME.decode(), abandon_on_cancel=True)
-    except OSError as e:
-        announce(f"the new mount at {mountpoint} does not answer: {e.strerror}")
-        session.stop()
-        return
-    # the first OPEN and FLUSH are answered ENOSYS, after which the kernel opens and closes
-    # every file itself; make them happen now, so even a workload that only creates files
-    # is spared RELEASE and FLUSH from its first file on
-    await trio.to_thread.run_sync(_open_and_close, mountpoint / CONTROL_NAME.decode() / "pid",
-                                  abandon_on_cancel=True)
-    await trio.to_thread.run_sync(_raise_readahead, mountpoint, abandon_on_cancel=True)
+                              announce: Callable[[str], None], supervisor: Supervisor,
+                              handover: Handover | None, dev: str | None) -> None:
+    if handover is None:
+        # a read of a control file goes through the kernel to our own handlers: proof that we
+        # answer; and the first OPEN and FLUSH are answered ENOSYS, after which the kernel opens
+        # and closes every file itself, so even a workload that only creates files is spared
+        # RELEASE and FLUSH from its first file on.  (A successor needs neither: the kernel
+        # remembers.)  The thread waits on another process: if a signal ends the FUSE loop
+        # first, it is abandoned rather than waited for.
+        failed = await trio.to_thread.run_sync(_probe, mountpoint / CONTROL_NAME.decode() / "pid",
+                                               abandon_on_cancel=True)
+        if failed is not None:
+            announce(f"the new mount at {mountpoint} does not answer: {failed}")
+            session.stop()
+            return
+        if dev is not None:
+            _raise_readahead(dev)
     ops = mounted.ops
-    mounted.events.emit("mount", mountpoint=str(mountpoint), store=str(ops.store.root), pid=os.getpid(),
-                        max_bytes=ops.policy.max_bytes, read_only=ops.store.read_only)
+    supervisor.serving(session.parameters)
+    if handover is not None:
+        mounted.events.emit("daemon_restarted", mountpoint=str(mountpoint), pid=os.getpid(),
+                            cause=handover.restarts.cause, restarts=handover.restarts.count,
+                            torn_files=len(handover.torn))
+    else:
+        mounted.events.emit("mount", mountpoint=str(mountpoint), store=str(ops.store.root), pid=os.getpid(),
+                            max_bytes=ops.policy.max_bytes, read_only=ops.store.read_only)
     announce(READY_READ_ONLY if ops.store.read_only else READY)
 
 
@@ -499,6 +687,10 @@ def umount(mountpoint: Path, timeout: float = 60.0, *, lazy: bool = False) -> No
     if not is_fuse_mount(mountpoint):
         raise UsageError(f"{mountpoint} is not mounted")
     pid = daemon_pid(mountpoint)
+    try:
+        store: Path | None = Path(json.loads((mountpoint / CONTROL_NAME.decode() / "stats.json").read_text())["store"])
+    except (OSError, ValueError, KeyError):
+        store = None
     res = subprocess.run(["fusermount3", "-u", *(["-z"] if lazy else []), str(mountpoint)],
                          capture_output=True, text=True)
     if res.returncode != 0:
@@ -517,3 +709,23 @@ def umount(mountpoint: Path, timeout: float = 60.0, *, lazy: bool = False) -> No
         if time.monotonic() > deadline:
             raise MountError(f"unmounted {mountpoint}, but daemon {pid} did not exit within {timeout:.0f} s")
         time.sleep(0.02)
+    # and its supervisor, which holds the store's lock: the store is free when this returns
+    while store is not None and not store_free(store):
+        if time.monotonic() > deadline:
+            raise MountError(f"unmounted {mountpoint}, but its store {store} is still locked after {timeout:.0f} s")
+        time.sleep(0.02)
+
+
+def store_free(store: Path) -> bool:
+    """No process holds the store's lock (best effort: True when it cannot tell)."""
+    try:
+        fd = os.open(store / "lock", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

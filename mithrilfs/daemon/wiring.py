@@ -24,6 +24,7 @@ from mithrilfs.cache.writepath import CommitListener, WritePath
 from mithrilfs.control.commands import Commands
 from mithrilfs.control.files import ControlFiles
 from mithrilfs.control.node import ControlNode
+from mithrilfs.daemon.channel import NoSupervisor, Restarts, Supervisor
 from mithrilfs.daemon.duties import Duties
 from mithrilfs.fs import Operations, Parts
 from mithrilfs.observe.events import EventLog
@@ -57,10 +58,13 @@ class Mounted:
     duties: Duties
     tier: Tier
     events: EventLog
+    #: The control directory's files: the daemon adds the one that needs the session (``restart``).
+    control: ControlFiles
 
 
 def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_options: TierOptions | None = None, *,
-          after_crash: bool = False, fixed_settings: frozenset[str] = frozenset()) -> Mounted:
+          after_crash: bool = False, fixed_settings: frozenset[str] = frozenset(),
+          supervisor: Supervisor | None = None, restarts: Restarts | None = None) -> Mounted:
     """The filesystem of *store*, with every collaborator it needs (see the module doc)."""
     tier_options = tier_options or TierOptions()
     ns, blobs = store.ns, store.blobs
@@ -71,7 +75,7 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     paths = DirPaths(ns)
     tops = TopDirs(ns, paths)
     commit_listeners: list[CommitListener] = []
-    writes = WritePath(ns, blobs, stats, limiter, commit_listeners)
+    writes = WritePath(ns, blobs, stats, limiter, commit_listeners, supervisor or NoSupervisor())
     recency = Recency(ns)
     lifetimes = Lifetimes(ns, blobs, recency, writes.staged.__contains__, kernel)
 
@@ -84,10 +88,10 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     commit_listeners += [tier, budget]
     integrity = Integrity(store, lifetimes, budget, tier, stats, events, tops, limiter)
     control = ControlFiles()
-    duties = Duties(store, budget, writes, lifetimes, recency, tier, kept, events, limiter)
+    duties = Duties(store, budget, writes, lifetimes, recency, tier, kept, events, limiter, restarts or Restarts())
     control.add_json(b"stats.json", duties.snapshot)
     Commands(store, budget, writes, tier, kept, paths, limiter, fixed_settings=fixed_settings).register(control)
     ops = Operations(Parts(store=store, writes=writes, lifetimes=lifetimes, recency=recency, budget=budget,
                            integrity=integrity, tier=tier, control=ControlNode(control), stats=stats, events=events,
                            tops=tops, names=Names(ns, writes, lifetimes, tops, tier)))
-    return Mounted(ops=ops, duties=duties, tier=tier, events=events)
+    return Mounted(ops=ops, duties=duties, tier=tier, events=events, control=control)

@@ -125,6 +125,7 @@ RENAME_WHITEOUT = 1 << 2
 NOTIFY_INVAL_INODE = 2
 NOTIFY_INVAL_ENTRY = 3
 NOTIFY_DELETE = 6
+NOTIFY_RESEND = 7
 
 # -- structs -----------------------------------------------------------
 IN_HEADER = struct.Struct("<IIQQIIIHH")  # len opcode unique nodeid uid gid pid total_extlen padding

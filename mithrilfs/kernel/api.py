@@ -36,12 +36,17 @@ class FUSEError(Exception):
 
 @dataclass(slots=True)
 class RequestContext:
-    """Who asked: the caller's ids and, for requests that create, its umask."""
+    """Who asked: the caller's ids and, for requests that create, its umask.
+
+    *resent*: the kernel sent it again (``NOTIFY_RESEND``) because the
+    daemon that read it first died before answering; it may have done it.
+    """
 
     uid: int = 0
     gid: int = 0
     pid: int = 0
     umask: int = 0
+    resent: bool = False
 
 
 class EntryAttributes:

@@ -6,11 +6,12 @@ permissions; ``allow_other`` when asked).  As anyone else: ``fusermount3``
 (setuid root) opens /dev/fuse, mounts, and passes the fd back over the
 ``_FUSE_COMMFD`` socket.
 
-Either way a small watchdog process (``kernel.watchdog``) holds a pipe to
-the daemon and detaches the mount if the daemon dies without unmounting,
-so a killed daemon leaves no dead mount behind.  (fusermount3's own
-``auto_unmount`` is not used: the 3.14 one probes the dead mount as root,
-which a mount without ``allow_other`` refuses, so it never unmounts.)
+What happens when the daemon dies is the daemon's business (its
+supervisor holds a copy of the fd and takes over or detaches, see
+``daemon.supervisor``); ``mount_entry`` names the mount so that only this
+one is ever detached.  (fusermount3's own ``auto_unmount`` is not used: the
+3.14 one probes the dead mount as root, which a mount without
+``allow_other`` refuses, so it never unmounts.)
 
 Mounts are always ``nosuid,nodev``: device nodes can be created and listed,
 never opened.
@@ -26,9 +27,8 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 FSNAME = "mithrilfs"
 FSTYPE = "fuse." + FSNAME
@@ -91,9 +91,11 @@ class FuseMount:
     fd: int
     mountpoint: str
     via_fusermount: bool
-    #: The daemon's end of the watchdog's pipe: when it closes, the watchdog looks.
-    _watch: int | None = None
-    _watchdog: subprocess.Popen | None = field(default=None, repr=False)
+
+    def mount_entry(self) -> tuple[int, str] | None:
+        """(mount id, major:minor) of the newest mithrilfs mount at the mount point: this one, just after mounting."""
+        mine = [e for e in mount_entries(self.mountpoint) if e[2] == FSTYPE]
+        return (mine[-1][0], mine[-1][1]) if mine else None
 
     def unmount(self) -> None:
         """Detach the mount (lazily: open files keep working until closed) and close the fd."""
@@ -107,14 +109,6 @@ class FuseMount:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        if self._watch is not None:
-            os.close(self._watch)
-        self._watch = None
-        if self._watchdog is not None:
-            try:
-                self._watchdog.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 def mount(mountpoint: str, *, allow_other: bool = False, read_only: bool = False,
@@ -152,27 +146,7 @@ def _mount_root(mountpoint: str, allow_other: bool, read_only: bool) -> FuseMoun
     except BaseException:
         os.close(fd)
         raise
-    return _watched(FuseMount(fd, mountpoint, False))
-
-
-def _watched(m: FuseMount) -> FuseMount:
-    """Start the watchdog of a new mount (best effort: without one, the next mount cleans up)."""
-    mine = [e for e in mount_entries(m.mountpoint) if e[2] == FSTYPE]
-    if not mine:
-        return m
-    mount_id, dev, _ = mine[-1]
-    r, w = os.pipe()
-    try:
-        m._watchdog = subprocess.Popen(
-            [sys.executable, "-m", "mithrilfs.kernel.watchdog", m.mountpoint, str(mount_id), dev,
-             "fusermount3" if m.via_fusermount else "umount2"],
-            stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/", close_fds=True)
-        m._watch = w
-    except OSError:
-        os.close(w)
-    finally:
-        os.close(r)
-    return m
+    return FuseMount(fd, mountpoint, False)
 
 
 def _mount_fusermount(mountpoint: str, allow_other: bool, read_only: bool) -> FuseMount:
@@ -208,7 +182,7 @@ def _mount_fusermount(mountpoint: str, allow_other: bool, read_only: bool) -> Fu
     if not fds:
         raise MountError(_fusermount_hint(err or f"fusermount3 exited with status {proc.returncode}"))
     os.set_inheritable(fds[0], False)
-    return _watched(FuseMount(fds[0], mountpoint, True))
+    return FuseMount(fds[0], mountpoint, True)
 
 
 def _fusermount_hint(message: str) -> str:

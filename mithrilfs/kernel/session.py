@@ -18,6 +18,17 @@ opcode ENOSYS.  Nothing a request does ends the loop.  The loop ends when
 the kernel says the mount is gone (ENODEV on read, or DESTROY) or on
 ``stop()``; handlers in progress finish first.
 
+Taking over (``adopt``): a new daemon can serve the fd of a live mount
+whose daemon died or handed over, with the parameters INIT agreed (the
+kernel sends INIT once per connection).  Before its first read it sends
+NOTIFY_RESEND (protocol 7.40): the kernel puts every request the old
+daemon read and never answered back in the queue, marked with bit 63 of
+its unique id, which the reply echoes.  The old daemon may have carried
+such a request out before it died, so a resent request that finds its
+work done is answered as done: a resent create, mkdir, mknod, symlink or
+link that meets EEXIST with the entry that is there, a resent unlink,
+rmdir or rename that meets ENOENT with success.
+
 Notifications (invalidate an entry, an inode, tell of a deletion) are
 written by a thread of their own: the kernel takes the directory's lock to
 apply them, so writing one from the event loop while a request in that
@@ -32,6 +43,7 @@ import os
 import time
 import types
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -55,6 +67,12 @@ _NO_REPLY = frozenset({abi.FORGET, abi.BATCH_FORGET, abi.INTERRUPT})
 #: abandoned safely when the caller is interrupted: they change no local
 #: state before their last await.
 _INTERRUPTIBLE = frozenset({abi.LOOKUP, abi.OPENDIR, abi.READDIR, abi.READDIRPLUS})
+#: Bit 63 of a request's unique id: the kernel sent it again after NOTIFY_RESEND.
+UNIQUE_RESEND = 1 << 63
+#: Requests whose resent copy meets ENOENT when the previous daemon already carried them out.
+_GONE_WHEN_DONE = frozenset({abi.UNLINK, abi.RMDIR, abi.RENAME, abi.RENAME2})
+#: NOTIFY_RESEND came with protocol 7.40.
+RESEND_MINOR = 40
 
 
 class ProtocolError(Exception):
@@ -95,6 +113,15 @@ def wanted_capabilities(readdirplus: bool) -> int:
     return want
 
 
+@dataclass(frozen=True)
+class SessionParameters:
+    """What INIT agreed: a daemon taking over a live connection serves with the same (``Session.adopt``)."""
+
+    proto_minor: int
+    capabilities: int
+    max_write: int
+
+
 class Session:
     """Serve *ops* on the FUSE device *fd* (already mounted) until the mount goes away."""
 
@@ -126,6 +153,29 @@ class Session:
         self.error: ProtocolError | None = None
         self._handlers: dict[int, Callable[..., Awaitable[bytes | None]]] = {
             opcode: getattr(self, name) for opcode, name in _HANDLERS.items()}
+
+    @property
+    def parameters(self) -> SessionParameters:
+        return SessionParameters(self.proto_minor, self.capabilities, self.max_write)
+
+    async def adopt(self, params: SessionParameters) -> None:
+        """Serve a connection whose INIT an earlier daemon answered (see the module doc); before ``serve``.
+
+        The requests the earlier daemon read and never answered are asked
+        for again first, and only then may notifications go out: one the
+        kernel applies under a directory lock that a request waiting for
+        its resend holds would never finish.
+        """
+        self.proto_minor, self.capabilities, self.max_write = params.proto_minor, params.capabilities, params.max_write
+        self._bufsize = max(abi.MIN_READ_BUFFER, self.max_write + 4096)
+        await self.ops.init()
+        self.initialized.set()
+        if self.proto_minor >= RESEND_MINOR:
+            try:
+                os.write(self.fd, abi.OUT_HEADER.pack(abi.OUT_HEADER.size, abi.NOTIFY_RESEND, 0))
+            except OSError as e:
+                log.warning("could not ask the kernel to resend what the previous daemon left unanswered: %s", e)
+        self.notifier.open()
 
     # ------------------------------------------------------------------
     # the loop
@@ -240,6 +290,8 @@ class Session:
             self._reply_error(unique, errno.EIO)
             return
         ctx = RequestContext(uid, gid, pid)
+        if unique & UNIQUE_RESEND:
+            ctx.resent = True
         scope = None
         try:
             if self.interruptible and opcode in _INTERRUPTIBLE:
@@ -251,7 +303,9 @@ class Session:
             else:
                 payload = await handler(nodeid, ctx, buf, view, _HDR, end)
         except FUSEError as e:
-            if opcode not in _NO_REPLY:
+            if ctx.resent and e.errno == errno.ENOENT and opcode in _GONE_WHEN_DONE:
+                self._reply(unique, None)  # the previous daemon did it before it died
+            elif opcode not in _NO_REPLY:
                 self._reply_error(unique, e.errno)
             return
         except (_Malformed, ValueError, IndexError) as e:
@@ -383,22 +437,32 @@ class Session:
     async def _readlink(self, nodeid, ctx, buf, view, off, end) -> bytes:
         return await self.ops.readlink(nodeid, ctx)
 
+    async def _made(self, nodeid: int, name: bytes, ctx: RequestContext,
+                    make: Awaitable[EntryAttributes]) -> EntryAttributes:
+        """The entry a request makes; for a resent one the previous daemon already made, the entry there."""
+        try:
+            return await make
+        except FUSEError as e:
+            if not (ctx.resent and e.errno == errno.EEXIST):
+                raise
+        return await self.ops.lookup(nodeid, name, ctx)
+
     async def _symlink(self, nodeid, ctx, buf, view, off, end) -> bytes:
         name, off = _cstr(buf, off, end)
         target, _ = _cstr(buf, off, end)
-        return pack_entry(await self.ops.symlink(nodeid, name, target, ctx))
+        return pack_entry(await self._made(nodeid, name, ctx, self.ops.symlink(nodeid, name, target, ctx)))
 
     async def _mknod(self, nodeid, ctx, buf, view, off, end) -> bytes:
         mode, rdev, umask, _ = abi.MKNOD_IN.unpack_from(buf, off)
         name, _ = _cstr(buf, off + abi.MKNOD_IN.size, end)
         ctx.umask = umask
-        return pack_entry(await self.ops.mknod(nodeid, name, mode, rdev, ctx))
+        return pack_entry(await self._made(nodeid, name, ctx, self.ops.mknod(nodeid, name, mode, rdev, ctx)))
 
     async def _mkdir(self, nodeid, ctx, buf, view, off, end) -> bytes:
         mode, umask = abi.MKDIR_IN.unpack_from(buf, off)
         name, _ = _cstr(buf, off + abi.MKDIR_IN.size, end)
         ctx.umask = umask
-        return pack_entry(await self.ops.mkdir(nodeid, name, mode, ctx))
+        return pack_entry(await self._made(nodeid, name, ctx, self.ops.mkdir(nodeid, name, mode, ctx)))
 
     async def _unlink(self, nodeid, ctx, buf, view, off, end) -> None:
         name, _ = _cstr(buf, off, end)
@@ -425,7 +489,7 @@ class Session:
     async def _link(self, nodeid, ctx, buf, view, off, end) -> bytes:
         (old,) = abi.LINK_IN.unpack_from(buf, off)
         name, _ = _cstr(buf, off + abi.LINK_IN.size, end)
-        return pack_entry(await self.ops.link(old, nodeid, name, ctx))
+        return pack_entry(await self._made(nodeid, name, ctx, self.ops.link(old, nodeid, name, ctx)))
 
     # ------------------------------------------------------------------
     # files
@@ -439,7 +503,13 @@ class Session:
         flags, mode, umask, _ = abi.CREATE_IN.unpack_from(buf, off)
         name, _ = _cstr(buf, off + abi.CREATE_IN.size, end)
         ctx.umask = umask
-        fi, attr = await self.ops.create(nodeid, name, mode, flags, ctx)
+        try:
+            fi, attr = await self.ops.create(nodeid, name, mode, flags, ctx)
+        except FUSEError as e:
+            if not (ctx.resent and e.errno == errno.EEXIST):
+                raise
+            # the previous daemon made it: the caller opens the file that is there
+            return pack_entry(await self.ops.lookup(nodeid, name, ctx)) + abi.OPEN_OUT.pack(0, 0, 0)
         return pack_entry(attr) + abi.OPEN_OUT.pack(fi.fh, fi.open_flags(), 0)
 
     async def _read(self, nodeid, ctx, buf, view, off, end) -> bytes:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections.abc import Collection
 from pathlib import Path
 
 import blake3
@@ -156,10 +157,12 @@ class CAS:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         return fd, path
 
-    def clear_staging(self) -> int:
-        """Remove every staging file (uncommitted writes of a previous run)."""
+    def clear_staging(self, keep: Collection[str] = ()) -> int:
+        """Remove every staging file (uncommitted writes of a previous run) but those in *keep*."""
         n = 0
         for entry in os.scandir(self.staging):
+            if entry.path in keep:
+                continue
             try:
                 os.unlink(entry.path)
                 n += 1

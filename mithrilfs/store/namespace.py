@@ -470,7 +470,7 @@ class Namespace:
                 node.atime_ns = atime
 
     # -- recovery --------------------------------------------------------
-    def recover(self, *, after_crash: bool | None = None) -> dict[str, int]:
+    def recover(self, *, after_crash: bool | None = None, live: bool = False) -> dict[str, int]:
         """Repair what an unclean stop can leave: run at every mount, before serving.
 
         Inodes with no names were only kept alive by kernel references, which
@@ -480,11 +480,18 @@ class Namespace:
         and the unmount's own tidy-up passes False) the names of unconfirmed
         commits are dropped; after a clean one (and at the unmount's tidy-up)
         every unconfirmed mark is settled: kept for good.
+
+        *live*: a daemon taking over a mount the kernel still holds.  Inodes
+        with no names may be open or mapped, and unconfirmed content may
+        belong to a writer that is still running, so both stay; only the
+        refcounts are repaired.
         """
         with self.txn():
-            unconfirmed = 0
+            unconfirmed = unlinked = 0
             clean = self.get_meta("clean") == "1" if after_crash is None else not after_crash
-            if not clean:
+            if live:
+                pass
+            elif not clean:
                 # idle-timer commits nothing confirmed may be snapshots of a paused writer:
                 # their names go, and the framework sees a miss and recompiles
                 unconfirmed = self.db.execute(
@@ -495,7 +502,8 @@ class Namespace:
                 # a clean stop keeps what it committed (as it always has), so the mark has done its
                 # work; kept, it would drop at some later unclean stop a name every mount since served
                 self.db.execute("DELETE FROM unconfirmed")
-            unlinked = self.db.execute("DELETE FROM inodes WHERE nlink <= 0").rowcount
+            if not live:
+                unlinked = self.db.execute("DELETE FROM inodes WHERE nlink <= 0").rowcount
             dangling = 0
             if not clean or unlinked:
                 # full scans: only after an unclean stop (or when inodes were dropped)
@@ -513,6 +521,11 @@ class Namespace:
         self.forget_cached()
         self.unconfirmed = self._load_unconfirmed()
         return {"dangling_entries": dangling, "unlinked_inodes": unlinked, "unconfirmed_names_dropped": unconfirmed}
+
+    def next_inode_id(self) -> int:
+        """The id the next new inode gets: every inode the kernel has heard of has a smaller one (ids are never reused)."""
+        row = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'inodes'").fetchone()
+        return (row[0] if row else ROOT_INODE) + 1
 
     def mark_clean(self) -> None:
         with self.txn():

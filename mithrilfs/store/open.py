@@ -57,8 +57,12 @@ class Store:
     read_only: bool = False
 
     def close(self) -> None:
+        """Close the index and release the store's lock (a second call does nothing)."""
+        if self.lock_fd < 0:
+            return
         self.ns.close()
         os.close(self.lock_fd)
+        self.lock_fd = -1
 
     def ensure_reserve(self) -> bool:
         """Hold RESERVE_BYTES of real disk blocks (best effort); True when held."""
@@ -189,7 +193,13 @@ def _holder(root: Path) -> str:
             f"'mithrilfs run --mount {held['mountpoint']} -- CMD', or unmount it)")
 
 
-def open_store(path: str | os.PathLike[str] | None = None) -> Store:
+def open_store(path: str | os.PathLike[str] | None = None, *, lock_fd: int | None = None) -> Store:
+    """Open (or create) the store at *path* and take its lock.
+
+    *lock_fd*: the lock is already held on this descriptor, which the
+    caller hands over (a daemon taking over a live mount gets it from the
+    mount's supervisor, which holds it for the life of the mount).
+    """
     root = Path(path) if path is not None else default_store()
     root = root.expanduser().absolute()
     if root.exists() and not root.is_dir():
@@ -198,6 +208,7 @@ def open_store(path: str | os.PathLike[str] | None = None) -> Store:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as e:
         raise StoreError(f"{root}: cannot create store: {e.strerror}{_owner_hint(root)}") from None
+    inherited, lock_fd = lock_fd, -1
     read_only = bool(os.statvfs(root).f_flag & os.ST_RDONLY)
     if not read_only:
         _make_private(root)
@@ -212,6 +223,10 @@ def open_store(path: str | os.PathLike[str] | None = None) -> Store:
             lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as e:
         raise StoreError(f"{root}: cannot open store: {e.strerror}{_owner_hint(root)}") from None
+    if inherited is not None:
+        os.close(lock_fd)
+        lock_fd = inherited
+        os.set_inheritable(lock_fd, False)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

@@ -134,7 +134,7 @@ def test_eight_writers_renaming_under_a_small_budget(mount_factory: MountFactory
 @pytest.mark.timeout(120)
 def test_idle_commits_survive_a_crash_after_a_clean_remount(mount_factory: MountFactory):
     """A clean unmount settles every unconfirmed commit: a later crash drops none of them."""
-    m = mount_factory("settle")
+    m = mount_factory("settle", "--on-crash", "detach")
     (m.mountpoint / "A").write_text("a\n")  # committed by the idle timer: unconfirmed
     (m.mountpoint / "D.tmp").write_bytes(b"d")
     os.replace(m.mountpoint / "D.tmp", m.mountpoint / "D")

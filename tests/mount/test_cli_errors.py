@@ -7,7 +7,19 @@ import signal
 import subprocess
 import sys
 
-from conftest import CLI, REPO, MountFactory, as_user, entry, is_mounted, make_archive, run_cli, traversable, wait_for
+from conftest import (
+    CLI,
+    REPO,
+    MountFactory,
+    as_user,
+    entry,
+    is_mounted,
+    make_archive,
+    run_cli,
+    supervisor_pid,
+    traversable,
+    wait_for,
+)
 
 from mithrilfs.daemon.lifecycle import holders
 
@@ -20,6 +32,9 @@ def one_line_error(res: subprocess.CompletedProcess) -> None:
 
 def test_commands_on_a_mount_whose_daemon_was_killed(mount_factory: MountFactory, tmp_path):
     m = mount_factory()
+    supervisor = supervisor_pid(m.mountpoint)
+    assert supervisor is not None
+    os.kill(supervisor, signal.SIGKILL)  # else it would take the mount over
     os.kill(m.pid, signal.SIGKILL)
     for args in (["stats", str(m.mountpoint)], ["gc", str(m.mountpoint)], ["push", str(m.mountpoint)],
                  ["env", str(m.mountpoint)], ["export", str(m.mountpoint), str(tmp_path / "x.tar")],

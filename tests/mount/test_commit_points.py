@@ -36,6 +36,8 @@ def _wait_commits(m: Mount, at_least: int, timeout: float = 20) -> None:
         time.sleep(0.1)
 
 
+# these tests check the recovery of a remount after a crash (a node's reboot, ``--on-crash detach``);
+# a successor taking over the live mount is tested in test_takeover.py
 def _kill9_and_remount(m: Mount) -> None:
     pid = m.pid
     os.kill(pid, signal.SIGKILL)
@@ -84,7 +86,7 @@ def _trigger(kind: str, d: Path) -> Path:
 
 @pytest.mark.parametrize("kind", ["rename", "fsync", "chmod", "link", "forget"])
 def test_confirmed_commit_points_survive_kill9(mount_factory: MountFactory, kind: str):
-    m = mount_factory(f"cp-{kind}")
+    m = mount_factory(f"cp-{kind}", "--on-crash", "detach")
     d = m.mountpoint
     before = _commits(m)
     target = _trigger(kind, d)
@@ -97,7 +99,7 @@ def test_confirmed_commit_points_survive_kill9(mount_factory: MountFactory, kind
 
 def test_idle_commit_is_dropped_after_kill9(mount_factory: MountFactory):
     """A writer pauses with half its file written; the idle timer commits that; the daemon dies."""
-    m = mount_factory("idle-crash")
+    m = mount_factory("idle-crash", "--on-crash", "detach")
     d = m.mountpoint
     (d / "keep").write_bytes(b"published")
     os.replace(d / "keep", d / "kept")
@@ -161,7 +163,7 @@ CRASH_WRITER = textwrap.dedent(
 @pytest.mark.parametrize("kind", ["rename", "idle"])
 @pytest.mark.parametrize("point", ["before_intent", "after_intent", "after_adopt", "after_set_content"])
 def test_kill9_inside_a_commit_leaves_whole_files(mount_factory: MountFactory, kind: str, point: str):
-    m = mount_factory(f"crash-{kind}-{point}")
+    m = mount_factory(f"crash-{kind}-{point}", "--on-crash", "detach")
     d = m.mountpoint
     (d / "tmp0").write_bytes(b"OLD" * 1000)
     os.replace(d / "tmp0", d / "old")  # committed and confirmed before the crash point is armed

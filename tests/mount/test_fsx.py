@@ -12,6 +12,7 @@ import mmap
 import os
 import random
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import pytest
 from conftest import Mount, run_cli
@@ -25,8 +26,18 @@ SEEDS = [int(os.environ["MITHRILFS_FSX_SEED"])] if "MITHRILFS_FSX_SEED" in os.en
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_fsx(shared_mnt: Mount, seed: int):
-    rnd = random.Random(seed)
     path = shared_mnt.mountpoint / f"fsx-{seed}"
+    model = exercise(path, seed)
+    shared_mnt.remount()
+    assert path.read_bytes() == bytes(model), f"seed {seed}: after remount"
+
+
+def exercise(path: Path, seed: int, ops: int = OPS) -> bytearray:
+    """*ops* random operations on *path*, each read checked against a model; returns the model.
+
+    Also run in a process of its own (``test_takeover``), while the daemon is killed under it.
+    """
+    rnd = random.Random(seed)
     model = bytearray()
     fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
     log: list[str] = []
@@ -40,7 +51,7 @@ def test_fsx(shared_mnt: Mount, seed: int):
             )
 
     try:
-        for _ in range(OPS):
+        for _ in range(ops):
             op = rnd.random()
             if op < 0.40:
                 off = rnd.randrange(0, MAX_SIZE)
@@ -82,8 +93,7 @@ def test_fsx(shared_mnt: Mount, seed: int):
     finally:
         os.close(fd)
     check("final", path.read_bytes(), bytes(model))
-    shared_mnt.remount()
-    check("after remount", path.read_bytes(), bytes(model))
+    return model
 
 
 def _write_file(path: str, seed: int, size: int, chunk: int, sequential: bool) -> str:

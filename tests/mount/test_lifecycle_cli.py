@@ -9,7 +9,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Mount, is_mounted, pid_alive, run_cli, wait_unmounted, watchdog_pid, write_committed
+from conftest import (
+    Mount,
+    MountFactory,
+    daemon_pid,
+    is_mounted,
+    pid_alive,
+    run_cli,
+    supervisor_pid,
+    wait_unmounted,
+    write_committed,
+)
 
 
 def _wait_gone(pid: int, timeout: float = 20) -> bool:
@@ -43,24 +53,27 @@ def test_signal_unmounts_cleanly_and_keeps_data(mnt: Mount, sig):
     assert (mnt.mountpoint / "kept").read_bytes() == b"data"
 
 
-def test_kill9_leaves_no_dead_mount(mnt: Mount):
-    # the watchdog sees the daemon die and detaches the mount: no ENOTCONN left for the next user
+def test_kill9_with_on_crash_detach_leaves_no_dead_mount(mount_factory: MountFactory):
+    # the supervisor sees the daemon die and detaches the mount: no ENOTCONN left for the next user
+    mnt = mount_factory("m", "--on-crash", "detach")
     write_committed(mnt.mountpoint / "committed", b"safe")
-    assert watchdog_pid(mnt.mountpoint) is not None
+    assert supervisor_pid(mnt.mountpoint) is not None
     os.kill(mnt.pid, signal.SIGKILL)
     assert _wait_gone(mnt.pid)
-    wait_unmounted(mnt.mountpoint)  # its work done, the watchdog leaves too
+    wait_unmounted(mnt.mountpoint)  # its work done, the supervisor leaves too
     mnt.pid = None
+    res = run_cli("status", str(mnt.mountpoint))
+    assert res.returncode == 1 and "--on-crash detach" in res.stdout, res.stdout
     mnt.mount()
     assert (mnt.mountpoint / "committed").read_bytes() == b"safe"
 
 
 def test_stale_mount_after_kill9_is_cleaned_by_next_mount(mnt: Mount):
-    # without the watchdog (killed too), the next mount of the path cleans up
+    # without the supervisor (killed too), the next mount of the path cleans up
     write_committed(mnt.mountpoint / "committed", b"safe")
-    watchdog = watchdog_pid(mnt.mountpoint)
-    assert watchdog is not None
-    os.kill(watchdog, signal.SIGKILL)
+    supervisor = supervisor_pid(mnt.mountpoint)
+    assert supervisor is not None
+    os.kill(supervisor, signal.SIGKILL)
     os.kill(mnt.pid, signal.SIGKILL)
     assert _wait_gone(mnt.pid)
     with pytest.raises(OSError) as e:
@@ -183,9 +196,11 @@ def test_mount_through_fusermount3(mount_factory):
     assert "fuse.mithrilfs" in line and "nodev" in line and "nosuid" in line
     m.remount()  # a clean unmount through fusermount3, then again
     assert (m.mountpoint / "d" / "f").read_bytes() == b"through fusermount3"
-    # the watchdog detaches a killed daemon's mount with fusermount3 -u too
-    assert watchdog_pid(m.mountpoint) is not None
+    # a killed daemon's mount made through fusermount3 is taken over as well
+    assert supervisor_pid(m.mountpoint) is not None
     os.kill(m.pid, signal.SIGKILL)
     assert _wait_gone(m.pid)
+    assert (m.mountpoint / "d" / "f").read_bytes() == b"through fusermount3"
+    m.pid = daemon_pid(m.mountpoint)
+    m.umount()
     wait_unmounted(m.mountpoint)
-    m.pid = None

@@ -9,7 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import Mount, MountFactory, is_mounted, run_cli, watchdog_pid, write_committed
+from conftest import Mount, MountFactory, is_mounted, run_cli, supervisor_pid, write_committed
 from prometheus_client.parser import text_string_to_metric_families
 
 N = 10_000
@@ -147,7 +147,7 @@ def test_status_and_env(mnt: Mount, tmp_path):
 def test_status_of_a_dead_daemon(mnt: Mount):
     import signal
 
-    os.kill(watchdog_pid(mnt.mountpoint), signal.SIGKILL)  # else it would detach the dead mount
+    os.kill(supervisor_pid(mnt.mountpoint), signal.SIGKILL)  # else it would take the mount over
     os.kill(mnt.pid, signal.SIGKILL)
     time.sleep(0.5)
     res = run_cli("status", str(mnt.mountpoint))

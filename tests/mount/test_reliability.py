@@ -93,7 +93,8 @@ def _wait_dead(pid: int, timeout: float = 30) -> None:
 )
 def test_kill9_during_heavy_writes_never_tears_a_file(mount_factory: MountFactory, crash_at: str):
     env = {} if crash_at.startswith("sigkill") else {"MITHRILFS_TEST_CRASH_AT": crash_at}
-    m = mount_factory("crash", "--min-age", "0", env=env)
+    # the crash recovery of a remount (a node's reboot): no successor takes the mount over
+    m = mount_factory("crash", "--min-age", "0", "--on-crash", "detach", env=env)
     work = m.mountpoint / "w"
     work.mkdir()
     # a baseline committed before the storm must survive it, and the files rewritten in place
@@ -113,7 +114,7 @@ def test_kill9_during_heavy_writes_never_tears_a_file(mount_factory: MountFactor
     for w in writers:
         w.wait(timeout=60)
     m.pid = None
-    wait_unmounted(m.mountpoint)  # the watchdog detached the dead mount
+    wait_unmounted(m.mountpoint)  # the supervisor detached the dead mount
     res = run_cli("mount", str(m.mountpoint), "--store", str(m.store), "--min-age", "0")
     assert res.returncode == 0, res.stderr
     m.pid = int((m.mountpoint / ".mithrilfs" / "pid").read_text())

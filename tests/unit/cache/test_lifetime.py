@@ -191,3 +191,29 @@ def test_tell_kernel_passes_parent_child_and_name(store: Store, lifetimes: Lifet
     assert sorted(kernel.deleted) == sorted([(d, ino.id, b"a"), (ROOT_INODE, ino.id, b"b")])
     assert store.ns.lookup(d, b"a") is None and store.ns.lookup(ROOT_INODE, b"b") is None
     assert not store.cas.exists(ino.hash)  # type: ignore[arg-type]
+
+
+def test_a_takeover_treats_every_older_inode_as_held_until_a_forget_proves_otherwise(lifetimes: Lifetimes) -> None:
+    """Counts of a dead daemon are unknown: inodes that existed then stay held; a FORGET of more than the
+    successor handed out proves the kernel dropped them all, one of no more than that proves nothing."""
+    lifetimes.adopt_kernel_references(below=100)
+    assert lifetimes.referenced(5) and lifetimes.referenced(99) and not lifetimes.referenced(100)
+    lifetimes.ref(5)  # one lookup answered by the successor
+    assert not lifetimes.unref(5, 1)  # maybe a forget of that one lookup: the old references may remain
+    assert lifetimes.referenced(5)
+    assert lifetimes.unref(5, 3)  # the kernel forgets an inode with its whole count: more than we gave
+    assert not lifetimes.referenced(5)
+    lifetimes.ref(5)  # looked up again afterwards: counted as usual
+    assert lifetimes.referenced(5) and lifetimes.unref(5, 1) and not lifetimes.referenced(5)
+    lifetimes.ref(150)  # a new inode: counted as usual from the start
+    assert lifetimes.unref(150, 1) and not lifetimes.referenced(150)
+
+
+def test_an_unlinked_inode_is_kept_across_a_takeover_until_the_kernel_forgets_it(
+        store: Store, lifetimes: Lifetimes) -> None:
+    ino = add_file(store, ROOT_INODE, b"open-elsewhere", b"still read by a process")
+    unlink(lifetimes, ROOT_INODE, b"open-elsewhere")
+    lifetimes.adopt_kernel_references(below=store.ns.next_inode_id())
+    assert lifetimes.delete_if_unused(ino.id) == 0 and store.ns.get(ino.id) is not None
+    assert lifetimes.unref(ino.id, 1)
+    assert lifetimes.delete_if_unused(ino.id) > 0 and store.ns.get(ino.id) is None

@@ -230,3 +230,82 @@ def test_physical_is_blob_bytes_plus_staging_bytes(store: Store, writes: WritePa
         assert on_disk == store.blobs.bytes
 
     trio.run(t)
+
+
+class KeepingWatcher:
+    """A supervisor's view (``WriteWatcher`` with ``keeps_content``): the descriptor of each file's staging."""
+
+    keeps_content = True
+
+    def __init__(self) -> None:
+        self.kept: dict[int, tuple[int, str | None]] = {}
+        self.written: set[int] = set()
+        self.lost_inodes: set[int] = set()
+
+    def staging(self, ino: int, fd: int, path: str | None) -> None:
+        self.kept[ino] = (os.dup(fd), path)  # the supervisor's own copy, as SCM_RIGHTS gives it
+
+    def writing(self, ino: int) -> None:
+        self.written.add(ino)
+
+    def lost(self, ino: int) -> None:
+        self.lost_inodes.add(ino)
+
+    def settled(self, ino: int) -> None:
+        self.written.discard(ino)
+        kept = self.kept.pop(ino, None)
+        if kept is not None:
+            os.close(kept[0])
+
+
+@pytest.mark.parametrize("total", [3000, BIG], ids=["in-memory", "staging-file"])
+def test_staging_outlives_the_daemon_and_a_successor_goes_on_from_it(store: Store, total: int) -> None:
+    """Every write and truncate reaches the descriptor the watcher holds before it returns; a successor's
+    write path adopts it and the file goes on as if nothing happened."""
+    watcher = KeepingWatcher()
+    dead = WritePath(store.ns, store.blobs, Stats(), trio.CapacityLimiter(2), [], watcher)
+    first, rest = os.urandom(total), os.urandom(999)
+
+    async def t() -> None:
+        ino = new_file(store.ns, b"f")
+        of = dead.staged_for(ino, ROOT_KEY)
+        await dead.write(of, 0, first + b"to be cut")
+        await dead.truncate(of, total)
+        assert watcher.written == {ino.id}
+        fd, path = watcher.kept[ino.id]
+        assert os.pread(fd, total + 100, 0) == first and (path is None) == (total <= MEM_STAGING_MAX)
+        # the daemon dies here (its own descriptors with it); a successor adopts what the watcher kept
+        successor_watcher = KeepingWatcher()
+        successor = WritePath(store.ns, store.blobs, Stats(), trio.CapacityLimiter(2), [], successor_watcher)
+        successor.adopt(store.ns.get(ino.id), ROOT_KEY, fd, path)  # type: ignore[arg-type]
+        of2 = successor.staged[ino.id]
+        assert of2.size == total and of2.read(0, total + 10) == first
+        await successor.write(of2, total, rest)
+        await successor.commit(of2)
+        committed = store.ns.get(ino.id)
+        assert committed is not None and committed.size == total + len(rest)
+        assert store.cas.read(committed.hash) == first + rest  # type: ignore[arg-type]
+        assert successor_watcher.written == set() and successor_watcher.kept == {}
+
+    trio.run(t)
+
+
+def test_a_torn_file_keeps_its_content_and_its_writer_gets_eio_once(writes: WritePath) -> None:
+    """A successor that got no content for a written file: writes fail, one commit point fails, O_TRUNC heals."""
+
+    async def t() -> None:
+        ino = await committed_file(writes, b"f", b"last committed")
+        writes.torn({ino.id})
+        assert writes.failed[ino.id] == errno.EIO
+        with pytest.raises(ContentDropped) as e:
+            await writes.commit_inode(ino.id)
+        assert e.value.errno == errno.EIO
+        await writes.commit_inode(ino.id)  # told once
+        inode = writes.ns.get(ino.id)
+        assert inode is not None and writes.cas.read(inode.hash) == b"last committed"  # type: ignore[arg-type]
+        writes.torn({ino.id})
+        of = writes.staged_for(inode, ROOT_KEY)
+        await writes.truncate(of, 0)  # starting over
+        assert ino.id not in writes.failed
+
+    trio.run(t)

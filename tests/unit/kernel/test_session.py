@@ -9,6 +9,7 @@ behaviour of the mounted filesystem is tested through real mounts elsewhere.
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import stat
 
@@ -108,3 +109,78 @@ def test_a_kernel_older_than_7_31_is_refused_in_one_line():
     session.close()
     ours.close()
     kernel_side.close()
+
+
+class _Names(Operations):
+    """A root with one directory entry, ``there``, which MKDIR, CREATE and UNLINK find as a dead daemon left it."""
+
+    def __init__(self) -> None:
+        self.lookups = 0
+
+    def _entry(self, mode: int) -> EntryAttributes:
+        a = EntryAttributes()
+        a.st_ino, a.st_mode, a.st_nlink = 2, mode, 1
+        return a
+
+    async def lookup(self, parent_inode, name, ctx):
+        if name != b"there":
+            raise FUSEError(errno.ENOENT)
+        self.lookups += 1
+        return self._entry(stat.S_IFDIR | 0o755)
+
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        raise FUSEError(errno.EEXIST)
+
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        raise FUSEError(errno.EEXIST)
+
+    async def unlink(self, parent_inode, name, ctx):
+        raise FUSEError(errno.ENOENT)
+
+
+def test_a_successor_asks_for_a_resend_first_and_answers_resent_requests_it_finds_done():
+    """``adopt``: no INIT, NOTIFY_RESEND before anything else; a resent request (bit 63 of its unique id)
+    whose work the dead daemon had done is answered as done, with the unique id echoed; a fresh one is not."""
+    from mithrilfs.kernel.session import UNIQUE_RESEND, SessionParameters
+
+    ours, kernel_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ops = _Names()
+    session = Session(ours.fileno(), ops)
+    replies: dict[int, tuple[int, bytes]] = {}
+    resent = UNIQUE_RESEND
+
+    async def ask(message: bytes) -> None:
+        kernel_side.send(message)
+        with trio.fail_after(5):
+            data = await trio.to_thread.run_sync(kernel_side.recv, 1 << 16)
+        _, error, unique = abi.OUT_HEADER.unpack_from(data)
+        replies[unique] = (error, data[abi.OUT_HEADER.size:])
+
+    async def main() -> None:
+        await session.adopt(SessionParameters(45, abi.PARALLEL_DIROPS, 1 << 17))
+        first = kernel_side.recv(1 << 16)
+        assert first == abi.OUT_HEADER.pack(16, abi.NOTIFY_RESEND, 0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.serve)
+            mkdir = abi.MKDIR_IN.pack(0o755, 0o022) + b"there\0"
+            await ask(_request(abi.MKDIR, resent | 1, mkdir))
+            await ask(_request(abi.MKDIR, 2, mkdir))
+            create = abi.CREATE_IN.pack(os.O_WRONLY | os.O_CREAT, 0o644, 0o022, 0) + b"there\0"
+            await ask(_request(abi.CREATE, resent | 3, create))
+            await ask(_request(abi.UNLINK, resent | 4, b"gone\0"))
+            await ask(_request(abi.UNLINK, 5, b"gone\0"))
+            await ask(_request(abi.GETATTR, 6, abi.GETATTR_IN.pack(0, 0, 0)))  # served: no INIT was needed
+            kernel_side.close()
+
+    trio.run(main)
+    session.close()
+    ours.close()
+    err, body = replies[resent | 1]
+    assert err == 0 and abi.ENTRY_OUT.unpack_from(body)[0] == 2  # the directory the dead daemon made
+    assert replies[2][0] == -errno.EEXIST
+    err, body = replies[resent | 3]
+    assert err == 0 and len(body) == abi.ENTRY_OUT.size + abi.OPEN_OUT.size
+    assert replies[resent | 4] == (0, b"")
+    assert replies[5][0] == -errno.ENOENT
+    assert replies[6][0] != -errno.EIO
+    assert ops.lookups == 2

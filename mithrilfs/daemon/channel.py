@@ -1,0 +1,170 @@
+"""What a daemon tells its supervisor, and what a supervisor hands the daemon that takes over.
+
+The daemon sends one message per datagram on a ``SOCK_SEQPACKET`` socket
+whose other end the supervisor reads (``daemon.supervisor``):
+
+- ``options JSON``: how to start a daemon like this one (``MountOptions``,
+  secrets included: they never leave these two processes);
+- ``session MINOR CAPS MAX_WRITE``: what INIT agreed, once it has;
+- what is being written (``cache.writepath.WriteWatcher``): ``s INO
+  [PATH]`` with a file descriptor attached (SCM_RIGHTS): the inode's
+  staging content lives there; ``w INO``: it has uncommitted writes; ``x
+  INO``: its uncommitted content was dropped; ``c INO``: nothing
+  uncommitted is left.  The supervisor holds those descriptors, so the
+  staging content outlives the daemon;
+- ``ready PID``: the daemon serves;
+- ``handoff``: a restart: the daemon committed everything, stopped reading
+  and exits; the supervisor starts the successor at once.
+
+The socket closing without ``handoff`` while the mount is still there
+means the daemon died.  A successor gets a ``Handover`` as JSON on its
+stdin and the descriptors it names.  Sends block (the supervisor always
+drains the socket), so no message is ever dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from mithrilfs.kernel import SessionParameters
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Restarts:
+    """How often the mount's daemon was replaced, and the last time why (``stats``, ``status``)."""
+
+    count: int = 0
+    cause: str | None = None
+    at: float | None = None
+
+    def as_stats(self) -> dict[str, Any]:
+        return {"restarts": self.count, "last_restart_cause": self.cause, "last_restart_at": self.at}
+
+
+@dataclass
+class Handover:
+    """What a successor daemon gets from the supervisor."""
+
+    options: dict[str, Any]
+    session: SessionParameters
+    #: Inodes whose uncommitted content the previous daemon lost (``WritePath.torn``).
+    torn: list[int] = field(default_factory=list)
+    #: [inode, fd, staging path or None]: staging content the previous daemon left (``WritePath.adopt``).
+    staged: list[list[Any]] = field(default_factory=list)
+    restarts: Restarts = field(default_factory=Restarts)
+    #: The inherited /dev/fuse fd, the store's lock (held by the supervisor for the life of the mount:
+    #: a killed daemon may take a while to let go of its own), and the successor's end of its channel.
+    fuse_fd: int = -1
+    lock_fd: int = -1
+    channel_fd: int = -1
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def loads(cls, text: str) -> Handover:
+        d = json.loads(text)
+        return cls(options=d["options"], session=SessionParameters(**d["session"]), torn=list(d["torn"]),
+                   staged=list(d["staged"]), restarts=Restarts(**d["restarts"]), fuse_fd=int(d["fuse_fd"]), lock_fd=int(d["lock_fd"]),
+                   channel_fd=int(d["channel_fd"]))
+
+
+class Supervisor(Protocol):
+    """The daemon's line to whoever keeps the mount alive across its death (see the module doc)."""
+
+    keeps_content: bool
+
+    def staging(self, ino: int, fd: int, path: str | None) -> None: ...
+
+    def lost(self, ino: int) -> None: ...
+
+    def writing(self, ino: int) -> None: ...
+
+    def settled(self, ino: int) -> None: ...
+
+    def serving(self, params: SessionParameters) -> None: ...
+
+    def handing_over(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NoSupervisor:
+    """No successor will come (a foreground run without one, tools): nothing to tell."""
+
+    keeps_content = False
+
+    def staging(self, ino: int, fd: int, path: str | None) -> None:
+        pass
+
+    def lost(self, ino: int) -> None:
+        pass
+
+    def writing(self, ino: int) -> None:
+        pass
+
+    def settled(self, ino: int) -> None:
+        pass
+
+    def serving(self, params: SessionParameters) -> None:
+        pass
+
+    def handing_over(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class SupervisorLink:
+    """The daemon's end of the socket to the supervisor."""
+
+    def __init__(self, fd: int, options: dict[str, Any]) -> None:
+        self.sock: socket.socket | None = socket.socket(fileno=fd)
+        self.sock.setblocking(True)
+        #: A crash of a daemon that detaches keeps nothing: no staging content to mirror.
+        self.keeps_content = options.get("on_crash") != "detach"
+        self._send("options " + json.dumps(options))
+
+    def _send(self, line: str, fds: tuple[int, ...] = ()) -> None:
+        if self.sock is None:
+            return
+        try:
+            if fds:
+                socket.send_fds(self.sock, [line.encode()], list(fds))
+            else:
+                self.sock.send(line.encode())
+        except OSError as e:  # the supervisor is gone: the mount no longer outlives this daemon
+            log.warning("the supervisor stopped listening (%s): a crash of this daemon now leaves a dead mount", e)
+            self.close()
+
+    def staging(self, ino: int, fd: int, path: str | None) -> None:
+        self._send(f"s {ino} {path or ''}".rstrip(), (fd,))
+
+    def writing(self, ino: int) -> None:
+        self._send(f"w {ino}")
+
+    def lost(self, ino: int) -> None:
+        self._send(f"x {ino}")
+
+    def settled(self, ino: int) -> None:
+        self._send(f"c {ino}")
+
+    def serving(self, params: SessionParameters) -> None:
+        self._send(f"session {params.proto_minor} {params.capabilities} {params.max_write}")
+        self._send(f"ready {os.getpid()}")
+
+    def handing_over(self) -> None:
+        self._send("handoff")
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None

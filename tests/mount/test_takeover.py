@@ -1,0 +1,292 @@
+"""A daemon crash or upgrade never takes the cache away: a successor takes the live mount over.
+
+Real mounts, real processes, kill -9: the supervisor keeps a copy of the
+/dev/fuse fd and of every file's staging content, starts a successor on
+the same connection, and programs see a pause, never ENOTCONN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, Mount, MountFactory, daemon_pid, is_mounted, pid_alive, run_cli, wait_for, wait_unmounted
+
+from mithrilfs.cache.writepath import MEM_STAGING_MAX
+from mithrilfs.daemon.supervisor import CRASH_LOOP_LIMIT
+
+K = 1024
+
+
+def _events(m: Mount) -> list[dict]:
+    return [json.loads(line) for line in (m.store / "events.jsonl").read_text().splitlines()]
+
+
+def kill_and_wait_for_successor(m: Mount) -> int:
+    """kill -9 the daemon; return the pid of the daemon that took over (the read waits for it)."""
+    old = m.pid
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(old), timeout=10, what="the daemon died")
+    new = daemon_pid(m.mountpoint)
+    assert new is not None and new != old
+    m.pid = new
+    return new
+
+
+class Killer:
+    """Kills the mount's daemon every *every* seconds while a workload runs."""
+
+    def __init__(self, m: Mount, every: float = 2.0) -> None:
+        self.m = m
+        self.every = every
+        self.kills = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            pid = daemon_pid(self.m.mountpoint)
+            if pid is None:
+                return
+            os.kill(pid, signal.SIGKILL)
+            self.kills += 1
+
+    def __enter__(self) -> Killer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.m.pid = daemon_pid(self.m.mountpoint)
+
+
+def _unmount_and_check(m: Mount) -> None:
+    """Nothing was written beside the store (under the mount point itself), and fsck is clean."""
+    m.umount()
+    wait_unmounted(m.mountpoint)
+    assert os.listdir(m.mountpoint) == []
+    fsck = run_cli("fsck", "--store", str(m.store))
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+
+
+@pytest.mark.timeout(120)
+def test_kill9_mid_write_keeps_every_written_byte_and_the_mount(mnt: Mount):
+    small = os.urandom(MEM_STAGING_MAX // 4)  # staged in memory: kept in a memfd the supervisor holds
+    big = os.urandom(MEM_STAGING_MAX * 3)  # staged in a staging file: the supervisor holds its descriptor
+    f_small = open(mnt.mountpoint / "small.tmp", "wb")
+    f_big = open(mnt.mountpoint / "big.tmp", "wb")
+    (mnt.mountpoint / "closed").write_bytes(b"written and closed, not yet committed")
+    f_small.write(small[: len(small) // 2])
+    f_small.flush()
+    f_big.write(big[: len(big) // 2])
+    f_big.flush()
+    os.chdir(mnt.mountpoint)  # a working directory inside the mount, as a compile's
+    try:
+        old = mnt.pid
+        kill_and_wait_for_successor(mnt)
+        assert os.listdir(".")  # no ENOTCONN for the working directory
+    finally:
+        os.chdir("/")
+    f_small.write(small[len(small) // 2:])
+    f_small.close()
+    f_big.write(big[len(big) // 2:])
+    f_big.close()
+    os.replace(mnt.mountpoint / "small.tmp", mnt.mountpoint / "small")
+    os.replace(mnt.mountpoint / "big.tmp", mnt.mountpoint / "big")
+    assert (mnt.mountpoint / "small").read_bytes() == small
+    assert (mnt.mountpoint / "big").read_bytes() == big
+    assert (mnt.mountpoint / "closed").read_bytes() == b"written and closed, not yet committed"
+    stats = mnt.stats()
+    assert stats["restarts"] == 1 and stats["last_restart_cause"] == "crash" and stats["pid"] != old
+    status = run_cli("status", str(mnt.mountpoint))
+    assert status.returncode == 0 and "restarted 1 times (last: crash" in status.stdout, status.stdout
+    restarted = [e for e in _events(mnt) if e["event"] == "daemon_restarted"]
+    assert len(restarted) == 1 and restarted[0]["cause"] == "crash"
+    mnt.remount()  # what the successor committed is the store's for good
+    assert (mnt.mountpoint / "small").read_bytes() == small
+    assert (mnt.mountpoint / "big").read_bytes() == big
+    _unmount_and_check(mnt)
+
+
+HOLDER = textwrap.dedent(
+    """
+    import ctypes, os, sys
+    lib = ctypes.CDLL(sys.argv[1])
+    fd = os.open(sys.argv[2], os.O_RDONLY)
+    want = os.pread(fd, 1 << 20, 0)
+    print("ready", flush=True)
+    calls = 0
+    while sys.stdin.readline().strip() == "again":
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the next read goes to the daemon
+        assert os.pread(fd, 1 << 20, 0) == want, "the unlinked file changed"
+        assert lib.answer() == 42
+        calls += 1
+        print(calls, flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(120)
+def test_unlinked_open_file_and_mmapped_library_survive_a_takeover(mnt: Mount, tmp_path: Path):
+    src = tmp_path / "answer.c"
+    src.write_text("int answer(void) { return 42; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libanswer.so"), str(src)], check=True)
+    shutil.copy(tmp_path / "libanswer.so", mnt.mountpoint / "libanswer.so.tmp")
+    os.replace(mnt.mountpoint / "libanswer.so.tmp", mnt.mountpoint / "libanswer.so")
+    (mnt.mountpoint / "data.tmp").write_bytes(os.urandom(300 * K))
+    os.replace(mnt.mountpoint / "data.tmp", mnt.mountpoint / "data")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(mnt.mountpoint / "libanswer.so"),
+                               str(mnt.mountpoint / "data")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        blobs_before = mnt.stats()["blobs"]
+        os.unlink(mnt.mountpoint / "data")  # kept alive by the holder's open file
+        os.unlink(mnt.mountpoint / "libanswer.so")  # kept alive by its mapping
+        for round_ in (1, 2):
+            kill_and_wait_for_successor(mnt)
+            holder.stdin.write("again\n")
+            holder.stdin.flush()
+            assert holder.stdout.readline().strip() == str(round_)
+        holder.stdin.close()
+        assert holder.wait(timeout=30) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    # the holder gone, the kernel forgets both inodes: the successor frees them though it never counted them
+    wait_for(lambda: mnt.stats()["blobs"] == blobs_before - 2, timeout=20, what="the unlinked files' blobs freed")
+    _unmount_and_check(mnt)
+
+
+FSX_RUNNER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    sys.path[:0] = [sys.argv[1], str(Path(sys.argv[1]).parent)]  # test_fsx and the conftest it imports
+    from test_fsx import exercise
+    exercise(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    """
+)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_fsx_while_the_daemon_is_killed_every_two_seconds(mnt: Mount, seed: int):
+    path = mnt.mountpoint / f"fsx-{seed}"
+    with Killer(mnt) as killer:
+        res = subprocess.run([sys.executable, "-c", FSX_RUNNER, str(Path(__file__).parent), str(path), str(seed),
+                              "30000"], capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert killer.kills >= 3, f"only {killer.kills} kills during fsx"
+    _unmount_and_check(mnt)
+
+
+RENAMER = textwrap.dedent(
+    """
+    import hashlib, os, sys, time
+    mp, me, until = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
+    i = 0
+    while time.monotonic() < until:
+        i += 1
+        for name in ("a", "b", "c", "d"):
+            body = os.urandom(1000 + (i * 7919) % 400000)
+            tmp = os.path.join(mp, f"{name}.{me}.tmp")
+            with open(tmp, "wb") as f:
+                f.write(hashlib.sha256(body).digest() + body)
+            os.replace(tmp, os.path.join(mp, name))
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_eight_writers_renaming_onto_the_same_names_while_the_daemon_is_killed(mnt: Mount):
+    with Killer(mnt) as killer:
+        procs = [subprocess.Popen([sys.executable, "-c", RENAMER, str(mnt.mountpoint), str(w), "9"],
+                                  stderr=subprocess.PIPE, text=True) for w in range(8)]
+        errors = [p.communicate(timeout=240)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, [e[-500:] for e in errors]
+    assert killer.kills >= 3, f"only {killer.kills} kills while the writers ran"
+    for name in ("a", "b", "c", "d"):
+        data = (mnt.mountpoint / name).read_bytes()
+        assert hashlib.sha256(data[32:]).digest() == data[:32], f"{name} is not whole"
+    assert sorted(os.listdir(mnt.mountpoint)) == ["a", "b", "c", "d"]
+    _unmount_and_check(mnt)
+
+
+LOAD = textwrap.dedent(
+    """
+    import os, sys, time
+    mp, until = sys.argv[1], time.monotonic() + float(sys.argv[2])
+    n = 0
+    while time.monotonic() < until:
+        body = os.urandom(2000 + n % 5000)
+        with open(os.path.join(mp, f"t{n % 50}.tmp"), "wb") as f:
+            f.write(body)
+        os.replace(os.path.join(mp, f"t{n % 50}.tmp"), os.path.join(mp, f"f{n % 50}"))
+        assert open(os.path.join(mp, f"f{n % 50}"), "rb").read() == body
+        os.listdir(mp)
+        n += 1
+    print(n)
+    """
+)
+
+
+@pytest.mark.timeout(180)
+def test_restart_under_load_fails_nothing_and_runs_the_installed_code(mount_factory: MountFactory, tmp_path: Path):
+    # the daemon runs from a copy of the package: "upgrading" it is editing that copy
+    installed = tmp_path / "installed"
+    shutil.copytree(REPO / "mithrilfs", installed / "mithrilfs", ignore=shutil.ignore_patterns("__pycache__"))
+    m = mount_factory("up", env={"PYTHONPATH": str(installed)})
+    version = json.loads(run_cli("status", "--json", str(m.mountpoint)).stdout)["version"]
+    load = subprocess.Popen([sys.executable, "-c", LOAD, str(m.mountpoint), "8"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(1)
+    init = installed / "mithrilfs" / "__init__.py"
+    init.write_text(init.read_text().replace(f'__version__ = "{version}"', '__version__ = "99.0.0+upgraded"'))
+    old = m.pid
+    res = run_cli("restart", str(m.mountpoint), env=dict(os.environ, PYTHONPATH=str(installed)))
+    assert res.returncode == 0, res.stderr
+    assert "99.0.0+upgraded" in res.stdout, res.stdout
+    time.sleep(1)
+    assert run_cli("restart", str(m.mountpoint)).returncode == 0  # twice, under the same load
+    out, err = load.communicate(timeout=60)
+    assert load.returncode == 0, err[-3000:]
+    assert int(out) > 50  # it kept working throughout
+    status = json.loads(run_cli("status", "--json", str(m.mountpoint)).stdout)
+    assert status["version"] == "99.0.0+upgraded" and status["pid"] not in (old, None)
+    assert status["restarts"] == 2 and status["last_restart_cause"] == "restart"
+    m.pid = status["pid"]
+    _unmount_and_check(m)
+
+
+@pytest.mark.timeout(120)
+def test_a_daemon_that_dies_at_every_start_is_given_up_and_status_says_why(mount_factory: MountFactory):
+    m = mount_factory("loop", env={"MITHRILFS_TEST_CRASH_AT": "takeover"})
+    (m.mountpoint / "kept").write_bytes(b"committed before the crash loop")
+    os.replace(m.mountpoint / "kept", m.mountpoint / "kept2")
+    os.kill(m.pid, signal.SIGKILL)
+    m.pid = None
+    wait_unmounted(m.mountpoint, timeout=60)
+    status = run_cli("status", str(m.mountpoint))
+    assert status.returncode == 1
+    assert f"{CRASH_LOOP_LIMIT} new daemons in a row died" in status.stdout, status.stdout
+    given_up = [e for e in _events(m) if e["event"] == "daemon_given_up"]
+    assert len(given_up) == 1 and given_up[0]["restarts"] == CRASH_LOOP_LIMIT
+    assert "new daemons in a row died" in (m.store / "mithrilfs.log").read_text()
+    assert not is_mounted(m.mountpoint)
+    m.env = None
+    m.mount()  # a fresh mount after the loop: the store recovers as after any crash
+    assert (m.mountpoint / "kept2").read_bytes() == b"committed before the crash loop"
+    assert "detached" not in run_cli("status", str(m.mountpoint)).stdout
