@@ -1,7 +1,9 @@
 #!/bin/sh
 # mithrilfs sidecar entrypoint (the Docker image's default command; also usable directly).
 # Mounts the cache in the foreground, configured from the environment, and stays until
-# SIGTERM/SIGINT, on which mithrilfs flushes, unmounts and exits 0.
+# SIGTERM/SIGINT, on which mithrilfs flushes, unmounts and exits 0.  A daemon that dies is
+# replaced on the live mount; to upgrade in place: pip install -U mithrilfs, then
+# mithrilfs restart "$MITHRILFS_MOUNTPOINT" (both with docker exec / kubectl exec).
 #
 #   MITHRILFS_MOUNTPOINT     where to mount (default /mithrilfs/cache): a subdirectory of the volume
 #                            shared with the app containers (/mithrilfs), never the volume's root

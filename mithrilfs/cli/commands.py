@@ -277,6 +277,9 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 def _cmd_restart(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
     before = read_stats(mp)
+    if not (mp / ".mithrilfs" / "restart").exists():
+        raise daemon.MountError(f"{mp}: this mount has no supervisor to hand it over to (its daemon could not start"
+                                " one, or is older than restarts): unmount and mount it again instead")
     control_command(control_file(mp, "restart"), "restart", answered=False)
     deadline = time.monotonic() + args.timeout
     while True:

@@ -31,6 +31,7 @@ import socket
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from mithrilfs.cache.writepath import NoWriteWatcher, WriteWatcher
 from mithrilfs.kernel import SessionParameters
 
 log = logging.getLogger(__name__)
@@ -76,18 +77,9 @@ class Handover:
                    channel_fd=int(d["channel_fd"]))
 
 
-class Supervisor(Protocol):
-    """The daemon's line to whoever keeps the mount alive across its death (see the module doc)."""
-
-    keeps_content: bool
-
-    def staging(self, ino: int, fd: int, path: str | None) -> None: ...
-
-    def lost(self, ino: int) -> None: ...
-
-    def writing(self, ino: int) -> None: ...
-
-    def settled(self, ino: int) -> None: ...
+class Supervisor(WriteWatcher, Protocol):
+    """The daemon's line to whoever keeps the mount alive across its death (see the module doc):
+    told what is being written (``WriteWatcher``), when the daemon serves, and when it hands over."""
 
     def serving(self, params: SessionParameters) -> None: ...
 
@@ -96,22 +88,8 @@ class Supervisor(Protocol):
     def close(self) -> None: ...
 
 
-class NoSupervisor:
-    """No successor will come (a foreground run without one, tools): nothing to tell."""
-
-    keeps_content = False
-
-    def staging(self, ino: int, fd: int, path: str | None) -> None:
-        pass
-
-    def lost(self, ino: int) -> None:
-        pass
-
-    def writing(self, ino: int) -> None:
-        pass
-
-    def settled(self, ino: int) -> None:
-        pass
+class NoSupervisor(NoWriteWatcher):
+    """No successor will come (its supervisor could not be started): nothing to tell."""
 
     def serving(self, params: SessionParameters) -> None:
         pass

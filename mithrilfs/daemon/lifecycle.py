@@ -402,6 +402,9 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
                     metrics = MetricsServer(opts.metrics_port, lambda: mounted.duties.cached_snapshot)
                 except OSError as e:
                     failure = f"cannot serve metrics on 127.0.0.1:{opts.metrics_port}: {e.strerror}"
+                    if handover is not None:  # a half-dead predecessor may hold the port: never fatal here
+                        log.warning("%s; serving the mount without them", failure)
+                        failure = None
         except BaseException:
             notifier.close()
             if handover is None:
@@ -424,7 +427,8 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
         if metrics is not None:
             metrics.start()
         restart = trio.Event()
-        mounted.control.add_command(b"restart", functools.partial(_restart, session, restart))
+        if isinstance(supervisor, SupervisorLink):  # without one, nobody would take over
+            mounted.control.add_command(b"restart", functools.partial(_restart, session, restart))
         try:
             entry = fuse.mount_entry()
             trio.run(_run, session, mounted, opts.mountpoint, announce, supervisor, handover, restart,

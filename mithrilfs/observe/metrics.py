@@ -26,6 +26,7 @@ _GAUGES = {
     "written_files": "Files with uncommitted writes",
     "hit_rate": "hits / (hits + misses)",
     "dedup_ratio": "logical_bytes / physical_bytes",
+    "restarts": "Times a new daemon took this live mount over (a crash, or mithrilfs restart)",
 }
 
 

@@ -166,6 +166,10 @@ def format_table(snap: dict[str, Any]) -> str:
     lat = snap["latency_us"]
     lines.append("")
     lines.append("latency (us)  " + "   ".join(f"{op} p50 {q['p50']:.0f} p99 {q['p99']:.0f}" for op, q in lat.items()))
+    if snap.get("restarts"):
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap["last_restart_at"]))
+        lines.append(f"daemon       pid {snap['pid']}, mithrilfs {snap.get('version', '?')}, replaced "
+                     f"{snap['restarts']} times on the live mount (last: {snap['last_restart_cause']}, {at})")
     return "\n".join(lines)
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
-from conftest import REPO, Mount, MountFactory, RedisServer, run_cli, wait_uploaded
+from conftest import REPO, Mount, MountFactory, RedisServer, daemon_pid, run_cli, wait_for, wait_uploaded
 
 pytestmark = pytest.mark.e2e
 
@@ -35,6 +37,41 @@ def test_torch_compile_warm_start_hits_after_remount(mnt: Mount):
     assert warm["fxgraph_cache_hit"] > 0
     assert warm["fxgraph_cache_miss"] == 0
     assert warm["output_sha"] == cold["output_sha"]
+
+
+@pytest.mark.timeout(900)
+def test_a_cold_torch_compile_survives_a_kill9_of_the_daemon_in_its_middle(mnt: Mount, tmp_path):
+    """The cache path is absolute: before takeovers, a compile went on writing into the directory under
+    the mount point once the watchdog detached it.  Now it sees a pause and finishes like a run on a plain
+    directory; nothing lands beside the store."""
+    reference = _compile(tmp_path / "plain")
+    cache = mnt.mountpoint / "inductor"
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton"))
+    proc = subprocess.Popen([sys.executable, str(WORKLOAD)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: cache.is_dir() and any(p.is_file() for p in cache.rglob("*")), timeout=300,
+                 what="the compile writes its cache")
+        time.sleep(0.5)  # in the middle of writing it
+        old = mnt.pid
+        assert old is not None
+        os.kill(old, signal.SIGKILL)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["output_sha"] == reference["output_sha"]
+    mnt.pid = daemon_pid(mnt.mountpoint)
+    assert mnt.pid not in (None, old) and mnt.stats()["restarts"] == 1
+    mnt.umount()
+    assert os.listdir(mnt.mountpoint) == []  # nothing written beside the store
+    fsck = run_cli("fsck", "--store", str(mnt.store))
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+    mnt.mount()
+    warm = _compile(cache)  # what the killed run cached is whole: a warm run hits and agrees
+    assert warm["fxgraph_cache_hit"] > 0 and warm["output_sha"] == reference["output_sha"]
 
 
 @pytest.mark.timeout(900)

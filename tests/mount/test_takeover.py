@@ -112,6 +112,8 @@ def test_kill9_mid_write_keeps_every_written_byte_and_the_mount(mnt: Mount):
     assert stats["restarts"] == 1 and stats["last_restart_cause"] == "crash" and stats["pid"] != old
     status = run_cli("status", str(mnt.mountpoint))
     assert status.returncode == 0 and "restarted 1 times (last: crash" in status.stdout, status.stdout
+    table = run_cli("stats", str(mnt.mountpoint)).stdout
+    assert "replaced 1 times on the live mount (last: crash" in table, table
     restarted = [e for e in _events(mnt) if e["event"] == "daemon_restarted"]
     assert len(restarted) == 1 and restarted[0]["cause"] == "crash"
     mnt.remount()  # what the successor committed is the store's for good
