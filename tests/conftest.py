@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -156,12 +157,48 @@ class MountFactory:
         for m in self.mounts:
             m.force_cleanup()
 
+    def abort_hung(self) -> None:
+        """Abort the FUSE connections of these mounts: a program blocked on one (a daemon gone, its
+        supervisor holding the connection) gets ENOTCONN instead of hanging the suite, which no signal
+        can make it do.  Never touches the mount points themselves (that would block too)."""
+        from mithrilfs.kernel.mount import FSTYPE, mount_entries
+
+        connections = Path("/sys/fs/fuse/connections")
+        if not any(connections.iterdir()):  # fusectl is not mounted on every machine
+            subprocess.run(["mount", "-t", "fusectl", "fusectl", str(connections)], capture_output=True)
+        for m in self.mounts:
+            for _, dev, fstype in mount_entries(os.path.abspath(m.mountpoint)):
+                if fstype == FSTYPE:
+                    try:
+                        Path(f"/sys/fs/fuse/connections/{dev.split(':')[1]}/abort").write_text("1")
+                    except OSError:
+                        pass
+
+
+#: What pytest-timeout allows a test when it has no mark of its own (pyproject.toml).
+DEFAULT_TIMEOUT = 300
+
+
+@contextmanager
+def hung_mounts_aborted(factory: MountFactory, request: pytest.FixtureRequest) -> Iterator[None]:
+    """Abort the factory's mounts 10 s before the test's timeout (see ``MountFactory.abort_hung``)."""
+    marker = request.node.get_closest_marker("timeout")
+    timeout = float(marker.args[0]) if marker is not None and marker.args else DEFAULT_TIMEOUT
+    timer = threading.Timer(max(timeout - 10, 1), factory.abort_hung)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
 
 @pytest.fixture
-def mount_factory(tmp_path: Path) -> Iterator[MountFactory]:
+def mount_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[MountFactory]:
     factory = MountFactory(tmp_path)
     try:
-        yield factory
+        with hung_mounts_aborted(factory, request):
+            yield factory
     finally:
         factory.cleanup()
 

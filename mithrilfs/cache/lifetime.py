@@ -18,14 +18,9 @@ index has room; should it still fail, the inode is kept in ``doomed`` and
 retried, and a clean unmount or the next mount's recovery removes whatever
 is still left.
 
-A daemon that takes over a live mount (``daemon.supervisor``) inherits the
-kernel's references without their counts.  ``adopt_kernel_references``
-makes every inode that existed then count as held; the new daemon counts
-what it hands out from then on, and a FORGET of more than that proves the
-kernel dropped the old references too (the kernel forgets an inode with
-its whole count).  A FORGET of no more than the new count may be the
-kernel's "forget one lookup" after a raced lookup: the inode stays held,
-which only delays its removal to the next mount's recovery.
+The counts live in shared memory (``cache.lookups``), so a daemon that
+takes over a live mount (``daemon.supervisor``) knows exactly which inodes
+the kernel holds.
 """
 
 from __future__ import annotations
@@ -36,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from mithrilfs.cache.lookups import LookupCounts
 from mithrilfs.cache.recency import Recency
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.namespace import Inode, Namespace
@@ -67,14 +63,14 @@ class NoKernelCaches:
 
 class Lifetimes:
     def __init__(self, ns: Namespace, blobs: Blobs, recency: Recency, is_written: Callable[[int], bool],
-                 kernel: KernelCaches) -> None:
+                 kernel: KernelCaches, counts: LookupCounts | None = None) -> None:
         self.ns = ns
         self.blobs = blobs
         self.recency = recency
         #: The inode has uncommitted writes (``WritePath.staged``).
         self.is_written = is_written
         #: Kernel references per inode.
-        self.lookups: dict[int, int] = {}
+        self.counts = counts if counts is not None else LookupCounts()
         #: Inodes due for deletion whose index write failed (disk full): retried later.
         self.doomed: set[int] = set()
         #: Inodes the kernel still holds whose content had to go (corrupt, lost by the shared
@@ -82,39 +78,18 @@ class Lifetimes:
         self.unreadable: set[int] = set()
         #: Told of names the daemon removed, and of inodes whose content changed under the kernel.
         self.kernel = kernel
-        #: Inodes below this id may hold kernel references of a previous daemon (counts unknown) ...
-        self._inherited_below = 0
-        #: ... except these, which the kernel has shown it forgot.
-        self._inherited_gone: set[int] = set()
 
     def ref(self, ino: int) -> None:
-        self.lookups[ino] = self.lookups.get(ino, 0) + 1
+        self.counts.set(ino, self.counts.get(ino) + 1)
 
     def referenced(self, ino: int) -> bool:
-        return self.lookups.get(ino, 0) > 0 or self._inherited(ino)
-
-    def _inherited(self, ino: int) -> bool:
-        return ino < self._inherited_below and ino not in self._inherited_gone
-
-    def adopt_kernel_references(self, below: int) -> None:
-        """A takeover: inodes with ids below *below* may be held by the kernel (see the module doc)."""
-        self._inherited_below = below
+        return self.counts.get(ino) > 0
 
     def unref(self, ino: int, n: int) -> bool:
         """The kernel dropped *n* references; True when none is left."""
-        counted = self.lookups.get(ino, 0)
-        if self._inherited(ino):
-            if n <= counted:  # maybe a forget of one raced lookup: the old references may remain
-                self.lookups[ino] = counted - n
-                return False
-            self._inherited_gone.add(ino)
-            counted = n
-        left = counted - n
-        if left > 0:
-            self.lookups[ino] = left
-            return False
-        self.lookups.pop(ino, None)
-        return True
+        left = self.counts.get(ino) - n
+        self.counts.set(ino, max(left, 0))
+        return left <= 0
 
     def delete_if_unused(self, ino: int) -> int:
         """Drop an inode that has no names, no kernel references and no uncommitted writes; returns bytes freed."""
@@ -194,5 +169,5 @@ class Lifetimes:
             self.kernel.delete(parent, ino_id, name)
 
     def clear(self) -> None:
-        self.lookups.clear()
+        self.counts.clear()
         self.unreadable.clear()

@@ -405,12 +405,46 @@ class WritePath:
         if not self.watcher.keeps_content:
             return
         if of.mem is not None:
-            of.mirror_fd = os.memfd_create("mithrilfs-staging", os.MFD_CLOEXEC)
-            if of.mem:
-                os.pwrite(of.mirror_fd, of.mem, 0)
+            try:
+                of.mirror_fd = os.memfd_create("mithrilfs-staging", os.MFD_CLOEXEC)
+                if of.mem:
+                    os.pwrite(of.mirror_fd, of.mem, 0)
+            except OSError as e:  # out of descriptors or memory: this file is lost if the daemon dies
+                if of.mirror_fd is not None:
+                    os.close(of.mirror_fd)
+                    of.mirror_fd = None
+                log.warning("no mirror for inode %d (%s): a crash before its commit loses its writes",
+                            of.inode.id, e)
+                return
             self.watcher.staging(of.inode.id, of.mirror_fd, None)
         elif of.staging_fd is not None:
             self.watcher.staging(of.inode.id, of.staging_fd, of.staging_path)
+
+    def _unshare(self, of: Staged) -> None:
+        """The staging file was linked into ``objects/`` by a commit that then failed: go on in a copy.
+
+        Writes into the linked file would change a blob under its name.
+        Should the copy fail too (a full disk), the file fails as when its
+        writes find no room.
+        """
+        assert of.staging_fd is not None and of.staging_path is not None
+        fd, path = self.cas.new_staging()
+        try:
+            _copy_fd(of.staging_fd, fd, of.size)
+        except OSError as e:
+            os.close(fd)
+            os.unlink(path)
+            log.error("inode %d: cannot copy its staging after a failed commit (%s): its writes are dropped",
+                      of.inode.id, e)
+            self.failed[of.inode.id] = e.errno or errno.EIO
+            self._drop_staging(of)
+            of.dirty = False
+            self.watcher.lost(of.inode.id)
+            return
+        os.close(of.staging_fd)
+        os.unlink(of.staging_path)  # the blob keeps its own name
+        of.staging_fd, of.staging_path = fd, path
+        self._kept(of)
 
     def _start(self, of: Staged, size: int, copy: bool) -> None:
         """Staging content of *size* bytes is in place (a copy of the blob, or empty)."""
@@ -552,8 +586,13 @@ class WritePath:
             old = of.inode.hash
             # until this transaction succeeds the staging file stays, so a
             # failed attempt (disk full) can simply be retried
-            with self.ns.txn():
-                self.ns.set_content(of.inode, digest, size, of.mtime_ns, confirmed=confirmed)
+            try:
+                with self.ns.txn():
+                    self.ns.set_content(of.inode, digest, size, of.mtime_ns, confirmed=confirmed)
+            except BaseException:
+                if mem is None:
+                    self._unshare(of)
+                raise
             crash_point("after_set_content")
             self.stats.add(of.top, "commits")
             self._drop_staging(of)
@@ -637,6 +676,20 @@ class WritePath:
             else:
                 self._kept(of)
         else:
+            st = os.fstat(fd)
+            try:
+                named = os.stat(path)
+            except FileNotFoundError:
+                named = None
+            if st.st_nlink != 1 or named is None or (named.st_dev, named.st_ino) != (st.st_dev, st.st_ino):
+                # the dead daemon's commit had linked it into objects/ (or got further): it is a blob
+                # now, and writes must go to a copy
+                copy_fd, copy_path = self.cas.new_staging()
+                _copy_fd(fd, copy_fd, size)
+                os.close(fd)
+                if named is not None and (named.st_dev, named.st_ino) == (st.st_dev, st.st_ino):
+                    os.unlink(path)
+                fd, path = copy_fd, copy_path
             of.staging_fd, of.staging_path = fd, path
             of.size = 0
             self._set_size(of, size)

@@ -5,6 +5,8 @@ whose other end the supervisor reads (``daemon.supervisor``):
 
 - ``options JSON``: how to start a daemon like this one (``MountOptions``,
   secrets included: they never leave these two processes);
+- ``lookups`` with a descriptor: the kernel's lookup counts
+  (``cache.lookups``), shared with every daemon of the mount;
 - ``session MINOR CAPS MAX_WRITE``: what INIT agreed, once it has;
 - what is being written (``cache.writepath.WriteWatcher``): ``s INO
   [PATH]`` with a file descriptor attached (SCM_RIGHTS): the inode's
@@ -64,6 +66,8 @@ class Handover:
     #: a killed daemon may take a while to let go of its own), and the successor's end of its channel.
     fuse_fd: int = -1
     lock_fd: int = -1
+    #: The kernel's lookup counts (``cache.lookups``).
+    lookups_fd: int = -1
     channel_fd: int = -1
 
     def dumps(self) -> str:
@@ -74,7 +78,7 @@ class Handover:
         d = json.loads(text)
         return cls(options=d["options"], session=SessionParameters(**d["session"]), torn=list(d["torn"]),
                    staged=list(d["staged"]), restarts=Restarts(**d["restarts"]), fuse_fd=int(d["fuse_fd"]), lock_fd=int(d["lock_fd"]),
-                   channel_fd=int(d["channel_fd"]))
+                   lookups_fd=int(d["lookups_fd"]), channel_fd=int(d["channel_fd"]))
 
 
 class Supervisor(WriteWatcher, Protocol):
@@ -104,12 +108,15 @@ class NoSupervisor(NoWriteWatcher):
 class SupervisorLink:
     """The daemon's end of the socket to the supervisor."""
 
-    def __init__(self, fd: int, options: dict[str, Any]) -> None:
+    def __init__(self, fd: int, options: dict[str, Any], lookups_fd: int | None = None) -> None:
+        """*lookups_fd*: the lookup counts to share (a new mount's; a successor's supervisor has them)."""
         self.sock: socket.socket | None = socket.socket(fileno=fd)
         self.sock.setblocking(True)
         #: A crash of a daemon that detaches keeps nothing: no staging content to mirror.
         self.keeps_content = options.get("on_crash") != "detach"
         self._send("options " + json.dumps(options))
+        if lookups_fd is not None:
+            self._send("lookups", (lookups_fd,))
 
     def _send(self, line: str, fds: tuple[int, ...] = ()) -> None:
         if self.sock is None:

@@ -50,10 +50,13 @@ import trio
 
 from mithrilfs import kernel
 from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.cache.lifetime import Removed
+from mithrilfs.cache.lookups import LookupCounts
 from mithrilfs.cache.writepath import crash_point
 from mithrilfs.control.files import CONTROL_NAME
 from mithrilfs.daemon import ended, wiring
 from mithrilfs.daemon.channel import Handover, NoSupervisor, Restarts, Supervisor, SupervisorLink
+from mithrilfs.daemon.fdlimit import raise_fd_limit
 from mithrilfs.daemon.wiring import TierOptions
 from mithrilfs.errors import UsageError
 from mithrilfs.kernel.mount import FSTYPE, mount_entries, unescape_mount_field
@@ -273,17 +276,18 @@ def _stay_in_foreground(opts: MountOptions, first: int, asked: list[int]) -> int
             pass
         if not any(fstype == FSTYPE for _, _, fstype in mount_entries(target)):
             return 1 if ended.read(target) else 0
-        while asked:
-            asked.pop()
+        if asked:
             try:
                 pid = json.loads(holder.read_text())["pid"]
             except (OSError, ValueError, KeyError):
                 pid = daemon_pid(opts.mountpoint)  # a read-only store keeps no holder file
-            try:
-                if pid is not None:
+            # during a takeover the holder may still name the dead daemon: the signal waits for the next
+            if pid is not None and pid_alive(pid):
+                asked.clear()
+                try:
                     os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
+                except OSError:
+                    pass
         time.sleep(0.1)
 
 
@@ -356,6 +360,7 @@ def serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: 
 def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store: bool = False,
            handover: Handover | None = None) -> int:
     os.umask(0o077)  # the store's files (index, log, blobs) are the daemon's alone
+    raise_fd_limit()  # a memfd per file being written (``cache.writepath``): thousands during a compile
     try:
         store = open_store(opts.store, lock_fd=handover.lock_fd if handover is not None else None)
     except StoreError as e:
@@ -385,7 +390,9 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
             except kernel.MountError as e:
                 announce(f"cannot mount {opts.mountpoint}: {e}")
                 return 1
-        supervisor = _supervisor(fuse, opts, store, handover)
+        # shared with the supervisor: a successor must know exactly which inodes the kernel holds
+        lookups = LookupCounts(handover.lookups_fd if handover is not None and handover.lookups_fd >= 0 else None)
+        supervisor = _supervisor(fuse, opts, store, handover, lookups)
         # the kernel's INIT waits in the fd until the session reads (and the mount point with it): the
         # filesystem is built on the fd (its notifications need it); the mount goes if anything below fails
         notifier = kernel.Notifier(fuse.fd)
@@ -393,9 +400,9 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
         try:
             mounted = wiring.build(store, opts.policy, notifier, tier_options, after_crash=after_crash,
                                    fixed_settings=opts.fixed_settings, supervisor=supervisor,
-                                   restarts=handover.restarts if handover is not None else Restarts())
-            if handover is not None:
-                _take_over(store, mounted, handover)
+                                   restarts=handover.restarts if handover is not None else Restarts(),
+                                   lookups=lookups)
+            removed = _take_over(store, mounted, handover) if handover is not None else []
             metrics = None
             if opts.metrics_port is not None:
                 try:
@@ -432,7 +439,7 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
         try:
             entry = fuse.mount_entry()
             trio.run(_run, session, mounted, opts.mountpoint, announce, supervisor, handover, restart,
-                     entry[1] if entry is not None else None)
+                     entry[1] if entry is not None else None, removed)
         except kernel.ProtocolError as e:
             announce(str(e))
             return 1
@@ -459,7 +466,8 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
         store.close()
 
 
-def _supervisor(fuse: kernel.FuseMount, opts: MountOptions, store: Store, handover: Handover | None) -> Supervisor:
+def _supervisor(fuse: kernel.FuseMount, opts: MountOptions, store: Store, handover: Handover | None,
+                lookups: LookupCounts) -> Supervisor:
     """The daemon's line to its supervisor: a successor inherits one; a new mount starts it (best effort:
     without one, a crash leaves a dead mount that the next mount of the path cleans up)."""
     options = opts.as_json() | {"via_fusermount": fuse.via_fusermount, "read_only": store.read_only,
@@ -475,7 +483,7 @@ def _supervisor(fuse: kernel.FuseMount, opts: MountOptions, store: Store, handov
     try:
         subprocess.Popen(
             [sys.executable, "-m", "mithrilfs.daemon.supervisor", str(fuse.mountpoint), str(entry[0]), entry[1],
-             "fusermount3" if fuse.via_fusermount else "umount2", str(dup), str(lock)],
+             "fusermount3" if fuse.via_fusermount else "umount2", str(dup), str(lock), str(os.getpid())],
             stdin=r.fileno(), stdout=None if opts.foreground else subprocess.DEVNULL,
             stderr=None if opts.foreground else subprocess.DEVNULL, cwd="/",
             pass_fds=(dup, lock), start_new_session=not opts.foreground)
@@ -487,13 +495,18 @@ def _supervisor(fuse: kernel.FuseMount, opts: MountOptions, store: Store, handov
         r.close()
         os.close(dup)
         os.close(lock)
-    return SupervisorLink(w.detach(), options)
+    return SupervisorLink(w.detach(), options, lookups.fd)
 
 
-def _take_over(store: Store, mounted: wiring.Mounted, handover: Handover) -> None:
-    """What a successor inherits from the kernel and from the daemon before it (see the module doc)."""
+def _take_over(store: Store, mounted: wiring.Mounted, handover: Handover) -> list[Removed]:
+    """What a successor inherits from the kernel and from the daemon before it (see the module doc).
+
+    Returns the names it removed, for the kernel once the session can tell it (after the resend).
+    """
     ops = mounted.ops
-    ops.lifetimes.adopt_kernel_references(store.ns.next_inode_id())
+    if not store.read_only:
+        for ino_id in store.ns.unlinked_inodes():  # those the kernel no longer holds go now
+            ops.lifetimes.delete_if_unused(ino_id)
     adopted = 0
     for ino_id, fd, path in handover.staged:
         ino = store.ns.get(ino_id)
@@ -503,19 +516,19 @@ def _take_over(store: Store, mounted: wiring.Mounted, handover: Handover) -> Non
         ops.writes.adopt(ino, ops.tops.of_file(ino_id), fd, path)
         adopted += 1
     torn = set(handover.torn)
+    removed: list[Removed] = []
     if torn and not store.read_only:
         # a snapshot the idle timer took of a file that was written further since is no whole file:
         # its names go, as after any crash (the writer learns it from its next write)
-        removed: list = []
         with store.ns.txn():
             for ino_id in torn & store.ns.unconfirmed:
                 ino = store.ns.get(ino_id)
                 if ino is not None:
                     ops.lifetimes.remove_all_names([ino], removed, keep_content=True)
-        ops.lifetimes.tell_kernel(removed)
     ops.writes.torn(torn)
     log.info("took over the live mount after a %s: %d files being written go on, %d lost their uncommitted "
              "writes", handover.restarts.cause, adopted, len(torn))
+    return removed
 
 
 async def _restart(session: kernel.Session, restart: trio.Event, request: bytes) -> bytes:
@@ -580,9 +593,10 @@ def _repair_at_startup(store: Store, *, live: bool = False, keep: Collection[str
 
 async def _run(session: kernel.Session, mounted: wiring.Mounted, mountpoint: Path,
                announce: Callable[[str], None], supervisor: Supervisor, handover: Handover | None,
-               restart: trio.Event, dev: str | None) -> None:
+               restart: trio.Event, dev: str | None, removed: list[Removed]) -> None:
     if handover is not None:
         await session.adopt(handover.session)
+        mounted.ops.lifetimes.tell_kernel(removed)  # only now does the kernel take notifications
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal, session)
         nursery.start_soon(mounted.duties.background)

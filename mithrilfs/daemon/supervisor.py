@@ -1,6 +1,6 @@
 """The supervisor: keeps a mount alive across its daemon's crash or upgrade.
 
-``python -m mithrilfs.daemon.supervisor MOUNTPOINT MOUNT_ID DEV HOW FD LOCK``,
+``python -m mithrilfs.daemon.supervisor MOUNTPOINT MOUNT_ID DEV HOW FD LOCK PID``,
 started by the daemon right after it mounts, with a duplicate of the
 /dev/fuse fd as FD, one of the store's lock as LOCK, and its end of the daemon's channel as stdin
 (``daemon.channel``), on which it also receives a descriptor of every
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import select
 import signal
 import socket
@@ -53,12 +52,15 @@ from typing import Any
 
 from mithrilfs.daemon import ended
 from mithrilfs.daemon.channel import Handover, Restarts
+from mithrilfs.daemon.fdlimit import raise_fd_limit
 from mithrilfs.kernel import SessionParameters
 from mithrilfs.kernel.mount import FSTYPE, detach, mount_entries
 from mithrilfs.observe.events import EventLog
 
 log = logging.getLogger("mithrilfs.supervisor")
 
+#: The tests' crash points (``cache.writepath.crash_point``).
+_CRASH_AT = "MITHRILFS_TEST_CRASH_AT"
 CRASH_LOOP_LIMIT = 3
 QUICK_DEATH_SECONDS = 1.0
 
@@ -69,6 +71,8 @@ class Supervisor:
         self.mountpoint = mountpoint
         #: The store's lock: the mount's, whichever daemon serves.
         self.lock_fd = lock_fd
+        #: The kernel's lookup counts (``cache.lookups``), shared by every daemon of the mount.
+        self.lookups_fd = -1
         #: The daemon serving now (the first one is our parent; later ones our children).
         self.daemon = daemon
         #: Successors that died with a thread still stuck on the mount: reaped once they can be.
@@ -121,11 +125,11 @@ class Supervisor:
                     continue
                 channel.setblocking(False)  # what it sent before it died, then the end
                 try:
-                    raw, fds, _, _ = socket.recv_fds(channel, 1 << 20, 8)
+                    raw, fds, flags, _ = socket.recv_fds(channel, 1 << 20, 8)
                 except BlockingIOError:
                     return handoff
             else:
-                raw, fds, _, _ = socket.recv_fds(channel, 1 << 20, 8)
+                raw, fds, flags, _ = socket.recv_fds(channel, 1 << 20, 8)
             if not raw and not fds:
                 return handoff
             verb, _, rest = raw.decode(errors="replace").partition(" ")
@@ -133,9 +137,16 @@ class Supervisor:
                 ino, _, path = rest.partition(" ")
                 for extra in fds[1:]:
                     os.close(extra)
-                if fds:
+                if fds and not flags & socket.MSG_CTRUNC:
                     self._keep(int(ino), fds[0], path or None)
+                else:  # the descriptor did not reach us: what we hold is stale, the file counts as lost
+                    for fd in fds[:1]:
+                        os.close(fd)
+                    log.warning("the staging of inode %s reached us without its descriptor", ino)
+                    self._keep(int(ino), -1, None)
                 continue
+            if verb == "lookups" and fds and self.lookups_fd < 0:
+                self.lookups_fd, fds = fds[0], fds[1:]
             for extra in fds:
                 os.close(extra)
             if verb == "w":
@@ -224,14 +235,18 @@ class Supervisor:
         handover = Handover(options=self.options, session=self.session,
                             torn=sorted(ino for ino, (fd, _) in self.written.items() if fd < 0), staged=staged,
                             restarts=self.restarts, fuse_fd=self.fuse_fd, lock_fd=self.lock_fd,
-                            channel_fd=theirs.fileno())
+                            lookups_fd=self.lookups_fd, channel_fd=theirs.fileno())
         foreground = bool(self.options.get("foreground"))
+        env = dict(os.environ)
+        if not env.get(_CRASH_AT, "takeover").startswith("takeover"):
+            del env[_CRASH_AT]  # the tests' crash points kill the first daemon only (but the one at takeover)
         try:
             self.child = subprocess.Popen(
                 [sys.executable, "-m", "mithrilfs.daemon.successor"], stdin=subprocess.PIPE,
                 stdout=None if foreground else subprocess.DEVNULL, stderr=None if foreground else subprocess.DEVNULL,
-                pass_fds=(self.fuse_fd, self.lock_fd, theirs.fileno(), *staged_fds), cwd="/",
-                start_new_session=not foreground)
+                pass_fds=(self.fuse_fd, self.lock_fd, theirs.fileno(), *staged_fds,
+                          *([self.lookups_fd] if self.lookups_fd >= 0 else [])), cwd="/",
+                start_new_session=not foreground, env=env)
             assert self.child.stdin is not None
             self.child.stdin.write(handover.dumps().encode())
             self.child.stdin.close()
@@ -245,13 +260,31 @@ class Supervisor:
                  self.child.pid, self.mountpoint, cause, len(staged), len(handover.torn))
         return ours
 
+    def _wait_gone(self, seconds: float | None) -> bool:
+        """Wait until the daemon's main thread is gone (for ever when *seconds* is None); True if it is."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while not _main_thread_gone(self.daemon):
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     def run(self, channel: socket.socket) -> int:
         while True:
             handoff = self.listen(channel)
             channel.close()
+            # a daemon that closed its line and lives on (it could no longer send) must never get a
+            # second daemon beside it on the same connection; when it dies, what we know is stale
+            lost_line = not handoff and not self._wait_gone(5.0)
+            if lost_line:
+                log.error("daemon %d closed its line to the supervisor but runs on: a crash of it will detach "
+                          "the mount", self.daemon)
+                self._wait_gone(None)
             how = self.how_it_ended()
             if not self.mounted():
                 return 0
+            if lost_line:
+                return self.give_up(f"{how}, after it had lost its line to the supervisor")
             if handoff:
                 cause = "restart"
             else:
@@ -274,15 +307,13 @@ class Supervisor:
 
 
 def main(argv: list[str]) -> int:
-    mountpoint, mount_id, dev, how, fuse_fd, lock_fd = argv[0], int(argv[1]), argv[2], argv[3], int(argv[4]), int(argv[5])
+    mountpoint, mount_id, dev, how = argv[0], int(argv[1]), argv[2], argv[3]
+    fuse_fd, lock_fd, daemon = int(argv[4]), int(argv[5]), int(argv[6])  # the daemon may be gone by now
     # a terminal's Ctrl-C reaches the whole process group: outlive the daemon, not die with it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    # one descriptor per file being written: thousands while a compile writes its cache
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return Supervisor(mountpoint, mount_id, dev, how, fuse_fd, lock_fd, os.getppid()).run(socket.socket(fileno=0))
+    raise_fd_limit()  # one descriptor per file being written: thousands while a compile writes its cache
+    return Supervisor(mountpoint, mount_id, dev, how, fuse_fd, lock_fd, daemon).run(socket.socket(fileno=0))
 
 
 def _main_thread_gone(pid: int) -> bool:

@@ -18,6 +18,7 @@ from mithrilfs.cache.budget import Budget
 from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.integrity import Integrity
 from mithrilfs.cache.lifetime import KernelCaches, Lifetimes
+from mithrilfs.cache.lookups import LookupCounts
 from mithrilfs.cache.names import Names
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.writepath import CommitListener, WritePath
@@ -64,7 +65,8 @@ class Mounted:
 
 def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_options: TierOptions | None = None, *,
           after_crash: bool = False, fixed_settings: frozenset[str] = frozenset(),
-          supervisor: Supervisor | None = None, restarts: Restarts | None = None) -> Mounted:
+          supervisor: Supervisor | None = None, restarts: Restarts | None = None,
+          lookups: LookupCounts | None = None) -> Mounted:
     """The filesystem of *store*, with every collaborator it needs (see the module doc)."""
     tier_options = tier_options or TierOptions()
     ns, blobs = store.ns, store.blobs
@@ -77,7 +79,7 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     commit_listeners: list[CommitListener] = []
     writes = WritePath(ns, blobs, stats, limiter, commit_listeners, supervisor or NoSupervisor())
     recency = Recency(ns)
-    lifetimes = Lifetimes(ns, blobs, recency, writes.staged.__contains__, kernel)
+    lifetimes = Lifetimes(ns, blobs, recency, writes.staged.__contains__, kernel, lookups)
 
     tier: Tier = NullTier()
     if tier_options.remote is not None:

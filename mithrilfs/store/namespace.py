@@ -522,10 +522,9 @@ class Namespace:
         self.unconfirmed = self._load_unconfirmed()
         return {"dangling_entries": dangling, "unlinked_inodes": unlinked, "unconfirmed_names_dropped": unconfirmed}
 
-    def next_inode_id(self) -> int:
-        """The id the next new inode gets: every inode the kernel has heard of has a smaller one (ids are never reused)."""
-        row = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'inodes'").fetchone()
-        return (row[0] if row else ROOT_INODE) + 1
+    def unlinked_inodes(self) -> list[int]:
+        """Inodes with no name left (kept while the kernel holds them)."""
+        return [r[0] for r in self.db.execute("SELECT id FROM inodes WHERE nlink <= 0")]
 
     def mark_clean(self) -> None:
         with self.txn():

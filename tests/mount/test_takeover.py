@@ -292,3 +292,68 @@ def test_a_daemon_that_dies_at_every_start_is_given_up_and_status_says_why(mount
     m.mount()  # a fresh mount after the loop: the store recovers as after any crash
     assert (m.mountpoint / "kept2").read_bytes() == b"committed before the crash loop"
     assert "detached" not in run_cli("status", str(m.mountpoint)).stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_kill_inside_a_commit_never_lets_the_successor_write_into_a_blob(mount_factory: MountFactory):
+    """The commit of a file staged on disk links the staging file into objects/; killed right after, the
+    daemon hands its descriptor on.  The writer going on must not change the blob another file uses."""
+    m = mount_factory("alias", env={"MITHRILFS_TEST_CRASH_AT": "after_set_content:2"})
+    data = os.urandom(3 * MEM_STAGING_MAX)
+    (m.mountpoint / "b.tmp").write_bytes(data)
+    os.replace(m.mountpoint / "b.tmp", m.mountpoint / "b")  # commit 1: b's blob
+    old = m.pid
+    with open(m.mountpoint / "a", "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())  # commit 2: the same bytes; the daemon dies inside it
+        wait_for(lambda: not pid_alive(old), timeout=10, what="the crash point")
+        f.write(b"more")  # to the successor
+    m.pid = daemon_pid(m.mountpoint)
+    assert m.pid != old
+    assert (m.mountpoint / "b").read_bytes() == data
+    assert (m.mountpoint / "a").read_bytes() == data + b"more"
+    _unmount_and_check(m)
+
+
+@pytest.mark.timeout(120)
+def test_a_daemon_with_a_low_descriptor_limit_stages_thousands_of_files(mount_factory: MountFactory,
+                                                                         tmp_path: Path):
+    """Each file staged in memory holds a memfd for a successor: the daemon raises its own descriptor
+    limit, so thousands of small files written at once never fail with EMFILE."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    mp, store = tmp_path / "low-mnt", tmp_path / "low-store"
+    mp.mkdir()
+    res = subprocess.run(["prlimit", f"--nofile=256:{hard}", sys.executable, "-m", "mithrilfs", "mount", str(mp),
+                          "--store", str(store)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    m = Mount(mp, store, pid=daemon_pid(mp))
+    mount_factory.mounts.append(m)
+    bodies = {f"f{i}": os.urandom(100 + i % 3000) for i in range(2000)}
+    for name, body in bodies.items():
+        (mp / name).write_bytes(body)
+    for name, body in bodies.items():
+        assert (mp / name).read_bytes() == body
+    assert "no mirror" not in (store / "mithrilfs.log").read_text()
+    _unmount_and_check(m)
+
+
+@pytest.mark.timeout(180)
+def test_eviction_after_a_takeover_frees_the_disk(mount_factory: MountFactory):
+    """A successor knows exactly which inodes the kernel holds (the counts are in shared memory): what it
+    evicts and nobody holds leaves the disk at once, so the budget holds after a takeover too."""
+    budget = 4 << 20
+    m = mount_factory("evict", "--max-size", str(budget), "--min-age", "0")
+    for i in range(12):
+        (m.mountpoint / f"old{i}.tmp").write_bytes(os.urandom(256 * K))
+        os.replace(m.mountpoint / f"old{i}.tmp", m.mountpoint / f"old{i}")
+    m.remount()  # the kernel forgets them all; the new daemon never hands them out
+    kill_and_wait_for_successor(m)
+    for i in range(40):
+        (m.mountpoint / f"new{i}.tmp").write_bytes(os.urandom(256 * K))
+        os.replace(m.mountpoint / f"new{i}.tmp", m.mountpoint / f"new{i}")
+    wait_for(lambda: m.stats()["physical_bytes"] <= budget, timeout=30, what="the budget kept")
+    assert sum(p.stat().st_size for p in (m.store / "objects").rglob("*") if p.is_file()) <= budget
+    _unmount_and_check(m)

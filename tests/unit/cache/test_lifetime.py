@@ -14,6 +14,7 @@ import pytest
 from conftest import make_dir
 
 from mithrilfs.cache.lifetime import Lifetimes, Removed
+from mithrilfs.cache.lookups import LookupCounts
 from mithrilfs.cache.recency import Recency
 from mithrilfs.store.namespace import ROOT_INODE, Inode
 from mithrilfs.store.open import Store
@@ -81,7 +82,7 @@ def test_ref_and_unref_count_kernel_references(lifetimes: Lifetimes) -> None:
     assert lifetimes.unref(7, 2) is False
     assert lifetimes.referenced(7)
     assert lifetimes.unref(7, 1) is True
-    assert not lifetimes.referenced(7) and 7 not in lifetimes.lookups
+    assert not lifetimes.referenced(7) and lifetimes.counts.get(7) == 0
     # more forgotten than held (a remount's stale FORGET) leaves nothing negative
     lifetimes.ref(8)
     assert lifetimes.unref(8, 5) is True
@@ -193,27 +194,25 @@ def test_tell_kernel_passes_parent_child_and_name(store: Store, lifetimes: Lifet
     assert not store.cas.exists(ino.hash)  # type: ignore[arg-type]
 
 
-def test_a_takeover_treats_every_older_inode_as_held_until_a_forget_proves_otherwise(lifetimes: Lifetimes) -> None:
-    """Counts of a dead daemon are unknown: inodes that existed then stay held; a FORGET of more than the
-    successor handed out proves the kernel dropped them all, one of no more than that proves nothing."""
-    lifetimes.adopt_kernel_references(below=100)
-    assert lifetimes.referenced(5) and lifetimes.referenced(99) and not lifetimes.referenced(100)
-    lifetimes.ref(5)  # one lookup answered by the successor
-    assert not lifetimes.unref(5, 1)  # maybe a forget of that one lookup: the old references may remain
-    assert lifetimes.referenced(5)
-    assert lifetimes.unref(5, 3)  # the kernel forgets an inode with its whole count: more than we gave
-    assert not lifetimes.referenced(5)
-    lifetimes.ref(5)  # looked up again afterwards: counted as usual
-    assert lifetimes.referenced(5) and lifetimes.unref(5, 1) and not lifetimes.referenced(5)
-    lifetimes.ref(150)  # a new inode: counted as usual from the start
-    assert lifetimes.unref(150, 1) and not lifetimes.referenced(150)
-
-
-def test_an_unlinked_inode_is_kept_across_a_takeover_until_the_kernel_forgets_it(
-        store: Store, lifetimes: Lifetimes) -> None:
-    ino = add_file(store, ROOT_INODE, b"open-elsewhere", b"still read by a process")
+def test_a_successor_sees_exactly_the_references_the_dead_daemon_handed_out(
+        store: Store, lifetimes: Lifetimes, written: set[int], kernel: RecordingKernel) -> None:
+    """The counts live in a memfd: a successor mapping the supervisor's copy of it knows which inodes the
+    kernel holds, keeps those (open, mapped) and frees the rest at once."""
+    held = add_file(store, ROOT_INODE, b"open-elsewhere", b"still read by a process")
+    dropped = add_file(store, ROOT_INODE, b"gone", b"nobody holds this")
+    lifetimes.ref(held.id)
+    lifetimes.ref(held.id)
+    lifetimes.ref(dropped.id)
+    assert lifetimes.unref(dropped.id, 1)
+    lifetimes.ref(5_000_000)  # ids far apart: the table grows (sparse)
     unlink(lifetimes, ROOT_INODE, b"open-elsewhere")
-    lifetimes.adopt_kernel_references(below=store.ns.next_inode_id())
-    assert lifetimes.delete_if_unused(ino.id) == 0 and store.ns.get(ino.id) is not None
-    assert lifetimes.unref(ino.id, 1)
-    assert lifetimes.delete_if_unused(ino.id) > 0 and store.ns.get(ino.id) is None
+    unlink(lifetimes, ROOT_INODE, b"gone")
+    supervisors_copy = os.dup(lifetimes.counts.fd)  # the daemon dies; this descriptor is what survives
+    successor = Lifetimes(store.ns, store.blobs, Recency(store.ns), written.__contains__, kernel,
+                          LookupCounts(supervisors_copy))
+    assert successor.referenced(held.id) and not successor.referenced(dropped.id)
+    assert successor.referenced(5_000_000)
+    assert successor.delete_if_unused(dropped.id) > 0 and store.ns.get(dropped.id) is None
+    assert successor.delete_if_unused(held.id) == 0 and store.ns.get(held.id) is not None
+    assert not successor.unref(held.id, 1) and successor.unref(held.id, 1)
+    assert successor.delete_if_unused(held.id) > 0 and store.ns.get(held.id) is None

@@ -309,3 +309,58 @@ def test_a_torn_file_keeps_its_content_and_its_writer_gets_eio_once(writes: Writ
         assert ino.id not in writes.failed
 
     trio.run(t)
+
+
+def test_a_successor_never_writes_into_a_blob_the_dead_daemons_commit_had_linked(store: Store) -> None:
+    """A commit links a staging file into objects/; a daemon that dies before telling the supervisor hands
+    on a descriptor of what is now a blob.  The successor goes on in a copy: the blob keeps its bytes."""
+    watcher = KeepingWatcher()
+    dead = WritePath(store.ns, store.blobs, Stats(), trio.CapacityLimiter(2), [], watcher)
+    data = os.urandom(BIG)
+
+    async def t() -> None:
+        ino = new_file(store.ns, b"f")
+        of = dead.staged_for(ino, ROOT_KEY)
+        await dead.write(of, 0, data)
+        fd, path = watcher.kept[ino.id]
+        digest = blake3.blake3(data).digest()
+        store.blobs.add(path, digest, len(data))  # the commit's link, then the daemon dies ("after_adopt")
+        successor = WritePath(store.ns, store.blobs, Stats(), trio.CapacityLimiter(2), [], KeepingWatcher())
+        successor.adopt(store.ns.get(ino.id), ROOT_KEY, fd, path)  # type: ignore[arg-type]
+        of2 = successor.staged[ino.id]
+        await successor.write(of2, 0, b"X" * 4096)  # the writer goes on
+        assert store.cas.read(digest) == data
+        await successor.commit(of2)
+        assert store.cas.read(store.ns.get(ino.id).hash) == b"X" * 4096 + data[4096:]  # type: ignore[union-attr,arg-type]
+        successor.shutdown()
+
+    trio.run(t)
+
+
+def test_writes_after_a_failed_commit_never_reach_the_blob_it_linked(store: Store, writes: WritePath,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index transaction of a commit fails after the staging file became a blob: the file goes on in a
+    copy, and a retried commit stores what was written since."""
+    data = os.urandom(BIG)
+
+    async def t() -> None:
+        ino = new_file(store.ns, b"f")
+        of = writes.staged_for(ino, ROOT_KEY)
+        await writes.write(of, 0, data)
+        real = store.ns.set_content
+
+        def full_disk(*args, **kwargs):
+            monkeypatch.setattr(store.ns, "set_content", real)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(store.ns, "set_content", full_disk)
+        with pytest.raises(OSError):
+            await writes.commit(of)
+        digest = blake3.blake3(data).digest()
+        assert store.cas.read(digest) == data
+        await writes.write(of, 0, b"Y" * 10)
+        assert store.cas.read(digest) == data  # the blob did not change under its name
+        await writes.commit(of)
+        assert store.cas.read(store.ns.get(ino.id).hash) == b"Y" * 10 + data[10:]  # type: ignore[union-attr,arg-type]
+
+    trio.run(t)
