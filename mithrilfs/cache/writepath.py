@@ -121,9 +121,10 @@ class WriteWatcher(Protocol):
     """Told what is being written, so that a daemon taking over after a crash can go on (module doc).
 
     ``staging``: the inode's staging content now lives in *fd* (the staging
-    file at *path*, or a memfd mirror when *path* is None); ``writing``: it
-    has uncommitted writes; ``lost``: its uncommitted content was dropped and
-    its writer not told yet; ``settled``: nothing uncommitted is left.
+    file at *path*, or a memfd mirror when *path* is None), which also means
+    it is being written; ``writing``: it has uncommitted writes (said only
+    when ``staging`` was not); ``lost``: its uncommitted content was dropped
+    and its writer not told yet; ``settled``: nothing uncommitted is left.
     """
 
     #: Whether staging content must be kept where it outlives the daemon (memfd mirrors).
@@ -636,7 +637,8 @@ class WritePath:
     def _dirty(self, of: Staged) -> None:
         if not of.dirty:
             of.dirty = True
-            self.watcher.writing(of.inode.id)
+            if of.mirror_fd is None and (of.staging_fd is None or not self.watcher.keeps_content):
+                self.watcher.writing(of.inode.id)  # a watcher told of its staging knows it is written
 
     def _clean(self, of: Staged) -> None:
         if of.dirty:

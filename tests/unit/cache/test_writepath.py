@@ -243,7 +243,11 @@ class KeepingWatcher:
         self.lost_inodes: set[int] = set()
 
     def staging(self, ino: int, fd: int, path: str | None) -> None:
+        kept = self.kept.pop(ino, None)
+        if kept is not None:
+            os.close(kept[0])
         self.kept[ino] = (os.dup(fd), path)  # the supervisor's own copy, as SCM_RIGHTS gives it
+        self.written.add(ino)
 
     def writing(self, ino: int) -> None:
         self.written.add(ino)
