@@ -13,9 +13,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ from mithrilfs.cli.client import (
 from mithrilfs.cli.parser import given_settings
 from mithrilfs.daemon import ended
 from mithrilfs.daemon import lifecycle as daemon
+from mithrilfs.daemon.process import call_within
 from mithrilfs.errors import UsageError
 from mithrilfs.shared.redis_wire import url_password, without_password
 from mithrilfs.store.open import StoreError, default_store
@@ -287,7 +286,7 @@ def _cmd_restart(args: argparse.Namespace) -> int:
     while True:
         # reads wait in the kernel while the daemons change places: the answer comes from the new one,
         # in a thread of its own, so a successor that never serves cannot hold this past the timeout
-        pid = _within(lambda: daemon.daemon_pid(mp), deadline - time.monotonic())
+        pid = call_within(lambda: daemon.daemon_pid(mp), deadline - time.monotonic())
         if pid is not None and pid != before["pid"]:
             break
         if time.monotonic() > deadline or (pid is None and not daemon.is_fuse_mount(mp)):
@@ -298,15 +297,6 @@ def _cmd_restart(args: argparse.Namespace) -> int:
     print(f"{mp}: restarted: daemon {before['pid']} (mithrilfs {before.get('version', '?')}) handed over to "
           f"{after['pid']} (mithrilfs {after.get('version', '?')})")
     return 0
-
-
-def _within(call: Callable[[], Any], seconds: float) -> Any:
-    """*call*'s result, or None when it takes longer than *seconds* (it is then left to itself)."""
-    out: list[Any] = []
-    worker = threading.Thread(target=lambda: out.append(call()), daemon=True)
-    worker.start()
-    worker.join(max(seconds, 0.0))
-    return out[0] if out else None
 
 
 def _restarts_line(snap: dict[str, Any]) -> str:

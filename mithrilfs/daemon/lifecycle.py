@@ -39,7 +39,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -56,7 +55,7 @@ from mithrilfs.cache.writepath import crash_point
 from mithrilfs.control.files import CONTROL_NAME
 from mithrilfs.daemon import ended, wiring
 from mithrilfs.daemon.channel import Handover, NoSupervisor, Restarts, Supervisor, SupervisorLink
-from mithrilfs.daemon.fdlimit import raise_fd_limit
+from mithrilfs.daemon.process import call_within, pid_alive, raise_fd_limit
 from mithrilfs.daemon.wiring import TierOptions
 from mithrilfs.errors import UsageError
 from mithrilfs.kernel.mount import FSTYPE, mount_entries, unescape_mount_field
@@ -159,22 +158,18 @@ def probe_mount(mountpoint: Path, timeout: float = 1.0) -> str:
     """
     if not is_fuse_mount(mountpoint):
         return "unmounted"
-    outcome: list[str] = []
 
-    def ask() -> None:
+    def ask() -> str:
         try:
             os.statvfs(mountpoint)  # answered, zeroed, even to a user the mount refuses...
             os.stat(mountpoint)  # ...which this tells: EACCES
-            outcome.append("live")
+            return "live"
         except OSError as e:
             # ENOTCONN, or ECONNABORTED for a request that was queued as the daemon died
-            outcome.append("dead" if e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-                           else "forbidden" if e.errno in (errno.EACCES, errno.EPERM) else "live")
+            return ("dead" if e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+                    else "forbidden" if e.errno in (errno.EACCES, errno.EPERM) else "live")
 
-    t = threading.Thread(target=ask, daemon=True)
-    t.start()
-    t.join(timeout)
-    return outcome[0] if outcome else "hung"
+    return call_within(ask, timeout) or "hung"
 
 
 def clean_stale_mount(mountpoint: Path) -> bool:
@@ -458,7 +453,7 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
                     k: mounted.duties.cached_snapshot.get(k, 0) for k in ("hits", "misses", "commits", "evictions")})
                 log.info("unmounted %s", opts.mountpoint)
         if restart.is_set():
-            store.close()  # the successor takes the store's lock
+            store.close()  # the index closed before the successor opens it (the lock is the supervisor's)
             supervisor.handing_over()
         supervisor.close()
         return 0
@@ -652,15 +647,6 @@ def daemon_pid(mountpoint: Path) -> int | None:
         return int((mountpoint / CONTROL_NAME.decode() / "pid").read_text())
     except (OSError, ValueError):
         return None
-
-
-def pid_alive(pid: int) -> bool:
-    """True while *pid* runs (a zombie has exited)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def pending_uploads(store: Path) -> int:

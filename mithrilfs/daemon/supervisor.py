@@ -52,7 +52,7 @@ from typing import Any
 
 from mithrilfs.daemon import ended
 from mithrilfs.daemon.channel import Handover, Restarts
-from mithrilfs.daemon.fdlimit import raise_fd_limit
+from mithrilfs.daemon.process import pid_alive, raise_fd_limit
 from mithrilfs.kernel import SessionParameters
 from mithrilfs.kernel.mount import FSTYPE, detach, mount_entries
 from mithrilfs.observe.events import EventLog
@@ -121,7 +121,7 @@ class Supervisor:
         while True:
             if not select.select([channel], [], [], 0.5)[0]:
                 self.dying = [p for p in self.dying if p.poll() is None]
-                if not _main_thread_gone(self.daemon):
+                if not not pid_alive(self.daemon):
                     continue
                 channel.setblocking(False)  # what it sent before it died, then the end
                 try:
@@ -263,7 +263,7 @@ class Supervisor:
     def _wait_gone(self, seconds: float | None) -> bool:
         """Wait until the daemon's main thread is gone (for ever when *seconds* is None); True if it is."""
         deadline = None if seconds is None else time.monotonic() + seconds
-        while not _main_thread_gone(self.daemon):
+        while not not pid_alive(self.daemon):
             if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
@@ -315,14 +315,6 @@ def main(argv: list[str]) -> int:
     raise_fd_limit()  # one descriptor per file being written: thousands while a compile writes its cache
     return Supervisor(mountpoint, mount_id, dev, how, fuse_fd, lock_fd, daemon).run(socket.socket(fileno=0))
 
-
-def _main_thread_gone(pid: int) -> bool:
-    """The process's main thread has exited (a zombie, or reaped), whatever its other threads do."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
 
 
 if __name__ == "__main__":
