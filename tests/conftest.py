@@ -164,15 +164,20 @@ class MountFactory:
         from mithrilfs.kernel.mount import FSTYPE, mount_entries
 
         connections = Path("/sys/fs/fuse/connections")
-        if not any(connections.iterdir()):  # fusectl is not mounted on every machine
-            subprocess.run(["mount", "-t", "fusectl", "fusectl", str(connections)], capture_output=True)
-        for m in self.mounts:
-            for _, dev, fstype in mount_entries(os.path.abspath(m.mountpoint)):
-                if fstype == FSTYPE:
-                    try:
-                        Path(f"/sys/fs/fuse/connections/{dev.split(':')[1]}/abort").write_text("1")
-                    except OSError:
-                        pass
+        # fusectl is not mounted on every machine: mounted for this, and unmounted again
+        ours = not any(connections.iterdir()) and subprocess.run(
+            ["mount", "-t", "fusectl", "fusectl", str(connections)], capture_output=True).returncode == 0
+        try:
+            for m in self.mounts:
+                for _, dev, fstype in mount_entries(os.path.abspath(m.mountpoint)):
+                    if fstype == FSTYPE:
+                        try:
+                            (connections / dev.split(":")[1] / "abort").write_text("1")
+                        except OSError:
+                            pass
+        finally:
+            if ours:
+                subprocess.run(["umount", str(connections)], capture_output=True)
 
 
 #: What pytest-timeout allows a test when it has no mark of its own (pyproject.toml).

@@ -65,7 +65,3 @@ class LookupCounts:
             self._map = None
         os.ftruncate(self.fd, 0)
         self._capacity = 0
-
-    def held(self, inodes: list[int]) -> list[int]:
-        """Those of *inodes* the kernel holds."""
-        return [ino for ino in inodes if self.get(ino) > 0]

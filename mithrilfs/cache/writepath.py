@@ -293,12 +293,13 @@ class WritePath:
 
     def drop(self, ino: int) -> None:
         """Forget an inode's uncommitted content (it lost its last name and the kernel forgot it)."""
-        self.failed.pop(ino, None)
+        failed = self.failed.pop(ino, None)
         of = self.staged.pop(ino, None)
         if of is not None:
             self._drop_staging(of)
             of.dirty = False
-        self.watcher.settled(ino)
+        if of is not None or failed is not None:  # only what the watcher may have been told of
+            self.watcher.settled(ino)
 
     def idle(self, quiet_since: float) -> list[Staged]:
         """Written inodes with no write or truncate since *quiet_since* (monotonic), not busy."""
@@ -422,11 +423,12 @@ class WritePath:
             self.watcher.staging(of.inode.id, of.staging_fd, of.staging_path)
 
     def _unshare(self, of: Staged) -> None:
-        """The staging file was linked into ``objects/`` by a commit that then failed: go on in a copy.
+        """The staging file may be a blob too (a commit linked it into ``objects/``): go on in a copy.
 
-        Writes into the linked file would change a blob under its name.
-        Should the copy fail too (a full disk), the file fails as when its
-        writes find no room.
+        Writes into the linked file would change a blob under its name (a
+        commit whose transaction failed after the link; a daemon killed
+        after it, whose successor adopts the file).  Should the copy fail
+        too (a full disk), the file fails as when its writes find no room.
         """
         assert of.staging_fd is not None and of.staging_path is not None
         fd, path = self.cas.new_staging()
@@ -435,15 +437,17 @@ class WritePath:
         except OSError as e:
             os.close(fd)
             os.unlink(path)
-            log.error("inode %d: cannot copy its staging after a failed commit (%s): its writes are dropped",
-                      of.inode.id, e)
+            log.error("inode %d: cannot copy its staging off a blob (%s): its writes are dropped", of.inode.id, e)
             self.failed[of.inode.id] = e.errno or errno.EIO
             self._drop_staging(of)
             of.dirty = False
+            if self.staged.get(of.inode.id) is of:
+                del self.staged[of.inode.id]
             self.watcher.lost(of.inode.id)
             return
+        if _same_file(of.staging_path, of.staging_fd):
+            os.unlink(of.staging_path)  # the blob keeps its own name
         os.close(of.staging_fd)
-        os.unlink(of.staging_path)  # the blob keeps its own name
         of.staging_fd, of.staging_path = fd, path
         self._kept(of)
 
@@ -678,24 +682,15 @@ class WritePath:
             else:
                 self._kept(of)
         else:
-            st = os.fstat(fd)
-            try:
-                named = os.stat(path)
-            except FileNotFoundError:
-                named = None
-            if st.st_nlink != 1 or named is None or (named.st_dev, named.st_ino) != (st.st_dev, st.st_ino):
-                # the dead daemon's commit had linked it into objects/ (or got further): it is a blob
-                # now, and writes must go to a copy
-                copy_fd, copy_path = self.cas.new_staging()
-                _copy_fd(fd, copy_fd, size)
-                os.close(fd)
-                if named is not None and (named.st_dev, named.st_ino) == (st.st_dev, st.st_ino):
-                    os.unlink(path)
-                fd, path = copy_fd, copy_path
             of.staging_fd, of.staging_path = fd, path
             of.size = 0
             self._set_size(of, size)
-            self._kept(of)
+            if os.fstat(fd).st_nlink == 1 and _same_file(path, fd):
+                self._kept(of)
+            else:  # the dead daemon's commit had linked it into objects/ (or got further): a blob now
+                self._unshare(of)
+                if of.inode.id in self.failed:
+                    return
         of.hasher = None
         of.mtime_ns = time.time_ns()
         of.changed = time.monotonic()
@@ -802,6 +797,15 @@ def _write_blobs(cas: CAS, jobs: list[tuple[bytes, bytearray, bool]]) -> tuple[l
         except OSError as e:
             return written, e
     return written, None
+
+
+def _same_file(path: str, fd: int) -> bool:
+    """*path* still names the file open on *fd*."""
+    try:
+        named, st = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (named.st_dev, named.st_ino) == (st.st_dev, st.st_ino)
 
 
 def _copy_fd(src: int, dst: int, size: int) -> None:

@@ -61,7 +61,15 @@ from mithrilfs.errors import UsageError
 from mithrilfs.kernel.mount import FSTYPE, mount_entries, unescape_mount_field
 from mithrilfs.observe.metrics import MetricsServer
 from mithrilfs.shared.redis_wire import RemoteTier
-from mithrilfs.store.open import HOLDER_FILE, RESERVE_BYTES, Store, StoreError, open_store, validate_store
+from mithrilfs.store.open import (
+    HOLDER_FILE,
+    RESERVE_BYTES,
+    Store,
+    StoreError,
+    holder_record,
+    open_store,
+    validate_store,
+)
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +270,6 @@ def _stay_in_foreground(opts: MountOptions, first: int, asked: list[int]) -> int
 
     0 after an unmount, 1 when the supervisor gave the mount up (``status`` says why).
     """
-    holder = opts.store / HOLDER_FILE
     target = os.path.realpath(opts.mountpoint)  # resolved once: a path through a dead daemon's mount would wait
     while True:
         try:
@@ -272,10 +279,9 @@ def _stay_in_foreground(opts: MountOptions, first: int, asked: list[int]) -> int
         if not any(fstype == FSTYPE for _, _, fstype in mount_entries(target)):
             return 1 if ended.read(target) else 0
         if asked:
-            try:
-                pid = json.loads(holder.read_text())["pid"]
-            except (OSError, ValueError, KeyError):
-                pid = daemon_pid(opts.mountpoint)  # a read-only store keeps no holder file
+            held = holder_record(opts.store)
+            # a read-only store keeps no holder file
+            pid = held["pid"] if held is not None else daemon_pid(opts.mountpoint)
             # during a takeover the holder may still name the dead daemon: the signal waits for the next
             if pid is not None and pid_alive(pid):
                 asked.clear()

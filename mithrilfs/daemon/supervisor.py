@@ -39,6 +39,7 @@ its exit status names the cause of its death in the log.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import select
@@ -168,8 +169,6 @@ class Supervisor:
                 handoff = True
 
     def _configure(self, text: str) -> None:
-        import json
-
         self.options = json.loads(text)
         store = Path(self.options["store"])
         self.events = EventLog(None if self.options.get("read_only") else store / "events.jsonl")
