@@ -377,7 +377,9 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
                 _repair_at_startup(store, live=True, keep={path for _, _, path in handover.staged if path})
         else:
             after_crash = not store.read_only and _repair_at_startup(store)
-        tier_options = TierOptions(owner=opts.remote_owner, startup_set=opts.startup_set, prefetch=opts.prefetch)
+        # a successor's mount was prefetched already: the startup set is fetched once per mount
+        tier_options = TierOptions(owner=opts.remote_owner, startup_set=opts.startup_set,
+                                   prefetch=opts.prefetch if handover is None else None)
         if opts.remote is not None:
             tier_options.remote = RemoteTier(opts.remote, opts.remote_namespace, opts.remote_key,
                                              password=opts.remote_password, cluster=opts.remote_cluster)

@@ -19,6 +19,7 @@ written only where newer than what Redis holds.  When Redis loses its data
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -106,6 +107,10 @@ class RedisTier(Tier):
         self.prefetcher = Prefetcher(self, policy, physical)
         #: The startup set to prefetch as soon as the mount serves (``mount --prefetch``).
         self.prefetch_at_start = prefetch_at_start
+        if prefetch_at_start is not None and not ns.read_only:  # a read-only store runs no background work
+            # running from the start: ``mount --prefetch`` waits for it once the mount answers, which
+            # may be before the tier's first step (a ping of Redis) has begun it
+            self.prefetcher.state = {"state": "running"}
         if requeue:  # after an unclean stop a commit may not have reached the queue
             self.behind.queue_all()
 
@@ -377,9 +382,12 @@ class RedisTier(Tier):
             return {"error": f"{self.remote.url}: {e}"}
         return {"queued": self.behind.queue_all()}
 
-    async def start_prefetch(self, set_name: str | None) -> dict[str, Any]:
-        """Start a prefetch in the background unless one runs; an error names the tier's problem at once."""
-        if self.prefetcher.running:
+    async def start_prefetch(self, set_name: str | None, *, at_start: bool = False) -> dict[str, Any]:
+        """Start a prefetch in the background unless one runs; an error names the tier's problem at once.
+
+        *at_start*: the one the mount asked for, already shown as running.
+        """
+        if self.prefetcher.running and not at_start:
             return {"started": False, "error": "a prefetch is already running"}
         if self._nursery is None:
             return {"started": False, "error": "the store is read-only"}
@@ -401,7 +409,7 @@ class RedisTier(Tier):
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if self.prefetch_at_start is not None:
-                nursery.start_soon(self.start_prefetch, self.prefetch_at_start)
+                nursery.start_soon(functools.partial(self.start_prefetch, self.prefetch_at_start, at_start=True))
             nursery.start_soon(self.behind.uploader)
 
     async def thread(self, fn: Callable[..., Any], *args: Any) -> Any:
