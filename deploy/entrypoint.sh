@@ -10,7 +10,11 @@
 #   MITHRILFS_STORE          the store, on a volume that outlives the container (default /store)
 #   MITHRILFS_MAX_SIZE       byte budget, e.g. 50G (default: the store's setting from `mithrilfs config`, else 10G)
 #   MITHRILFS_MIN_AGE / MITHRILFS_IDLE_TTL      eviction options (see mithrilfs mount --help)
-#   MITHRILFS_REMOTE         redis://host:port/db or rediss://... (shared tier)
+#   MITHRILFS_REMOTE         redis://host:port/db, rediss://... or s3://BUCKET/PREFIX (shared tier)
+#   MITHRILFS_REMOTE_S3      s3://BUCKET/PREFIX: a bucket (behind the Redis of MITHRILFS_REMOTE when set);
+#                            credentials and region from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+#                            AWS_SESSION_TOKEN / AWS_REGION or AWS_PROFILE, as for the aws CLI
+#   MITHRILFS_REMOTE_ENDPOINT  the S3 endpoint of a server that is not AWS (or AWS_ENDPOINT_URL)
 #   MITHRILFS_REMOTE_PASSWORD_FILE   the Redis password (or MITHRILFS_REMOTE_PASSWORD itself)
 #   MITHRILFS_REMOTE_CLUSTER 1: MITHRILFS_REMOTE is a node of a Redis Cluster
 #   MITHRILFS_REMOTE_NAMESPACE, MITHRILFS_REMOTE_KEY_FILE, MITHRILFS_REMOTE_OWNER (UID:GID)
@@ -35,6 +39,8 @@ if [ -n "${MITHRILFS_MAX_SIZE:-}" ]; then set -- "$@" --max-size "$MITHRILFS_MAX
 if [ -n "${MITHRILFS_MIN_AGE:-}" ]; then set -- "$@" --min-age "$MITHRILFS_MIN_AGE"; fi
 if [ -n "${MITHRILFS_IDLE_TTL:-}" ]; then set -- "$@" --idle-ttl "$MITHRILFS_IDLE_TTL"; fi
 if [ -n "${MITHRILFS_REMOTE:-}" ]; then set -- "$@" --remote "$MITHRILFS_REMOTE"; fi
+if [ -n "${MITHRILFS_REMOTE_S3:-}" ]; then set -- "$@" --remote "$MITHRILFS_REMOTE_S3"; fi
+if [ -n "${MITHRILFS_REMOTE_ENDPOINT:-}" ]; then set -- "$@" --remote-endpoint "$MITHRILFS_REMOTE_ENDPOINT"; fi
 if [ -n "${MITHRILFS_REMOTE_NAMESPACE:-}" ]; then set -- "$@" --remote-namespace "$MITHRILFS_REMOTE_NAMESPACE"; fi
 if [ -n "${MITHRILFS_REMOTE_KEY_FILE:-}" ]; then set -- "$@" --remote-key-file "$MITHRILFS_REMOTE_KEY_FILE"; fi
 if [ -n "${MITHRILFS_REMOTE_PASSWORD_FILE:-}" ]; then set -- "$@" --remote-password-file "$MITHRILFS_REMOTE_PASSWORD_FILE"; fi

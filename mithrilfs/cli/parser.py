@@ -64,7 +64,7 @@ def _port(text: str) -> int:
 
 
 def _remote_url(text: str) -> str:
-    from mithrilfs.shared.redis_wire import check_url
+    from mithrilfs.shared.connect import check_url
 
     try:
         check_url(text)
@@ -135,9 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(m, "the store's setting ('mithrilfs config'), else ")
     m.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
                    help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
-    m.add_argument("--remote", type=_remote_url, default=None, metavar="URL",
-                   help="share the cache through Redis: redis://host:port/db or rediss://... (the password"
-                        " from --remote-password-file or $MITHRILFS_REMOTE_PASSWORD)")
+    m.add_argument("--remote", type=_remote_url, action="append", default=None, metavar="URL",
+                   help="share the cache through Redis (redis://host:port/db or rediss://...; the password"
+                        " from --remote-password-file or $MITHRILFS_REMOTE_PASSWORD) or an S3-compatible bucket"
+                        " (s3://BUCKET/PREFIX; credentials and region from the AWS_* variables or profile);"
+                        " twice for Redis in front of a bucket")
+    m.add_argument("--remote-endpoint", default=None, metavar="URL",
+                   help="the S3 endpoint of a server that is not AWS (SeaweedFS, MinIO, R2...);"
+                        " default $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL or the profile's")
     m.add_argument("--remote-password-file", type=Path, default=None, metavar="FILE",
                    help="read the Redis password from FILE")
     m.add_argument("--remote-cluster", action="store_true",

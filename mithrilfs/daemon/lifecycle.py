@@ -60,7 +60,8 @@ from mithrilfs.daemon.wiring import TierOptions
 from mithrilfs.errors import UsageError
 from mithrilfs.kernel.mount import FSTYPE, mount_entries, unescape_mount_field
 from mithrilfs.observe.metrics import MetricsServer
-from mithrilfs.shared.redis_wire import RemoteTier
+from mithrilfs.shared.connect import RemoteSpec, open_remote
+from mithrilfs.shared.s3_settings import S3Settings
 from mithrilfs.store.open import (
     HOLDER_FILE,
     RESERVE_BYTES,
@@ -91,6 +92,11 @@ class MountOptions:
     policy: EvictionPolicy = field(default_factory=EvictionPolicy)
     metrics_port: int | None = None
     remote: str | None = None
+    #: A bucket behind the Redis of ``remote`` (``--remote redis://... --remote s3://...``).
+    remote_behind: str | None = None
+    #: The bucket's endpoint, region and credentials (``s3_settings.S3Settings.as_json``): secrets, like the
+    #: password, travel only between the CLI, the daemon and its supervisor.
+    remote_s3: dict[str, Any] | None = None
     remote_namespace: str = "default"
     remote_key: bytes | None = None
     #: Kept out of the URL (and so out of the process list and the logs).
@@ -108,6 +114,13 @@ class MountOptions:
     fixed_settings: frozenset[str] = frozenset()
     #: What the supervisor does when the daemon dies: start a successor ("takeover") or detach ("detach").
     on_crash: str = "takeover"
+
+    def remote_spec(self) -> RemoteSpec:
+        """The shared store these options name (``remote`` must be set)."""
+        assert self.remote is not None
+        return RemoteSpec(self.remote, self.remote_namespace, self.remote_key, self.remote_password,
+                          self.remote_cluster, self.remote_behind,
+                          S3Settings.from_json(self.remote_s3) if self.remote_s3 is not None else None)
 
     def as_json(self) -> dict[str, Any]:
         """Everything a successor needs to serve like this daemon (secrets included: see ``daemon.channel``)."""
@@ -381,8 +394,7 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
         tier_options = TierOptions(owner=opts.remote_owner, startup_set=opts.startup_set,
                                    prefetch=opts.prefetch if handover is None else None)
         if opts.remote is not None:
-            tier_options.remote = RemoteTier(opts.remote, opts.remote_namespace, opts.remote_key,
-                                             password=opts.remote_password, cluster=opts.remote_cluster)
+            tier_options.remote = open_remote(opts.remote_spec())
         if handover is not None:
             # the resolved path the first daemon mounted: resolving it here would wait on our own mount
             fuse = kernel.FuseMount(handover.fuse_fd, handover.options["mount_path"],

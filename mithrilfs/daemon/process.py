@@ -45,3 +45,31 @@ def call_within(call: Callable[[], Any], seconds: float) -> Any:
     worker.start()
     worker.join(max(seconds, 0.0))
     return out[0] if out else None
+
+
+def in_child(call: Callable[[], str]) -> str:
+    """*call*'s one-line answer, computed in a forked child that exits after it.
+
+    For a client that starts threads of its own (obstore's runtime): a
+    process that later forks the daemon must never have run one, or the
+    daemon inherits a runtime without its threads and hangs.
+    """
+    import os
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(read_end)
+            answer = call()
+            os.write(write_end, answer.encode(errors="replace")[:4096])
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        answer = f.read().decode(errors="replace")
+    os.waitpid(pid, 0)
+    return answer

@@ -5,7 +5,7 @@ method of the filesystem back (s3ql's ``mount()`` builds its objects the
 same way).  One list closes the graph: the write path tells
 ``commit_listeners`` after every commit (the budget keeps to itself, the
 shared tier publishes); it is filled here once both exist.  Which shared tier the mount
-has (none, Redis) is decided here and nowhere else.
+has (none, or a ``wire.RemoteStore``: Redis, a bucket, both) is decided here and nowhere else.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from mithrilfs.fs import Operations, Parts
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import KeptCounters
 from mithrilfs.observe.tops import TopDirs
-from mithrilfs.shared.redis_tier import RedisTier
-from mithrilfs.shared.redis_wire import RemoteTier
+from mithrilfs.shared.remote_tier import RemoteTier
 from mithrilfs.shared.tier import NullTier, Tier
+from mithrilfs.shared.wire import RemoteStore
 from mithrilfs.store.namespace import DirPaths
 from mithrilfs.store.open import Store
 
@@ -45,7 +45,7 @@ OFFLOAD_THREADS = 2
 class TierOptions:
     """The shared tier a mount asked for (``mount --remote ...``); ``remote`` None: none."""
 
-    remote: RemoteTier | None = None
+    remote: RemoteStore | None = None
     owner: tuple[int, int] | None = None
     startup_set: str = "default"
     prefetch: str | None = None
@@ -83,7 +83,7 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
 
     tier: Tier = NullTier()
     if tier_options.remote is not None:
-        tier = RedisTier(ns, blobs, paths, events, lifetimes, tier_options.remote, policy, writes.physical,
+        tier = RemoteTier(ns, blobs, paths, events, lifetimes, tier_options.remote, policy, writes.physical,
                          owner=tier_options.owner, requeue=after_crash, startup_set=tier_options.startup_set,
                          prefetch_at_start=tier_options.prefetch)
     budget = Budget(store, policy, writes, lifetimes, recency, stats, events, tops, evicted=tier)

@@ -30,6 +30,16 @@ _GAUGES = {
 }
 
 
+#: Per level of the shared tier (Redis, the bucket): metric, stats key, type, help.
+_LEVEL_METRICS = (
+    ("reachable", "reachable", "gauge", "1 when the level answered its last request"),
+    ("requests_total", "requests", "counter", "Requests sent to the level"),
+    ("errors_total", "errors", "counter", "Requests to the level that failed"),
+    ("received_bytes_total", "bytes_in", "counter", "Bytes read from the level"),
+    ("sent_bytes_total", "bytes_out", "counter", "Bytes written to the level"),
+)
+
+
 def render(snapshot: dict[str, Any]) -> str:
     """The snapshot in the Prometheus text format (version 0.0.4)."""
     lines: list[str] = []
@@ -44,6 +54,15 @@ def render(snapshot: dict[str, Any]) -> str:
                   f"# TYPE {metric} counter"]
         for top, counters in by_dir.items():
             lines.append(f'{metric}{{dir="{_label(top)}"}} {counters.get(counter, 0)}')
+    levels = snapshot.get("remote_levels") or []
+    if levels:
+        lines += ["# HELP mithrilfs_remote_upload_queue Changes waiting to be sent to the shared tier",
+                  "# TYPE mithrilfs_remote_upload_queue gauge", f"mithrilfs_remote_upload_queue {snapshot['upload_queue']}"]
+    for name, key, kind, help_text in _LEVEL_METRICS:
+        if levels:
+            lines += [f"# HELP mithrilfs_remote_{name} {help_text}", f"# TYPE mithrilfs_remote_{name} {kind}"]
+        for lv in levels:
+            lines.append(f'mithrilfs_remote_{name}{{level="{lv["kind"]}",url="{_label(lv["url"])}"}} {int(lv[key])}')
     lines += ["# HELP mithrilfs_latency_microseconds Latency of FUSE requests over recent samples",
               "# TYPE mithrilfs_latency_microseconds gauge"]
     for op, q in snapshot.get("latency_us", {}).items():

@@ -166,11 +166,26 @@ def format_table(snap: dict[str, Any]) -> str:
     lat = snap["latency_us"]
     lines.append("")
     lines.append("latency (us)  " + "   ".join(f"{op} p50 {q['p50']:.0f} p99 {q['p99']:.0f}" for op, q in lat.items()))
+    lines += format_levels(snap)
     if snap.get("restarts"):
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap["last_restart_at"]))
         lines.append(f"daemon       pid {snap['pid']}, mithrilfs {snap.get('version', '?')}, replaced "
                      f"{snap['restarts']} times on the live mount (last: {snap['last_restart_cause']}, {at})")
     return "\n".join(lines)
+
+
+def format_levels(snap: dict[str, Any]) -> list[str]:
+    """One line per level of the shared tier (Redis, the bucket): reachable, traffic, last error."""
+    from mithrilfs.units import format_size
+
+    levels = snap.get("remote_levels") or []
+    lines = [f"shared tier  {len(levels)} level{'s' if len(levels) > 1 else ''}, {snap.get('upload_queue', 0)} queued"
+             " for upload"] if levels else []
+    for lv in levels:
+        state = "reachable" if lv["reachable"] else f"unreachable: {lv['last_error']}"
+        lines.append(f"  {lv['kind']:<6} {lv['url']}: {state}; {lv['requests']} requests, {lv['errors']} errors,"
+                     f" {format_size(lv['bytes_in'])} in, {format_size(lv['bytes_out'])} out")
+    return lines
 
 
 def format_usage(usage: dict[str, Any], *, top: bool) -> str:

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from mithrilfs.cache.eviction import EvictionPolicy
-from mithrilfs.shared.redis_wire import CHUNK, RemoteError
+from mithrilfs.shared.entries import RemoteError
 from mithrilfs.store.cas import hash_bytes
 from mithrilfs.store.namespace import ROOT_INODE, Inode
 
 if TYPE_CHECKING:  # the tier builds and drives its prefetcher
-    from mithrilfs.shared.redis_tier import RedisTier
+    from mithrilfs.shared.remote_tier import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ BATCH_BYTES = 8 << 20
 
 
 class Prefetcher:
-    def __init__(self, shared: RedisTier, policy: EvictionPolicy, physical: Any) -> None:
+    def __init__(self, shared: RemoteTier, policy: EvictionPolicy, physical: Any) -> None:
         self.shared = shared
         self.ns = shared.ns
         self.blobs = shared.blobs
@@ -139,8 +139,8 @@ class Prefetcher:
             todo.append(node)
         self.state["total_files"] = len(todo)
         self.state["total_bytes"] = sum(n.size for n in todo)
-        small = [n for n in todo if n.size <= CHUNK]
-        large = [n for n in todo if n.size > CHUNK]
+        small = [n for n in todo if n.size <= self.remote.small_blob_bytes]
+        large = [n for n in todo if n.size > self.remote.small_blob_bytes]
         batches: list[list[Inode]] = []
         batch: list[Inode] = []
         size = 0
@@ -167,7 +167,7 @@ class Prefetcher:
     async def _worker(self, receive: trio.MemoryReceiveChannel, limiter: trio.CapacityLimiter) -> None:
         async with receive:
             async for batch in receive:
-                if len(batch) == 1 and batch[0].size > CHUNK:
+                if len(batch) == 1 and batch[0].size > self.remote.small_blob_bytes:
                     ok = await self.shared.fetch_blob(batch[0], self.policy.max_bytes)
                     self._count(batch[0], ok)
                     continue

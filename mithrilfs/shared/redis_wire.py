@@ -11,42 +11,32 @@ Layout under ``mfs:{namespace}:``
   ``epoch[:{tag}]``     a random token per server (per master in a cluster):
                         when it changes or vanishes, the server lost its data
 
-An entry's version is the microsecond its name got its content on the node
-that wrote it (``n``); a conditional write (a Lua script) keeps the newest
-(version, node) per name, so every node converges on one version per path.
-Everything read from Redis is hostile until proven otherwise: entries are
-validated field by field (``parse_entry``) and a bad one is ignored and
-counted; blobs are streamed chunk by chunk, never allocated by a claimed
-size, and must come to exactly the entry's size and hash.  With a key,
-entries carry an HMAC over namespace, path and every field including the
-version.
-
-Every call here is blocking network I/O with short timeouts; the filesystem
-runs them in worker threads.  After a failure the tier counts the error and
-stays away for a growing back-off (0.5 s up to 30 s), so a dead Redis costs
-one timeout, not one per request.  Error messages and logs never carry the
-password (``redact``).
+A conditional write (a Lua script) keeps the newest (version, node) per
+name (``entries``).  Blobs are streamed chunk by chunk, never allocated by a
+claimed size, and must come to exactly the entry's size and hash.  One of
+the ``wire.RemoteStore`` implementations; error messages and logs never
+carry the password (``redact``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import logging
 import os
-import re
 import secrets
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 from urllib.parse import urlparse, urlunparse
 
 import blake3
 
-from mithrilfs.store.namespace import join_path, valid_name
+from mithrilfs.shared.entries import (  # noqa: F401  (the entry model, re-exported for its older users)
+    MAX_ENTRY_BYTES,
+    EntryCodec,
+    RemoteEntry,
+    RemoteError,
+    parse_entry,
+)
+from mithrilfs.shared.wire import Level, RemoteStore, new_counters
 
 # redis-py is imported where it is used: a mount without --remote (and every CLI command)
 # starts without it, 0.15 s sooner
@@ -57,21 +47,14 @@ log = logging.getLogger(__name__)
 CHUNK = int(os.environ.get("MITHRILFS_REMOTE_CHUNK_BYTES", 32 << 20))
 CONNECT_TIMEOUT = 0.5
 OP_TIMEOUT = 2.0
-_MAX_BACKOFF = 30.0
-#: Entries larger than this are not entries (a name, a hash and a few numbers fit in far less).
-MAX_ENTRY_BYTES = 8192
-#: Versions are microseconds: exact in the doubles Lua compares them as.
-MAX_VERSION = 1 << 53
-MAX_SIZE = 1 << 53
-MAX_TARGET = 4095
-_NODE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 #: Bytes of small blobs sent in one pipeline.
 _PIPELINE_BYTES = 16 << 20
 #: Keys per pipelined batch of reads.
 _BATCH = 512
 #: A startup set larger than this is read only this far.
 MAX_SET_PATHS = 1_000_000
-_KEYS = {"t", "v", "n", "h", "s", "m", "mt", "tg", "mac"}
+#: The field that marks a directory hash complete (no entry name holds a NUL byte).
+COMPLETE = b"\0complete"
 
 # KEYS[1] directory hash; ARGV: name, value, version, node, force.  Keeps the newest
 # (version, node); returns {1, previous entry or nothing} when ours was written,
@@ -89,87 +72,6 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 if cur then return {1, cur} end
 return {1}
 """
-
-
-class RemoteError(Exception):
-    """The remote tier could not be reached or answered nonsense (the message names the cause)."""
-
-
-@dataclass(frozen=True)
-class RemoteEntry:
-    type: str  # "f" file, "d" directory, "l" symlink, "x" tombstone
-    version: int
-    node: str
-    hash: str | None = None
-    size: int = 0
-    mode: int = 0o644
-    mtime_ns: int = 0
-    target: str | None = None
-
-    @property
-    def is_tombstone(self) -> bool:
-        return self.type == "x"
-
-    def newer_than(self, version: int, node: str) -> bool:
-        return (self.version, self.node) > (version, node)
-
-    def fields(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"t": self.type, "v": self.version, "n": self.node}
-        if self.type != "x":
-            d.update(m=self.mode, mt=self.mtime_ns)
-        if self.type == "f":
-            d.update(h=self.hash, s=self.size)
-        if self.type == "l":
-            d["tg"] = self.target
-        return d
-
-
-def _int(d: dict, key: str, lo: int, hi: int) -> int:
-    v = d.get(key)
-    if type(v) is not int or not lo <= v < hi:  # bool is not an int here
-        raise ValueError(f"field {key!r} out of range")
-    return v
-
-
-def parse_entry(raw: bytes) -> tuple[RemoteEntry, str | None]:
-    """(entry, its mac) from a Redis value; ValueError naming what is wrong with it."""
-    if len(raw) > MAX_ENTRY_BYTES:
-        raise ValueError("entry too large")
-    try:
-        d = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ValueError("not JSON") from None
-    if not isinstance(d, dict) or not set(d) <= _KEYS:
-        raise ValueError("not an entry object")
-    t = d.get("t")
-    if t not in ("f", "d", "l", "x"):
-        raise ValueError("unknown type")
-    node = d.get("n")
-    if not isinstance(node, str) or not _NODE_RE.fullmatch(node):
-        raise ValueError("bad node")
-    version = _int(d, "v", 1, MAX_VERSION)
-    mac = d.get("mac")
-    if mac is not None and not isinstance(mac, str):
-        raise ValueError("bad mac")
-    if t == "x":
-        return RemoteEntry("x", version, node), mac
-    mode = _int(d, "m", 0, 0o10000)
-    mtime = _int(d, "mt", 0, 1 << 63)
-    if t == "f":
-        h = d.get("h")
-        if not is_hex_digest(h):
-            raise ValueError("bad hash")
-        return RemoteEntry("f", version, node, h, _int(d, "s", 0, MAX_SIZE), mode, mtime), mac
-    if t == "l":
-        tg = d.get("tg")
-        if not isinstance(tg, str) or not 0 < len(tg.encode(errors="surrogateescape")) <= MAX_TARGET or "\0" in tg:
-            raise ValueError("bad symlink target")
-        return RemoteEntry("l", version, node, mode=mode, mtime_ns=mtime, target=tg), mac
-    return RemoteEntry("d", version, node, mode=mode, mtime_ns=mtime), mac
-
-
-def is_hex_digest(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def check_url(url: str) -> None:
@@ -219,11 +121,14 @@ def without_password(url: str) -> str:
     return _with_password(url, None)
 
 
-class RemoteTier:
+class RedisStore(RemoteStore):
     """One namespace in one Redis server or cluster; every method may raise RemoteError."""
 
+    small_blob_bytes = CHUNK
+
     def __init__(self, url: str, namespace: str, key: bytes | None = None, *, password: str | None = None,
-                 cluster: bool = False) -> None:
+                 cluster: bool = False, counters: dict[str, int] | None = None,
+                 blob_ttl: int | None = None) -> None:
         check_url(url)
         self.url = redact(url)
         self.namespace = namespace
@@ -237,15 +142,12 @@ class RemoteTier:
             self._kwargs["password"] = password
         self._client: Any = None
         self._script_sha: str | None = None
-        self._lock = threading.Lock()
-        self._backoff = 0.0
-        self._down_until = 0.0
-        #: The last error, in one line (for ``stats`` and ``push``).
-        self.last_error = ""
-        self.counters = dict.fromkeys(
-            ("remote_hits", "remote_misses", "remote_fetched_bytes", "remote_uploaded_bytes",
-             "remote_uploaded_entries", "remote_tombstones", "remote_verify_failures", "remote_rejected",
-             "remote_errors", "remote_conflicts", "remote_adopted", "remote_data_lost"), 0)
+        self.counters = counters if counters is not None else new_counters()
+        self.level = Level("redis", self.url, self.counters)
+        self.codec = EntryCodec(namespace, key, self.counters)
+        #: Seconds a blob stays after its last write or read (in front of a bucket: Redis holds the hot
+        #: set, the bucket everything); None: for good.
+        self.blob_ttl = blob_ttl
 
     @property
     def client(self) -> Any:
@@ -262,36 +164,28 @@ class RemoteTier:
         return self._client
 
     # -- availability ----------------------------------------------------
-    def available(self) -> bool:
-        return time.monotonic() >= self._down_until
+    def levels(self) -> list[Level]:
+        return [self.level]
 
     def _scrub(self, text: str) -> str:
         return text.replace(self._password, "***") if self._password else text
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if not self.available():
-            raise RemoteError(f"{self.url} unavailable ({self.last_error}); backing off")
+        if not self.level.available():
+            raise self.level.refuse()
         import redis
 
         try:
             result = fn(*args)
         except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
-            why = self._scrub(str(e).strip() or type(e).__name__)
-            with self._lock:
-                self.counters["remote_errors"] += 1
-                self._backoff = min(_MAX_BACKOFF, max(0.5, self._backoff * 2))
-                self._down_until = time.monotonic() + self._backoff
-                self.last_error = why
-            log.warning("remote tier %s: %s (retrying in %.1f s)", self.url, why, self._backoff)
-            raise RemoteError(why) from None
-        with self._lock:
-            self._backoff = 0.0
-            self.last_error = ""
+            raise self.level.failed(self._scrub(str(e).strip() or type(e).__name__), log) from None
+        self.level.succeeded()
+        self.level.moved()
         return result
 
     def ping(self) -> None:
         """Raise RemoteError naming the cause unless the server answers now (ignores the back-off)."""
-        self._down_until = 0.0
+        self.level.retry_now()
         self._call(lambda: self.client.ping())
 
     # -- epoch -------------------------------------------------------------
@@ -332,34 +226,43 @@ class RemoteTier:
     def _dir_key(self, dir_path: str) -> str:
         return f"{self.prefix}d:{dir_path}"
 
-    def _mac(self, path: str, fields: dict[str, Any]) -> str:
-        assert self.key is not None
-        msg = json.dumps([self.namespace, path, fields], sort_keys=True).encode()
-        return hmac.new(self.key, msg, hashlib.sha256).hexdigest()
-
     def encode(self, path: str, entry: RemoteEntry) -> bytes:
-        fields = entry.fields()
-        if self.key is not None:
-            fields["mac"] = self._mac(path, entry.fields())
-        return json.dumps(fields, sort_keys=True).encode()
+        return self.codec.encode(path, entry)
 
     def decode(self, path: str, raw: bytes) -> RemoteEntry | None:
-        """The entry, or None (counted) when it is malformed, out of range, or not signed with our key."""
-        try:
-            entry, mac = parse_entry(raw)
-        except ValueError as e:
-            self.counters["remote_rejected"] += 1
-            log.warning("remote entry %r ignored: %s", path, e)
-            return None
-        if self.key is not None and (mac is None or not hmac.compare_digest(mac, self._mac(path, entry.fields()))):
-            self.counters["remote_rejected"] += 1
-            log.warning("remote entry %r has no valid signature: ignored", path)
-            return None
-        return entry
+        return self.codec.decode(path, raw)
 
     def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
         """Every valid entry of a directory (tombstones included), by name."""
-        return self._entries(dir_path, self._call(lambda: self.client.hgetall(self._dir_key(dir_path))))
+        return self.list_dir_complete(dir_path)[0]
+
+    def list_dir_complete(self, dir_path: str) -> tuple[dict[bytes, RemoteEntry], bool]:
+        """A directory's entries, and whether it was marked complete (``mark_complete``)."""
+        raw = self._call(lambda: self.client.hgetall(self._dir_key(dir_path)))
+        complete = raw.pop(COMPLETE, None) is not None
+        return self._entries(dir_path, raw), complete
+
+    def unmark_complete(self, dir_paths: list[str]) -> None:
+        """These directories may lack names the store behind Redis has (Redis missed their writes)."""
+        def unmark() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for d in dir_paths:
+                pipe.hdel(self._dir_key(d), COMPLETE)
+            pipe.execute()
+
+        if dir_paths:
+            self._call(unmark)
+
+    def mark_complete(self, dir_paths: list[str]) -> None:
+        """These directories hold every name of the store behind Redis (``layered``): read them alone."""
+        def mark() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for d in dir_paths:
+                pipe.hset(self._dir_key(d), COMPLETE, b"1")
+            pipe.execute()
+
+        if dir_paths:
+            self._call(mark)
 
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         """Write entries where they are newer than what Redis holds.
@@ -450,7 +353,7 @@ class RemoteTier:
         got = 0
         i = 0
         while True:
-            part = self.client.get(self._blob_key(hex_digest, i))
+            part = self._get(self.client, self._blob_key(hex_digest, i))
             if part is None:
                 return None
             if len(part) > size - got or (not part and size):
@@ -462,7 +365,12 @@ class RemoteTier:
             if got == size:
                 break
         self.counters["remote_fetched_bytes"] += got
+        self.level.moved(down=got, requests=0)
         return hasher.digest()
+
+    def _get(self, client: Any, key: str) -> Any:
+        """GET, or GETEX renewing the blob's time to live (a hot blob stays)."""
+        return client.get(key) if self.blob_ttl is None else client.getex(key, ex=self.blob_ttl)
 
     def _chunk_count(self, size: int) -> int:
         return max(1, -(-size // CHUNK))
@@ -509,9 +417,10 @@ class RemoteTier:
                     part = f.read(CHUNK) if f is not None else b""
                     if not part and i:
                         break
-                    pipe.set(self._blob_key(h, i), part)
+                    pipe.set(self._blob_key(h, i), part, ex=self.blob_ttl)
                     pending += len(part)
                     self.counters["remote_uploaded_bytes"] += len(part)
+                    self.level.moved(up=len(part), requests=0)
                     i += 1
                     if pending >= _PIPELINE_BYTES:
                         pipe.execute()
@@ -523,6 +432,18 @@ class RemoteTier:
                     f.close()
         pipe.execute()
         return gone
+
+    def put_blobs(self, blobs: list[tuple[str, bytes]]) -> None:
+        """Small verified blobs (one chunk each) read from the store behind Redis: into the hot set."""
+        def put() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for h, data in blobs:
+                pipe.set(self._blob_key(h, 0), data, ex=self.blob_ttl)
+                self.level.moved(up=len(data), requests=0)
+            pipe.execute()
+
+        if blobs:
+            self._call(put)
 
     # -- batches (prefetch) -------------------------------------------------
     def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
@@ -541,15 +462,8 @@ class RemoteTier:
         return pipe.execute()
 
     def _entries(self, dir_path: str, raw: dict) -> dict[bytes, RemoteEntry]:
-        out = {}
-        for name, value in raw.items():
-            if not valid_name(name):
-                self.counters["remote_rejected"] += 1
-                continue
-            entry = self.decode(join_path(dir_path, name), value)
-            if entry is not None:
-                out[name] = entry
-        return out
+        raw.pop(COMPLETE, None)
+        return self.codec.entries(dir_path, raw)
 
     def all_dirs(self) -> list[str]:
         """The path of every directory hash in the namespace (SCAN: never blocks the server)."""
@@ -569,7 +483,7 @@ class RemoteTier:
         def get() -> list[bytes | None]:
             pipe = self.client.pipeline(transaction=False)
             for h, _ in blobs:
-                pipe.get(self._blob_key(h, 0))
+                self._get(pipe, self._blob_key(h, 0))
             return pipe.execute()
 
         parts = self._call(get)
@@ -579,6 +493,7 @@ class RemoteTier:
             out.append(part if ok else None)
             if ok:
                 self.counters["remote_fetched_bytes"] += size
+                self.level.moved(down=size, requests=0)
         return out
 
     def add_to_set(self, name: str, paths: list[str]) -> None:

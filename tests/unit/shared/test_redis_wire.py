@@ -2,7 +2,7 @@
 
 ``parse_entry`` is fed what an attacker with write access to Redis could
 store; the conditional write (the Lua script behind
-``RemoteTier.publish_entries``) is exercised by two writers publishing the
+``RedisStore.publish_entries``) is exercised by two writers publishing the
 same path in both orders on a real server (the ``redis_server`` fixture of
 tests/conftest.py, stopped by PID).
 """
@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from conftest import RedisServer
 
-from mithrilfs.shared.redis_wire import MAX_ENTRY_BYTES, MAX_SIZE, MAX_VERSION, RemoteEntry, RemoteTier, parse_entry
+from mithrilfs.shared.entries import MAX_ENTRY_BYTES, MAX_SIZE, MAX_VERSION, RemoteEntry, parse_entry
+from mithrilfs.shared.redis_wire import RedisStore
 
 HASH = "ab" * 32
 OTHER_HASH = "cd" * 32
@@ -43,12 +44,12 @@ def file_entry(version: int, node: str, digest: str = HASH, size: int = 10) -> R
 
 
 @pytest.fixture
-def tiers(redis_server: RedisServer) -> Iterator[Callable[..., RemoteTier]]:
+def tiers(redis_server: RedisServer) -> Iterator[Callable[..., RedisStore]]:
     """Make RemoteTiers on the test's redis-server; every client made is closed afterwards."""
-    made: list[RemoteTier] = []
+    made: list[RedisStore] = []
 
-    def make(namespace: str = "t", key: bytes | None = None) -> RemoteTier:
-        tier = RemoteTier(redis_server.url, namespace, key)
+    def make(namespace: str = "t", key: bytes | None = None) -> RedisStore:
+        tier = RedisStore(redis_server.url, namespace, key)
         made.append(tier)
         return tier
 
@@ -113,7 +114,7 @@ def test_parse_entry_accepts_good_entries() -> None:
 
 
 def test_hostile_entries_in_redis_are_ignored_and_counted(redis_server: RedisServer,
-                                                          tiers: Callable[..., RemoteTier]) -> None:
+                                                          tiers: Callable[..., RedisStore]) -> None:
     """What ``list_dir`` reads goes through the same checks: bad entries (and bad names) vanish, counted."""
     tier = tiers()
     tier.publish_entries([("dir/good.so", file_entry(10, "node-a"))])
@@ -135,7 +136,7 @@ def test_hostile_entries_in_redis_are_ignored_and_counted(redis_server: RedisSer
     (file_entry(100, "node-z", OTHER_HASH), file_entry(200, "node-a", HASH), "node-a"),
 ])
 def test_two_writers_converge_on_the_newest_version_in_either_order(
-        tiers: Callable[..., RemoteTier], first: RemoteEntry, second: RemoteEntry, winner: str) -> None:
+        tiers: Callable[..., RedisStore], first: RemoteEntry, second: RemoteEntry, winner: str) -> None:
     """Whatever order two nodes publish the same path in, Redis ends with the newest (version, node)."""
     a, b = tiers(), tiers()
     assert a.publish_entries([("lib/k.so", first)]) == [(True, None)]
@@ -147,7 +148,7 @@ def test_two_writers_converge_on_the_newest_version_in_either_order(
         assert reader.list_dir("lib") == {b"k.so": expected}
 
 
-def test_a_newer_tombstone_deletes_and_an_older_one_does_not(tiers: Callable[..., RemoteTier]) -> None:
+def test_a_newer_tombstone_deletes_and_an_older_one_does_not(tiers: Callable[..., RedisStore]) -> None:
     """Deletion is a versioned write too: it wins only when it is newer than the entry it meets."""
     tier = tiers()
     tier.publish_entries([("d/gone.so", file_entry(100, "node-a")), ("d/kept.so", file_entry(300, "node-a"))])
@@ -166,7 +167,7 @@ def test_a_newer_tombstone_deletes_and_an_older_one_does_not(tiers: Callable[...
 # -- HMAC ----------------------------------------------------------------------------------------
 
 def test_entries_signed_with_another_key_are_ignored(redis_server: RedisServer,
-                                                     tiers: Callable[..., RemoteTier]) -> None:
+                                                     tiers: Callable[..., RedisStore]) -> None:
     """With a key, only entries carrying our HMAC count: another key's, or none, are rejected."""
     ours, theirs = tiers(key=b"our key"), tiers(key=b"their key")
     theirs.publish_entries([("d/theirs.so", file_entry(100, "node-t"))])
@@ -181,7 +182,7 @@ def test_entries_signed_with_another_key_are_ignored(redis_server: RedisServer,
     assert ours.list_dir("d")[b"theirs.so"] == file_entry(50, "node-o")
 
 
-def test_the_signature_covers_the_path(redis_server: RedisServer, tiers: Callable[..., RemoteTier]) -> None:
+def test_the_signature_covers_the_path(redis_server: RedisServer, tiers: Callable[..., RedisStore]) -> None:
     """A validly signed entry copied to another name is rejected: the HMAC binds namespace and path."""
     tier = tiers(key=b"k")
     tier.publish_entries([("d/a.so", file_entry(100, "node-a"))])

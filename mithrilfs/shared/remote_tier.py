@@ -36,10 +36,11 @@ from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.integrity import Fetched
 from mithrilfs.cache.lifetime import Lifetimes, Removed
 from mithrilfs.observe.events import EventLog
+from mithrilfs.shared.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.prefetch import Prefetcher
-from mithrilfs.shared.redis_upload import RedisWriteBehind, version_of
-from mithrilfs.shared.redis_wire import RemoteEntry, RemoteError, RemoteTier
 from mithrilfs.shared.tier import Tier
+from mithrilfs.shared.wire import RemoteStore
+from mithrilfs.shared.write_behind import WriteBehind, version_of
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.cas import EMPTY_DIGEST
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path, outside_mode
@@ -67,14 +68,15 @@ def node_id(ns: Namespace) -> str:
     return node
 
 
-class RedisTier(Tier):
-    """The shared tier on Redis (``redis_wire``); knows the namespace and blobs, never the kernel protocol."""
+class RemoteTier(Tier):
+    """The shared tier on a ``wire.RemoteStore`` (Redis, a bucket, or both); knows the namespace and blobs,
+    never the kernel protocol, nor which store it talks to."""
 
     negative_timeout = NEGATIVE_TIMEOUT
     slow = True
 
     def __init__(self, ns: Namespace, blobs: Blobs, paths: DirPaths, events: EventLog, lifetimes: Lifetimes,
-                 remote: RemoteTier, policy: EvictionPolicy, physical: Callable[[], int], *,
+                 remote: RemoteStore, policy: EvictionPolicy, physical: Callable[[], int], *,
                  owner: tuple[int, int] | None = None, requeue: bool = False, startup_set: str = "default",
                  prefetch_at_start: str | None = None) -> None:
         self.ns = ns
@@ -103,7 +105,7 @@ class RedisTier(Tier):
         self._started = time.monotonic()
         self._recorded: set[int] = set()
         self._to_record: list[str] = []
-        self.behind = RedisWriteBehind(self)
+        self.behind = WriteBehind(self)
         self.prefetcher = Prefetcher(self, policy, physical)
         #: The startup set to prefetch as soon as the mount serves (``mount --prefetch``).
         self.prefetch_at_start = prefetch_at_start
@@ -402,7 +404,8 @@ class RedisTier(Tier):
 
     def snapshot(self) -> dict[str, Any]:
         return self.counters | {"upload_queue": self.behind.pending(), "remote_last_error": self.remote.last_error,
-                                "prefetch": self.prefetcher.state}
+                                "prefetch": self.prefetcher.state,
+                                "remote_levels": [lv.state() for lv in self.remote.levels()]}
 
     async def run(self) -> None:
         """The tier's background work: the uploader, and directory syncs nobody waits for."""

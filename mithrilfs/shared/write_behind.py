@@ -5,7 +5,7 @@ Names wait in the index's queue (``store.tier_queue``) for ``UPLOAD_DELAY``
 after, each name by the conditional write that keeps the newest version; a
 name that lost to a newer one elsewhere is taken locally.  An epoch token
 per server tells when the tier lost its data: then everything is queued
-again.  Part of ``RedisTier`` (its ``behind``), whose state it shares.
+again.  Part of ``RemoteTier`` (its ``behind``), whose state it shares.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from mithrilfs.shared.redis_wire import RemoteEntry, RemoteError
+from mithrilfs.shared.entries import RemoteEntry, RemoteError
 from mithrilfs.store.cas import EMPTY_DIGEST
 from mithrilfs.store.namespace import ROOT_INODE, Inode, join_path
 
 if TYPE_CHECKING:  # the tier this half is mixed into
-    from mithrilfs.shared.redis_tier import RedisTier
+    from mithrilfs.shared.remote_tier import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,10 @@ def version_of(ino: Inode) -> int:
     return ino.ctime_ns // 1000
 
 
-class RedisWriteBehind:
+class WriteBehind:
     """The tier's queue and uploader; *tier* holds the state both halves share."""
 
-    def __init__(self, tier: RedisTier) -> None:
+    def __init__(self, tier: RemoteTier) -> None:
         self.tier = tier
 
     def queue_upload(self, ino: int) -> None:

@@ -1,0 +1,238 @@
+"""Redis in front of a bucket: one store to the tier, read front first, written to both.
+
+The bucket (the back) holds everything, durably; Redis (the front) answers
+in a fraction of the time and holds the names plus the hot set of blobs.
+Like sccache's multi-level storage:
+
+- names: a directory Redis marked *complete* is answered by Redis alone;
+  any other (new, evicted, or Redis restarted empty) is read from the
+  bucket, merged newest-wins with what Redis has, written back into Redis
+  and marked complete.  Writers write both, so a complete directory stays
+  complete.  A write the bucket refuses raises (the tier's queue sends it
+  again); one only Redis missed does not, but the directories it touched
+  lose their mark as soon as Redis answers again, so they are read from the
+  bucket once more;
+- blobs: read from Redis, else from the bucket (verified, then written back
+  into Redis when small); uploads go to the bucket, and small ones to Redis
+  too, where they live ``HOT_TTL`` after their last use;
+- the epoch is the bucket's: an emptied bucket makes every node upload
+  again; Redis restarted empty refills from the bucket as it is read.
+
+Either level alone keeps the mount served: reads fall through a dead front
+to the back, and a dead back leaves what the front has.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+from mithrilfs.shared.entries import RemoteEntry, RemoteError, newest
+from mithrilfs.shared.redis_wire import RedisStore
+from mithrilfs.shared.wire import Level, RemoteStore
+from mithrilfs.store.cas import hash_bytes
+
+log = logging.getLogger(__name__)
+
+#: Seconds a blob stays in Redis after its last write or read.
+HOT_TTL = 24 * 3600
+#: Blobs up to this size are kept in Redis too (larger ones come from the bucket only).
+HOT_BLOB_BYTES = 8 << 20
+
+
+class LayeredStore(RemoteStore):
+    """*front* (Redis) in front of *back* (a bucket); see the module doc."""
+
+    def __init__(self, front: RedisStore, back: RemoteStore) -> None:
+        self.front = front
+        self.back = back
+        self.url = f"{front.url} + {back.url}"
+        self.namespace = back.namespace
+        self.counters = back.counters
+        self.small_blob_bytes = min(HOT_BLOB_BYTES, back.small_blob_bytes)
+        #: Directories whose writes Redis missed (it was away): read from the bucket until it has them.
+        self._front_missed: set[str] = set()
+
+    def levels(self) -> list[Level]:
+        return self.front.levels() + self.back.levels()
+
+    def _to_front(self, call: Callable[[], Any], dirs: frozenset[str] | set[str] = frozenset()) -> None:
+        """A write to Redis that may fail: the directories it touched are then not complete there."""
+        try:
+            self._mend_front()
+            call()
+        except RemoteError as e:
+            self._front_missed |= dirs
+            log.debug("%s missed a write: %s", self.front.url, e)
+
+    def _mend_front(self) -> None:
+        """Directories written while Redis was away lose their complete mark once it answers."""
+        if self._front_missed and self.front.level.available():
+            self.front.unmark_complete(sorted(self._front_missed))
+            self._front_missed.clear()
+
+    def ping(self) -> None:
+        """Fine when either level answers; the error names both when neither does."""
+        errors = []
+        for level in (self.front, self.back):
+            try:
+                level.ping()
+                return
+            except RemoteError as e:
+                errors.append(f"{level.url}: {e}")
+        raise RemoteError("; ".join(errors))
+
+    def epoch(self) -> tuple[str, bool]:
+        return self.back.epoch()
+
+    # -- names --------------------------------------------------------------
+    def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
+        return self.list_dirs([dir_path])[dir_path]
+
+    def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
+        front: dict[str, tuple[dict[bytes, RemoteEntry], bool]] = {}
+        try:
+            self._mend_front()
+            for d in dir_paths:
+                front[d] = self.front.list_dir_complete(d)
+        except RemoteError:
+            front = {}
+        todo = [d for d in dir_paths if not front.get(d, ({}, False))[1]]
+        out = {d: front[d][0] for d in dir_paths if d not in todo}
+        if not todo:
+            return out
+        try:
+            back = self.back.list_dirs(todo)
+        except RemoteError:
+            if not front:
+                raise
+            return out | {d: front[d][0] for d in todo}
+        fill: list[tuple[str, RemoteEntry]] = []
+        for d in todo:
+            held = front.get(d, ({}, False))[0]
+            merged = dict(held)
+            for name, entry in back[d].items():
+                best = newest(held.get(name), entry)
+                assert best is not None
+                merged[name] = best
+                if best is entry and held.get(name) != entry:
+                    fill.append((f"{d}/{name.decode(errors='surrogateescape')}" if d else
+                                 name.decode(errors="surrogateescape"), entry))
+            out[d] = merged
+        if front:
+            try:
+                self.front.publish_entries(fill)
+                self.front.mark_complete(todo)
+            except RemoteError as e:
+                log.debug("names not copied into %s: %s", self.front.url, e)
+        return out
+
+    def all_dirs(self) -> list[str]:
+        try:
+            dirs = set(self.back.all_dirs())
+        except RemoteError:
+            return self.front.all_dirs()
+        try:
+            dirs.update(self.front.all_dirs())
+        except RemoteError:
+            pass
+        return sorted(dirs)
+
+    def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
+        results = self.back.publish_entries(items)
+        self._to_front(lambda: self.front.publish_entries(items), {path.rpartition("/")[0] for path, _ in items})
+        return results
+
+    # -- blobs ---------------------------------------------------------------
+    def fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
+        try:
+            got = self.front.fetch_blob(hex_digest, size, out)
+        except RemoteError:
+            got = None
+        if got is not None and got.hex() == hex_digest:
+            return got
+        out.seek(0)
+        out.truncate()
+        if size > HOT_BLOB_BYTES:
+            return self.back.fetch_blob(hex_digest, size, out)
+        data = self.back.fetch_small_blobs([(hex_digest, size)])[0]
+        if data is None:
+            return None
+        digest = hash_bytes(data)
+        out.write(data)
+        if digest.hex() == hex_digest:
+            self._fill_front([(hex_digest, data)])
+        return digest
+
+    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
+        try:
+            out = self.front.fetch_small_blobs(blobs)
+        except RemoteError:
+            out = [None] * len(blobs)
+        missing = [i for i, data in enumerate(out) if data is None]
+        if missing:
+            found = self.back.fetch_small_blobs([blobs[i] for i in missing])
+            fill = []
+            for i, data in zip(missing, found):
+                out[i] = data
+                if data is not None and hash_bytes(data).hex() == blobs[i][0]:
+                    fill.append((blobs[i][0], data))
+            self._fill_front(fill)
+        return out
+
+    def _fill_front(self, blobs: list[tuple[str, bytes]]) -> None:
+        """Verified blobs read from the back go into the hot set."""
+        try:
+            self.front.put_blobs(blobs)
+        except RemoteError as e:
+            log.debug("blobs not copied into %s: %s", self.front.url, e)
+
+    def missing_blobs(self, blobs: dict[str, int]) -> list[str]:
+        """What the bucket lacks (Redis is a cache: ``upload_blobs`` asks it for itself)."""
+        return self.back.missing_blobs(blobs)
+
+    def upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
+        """To the bucket; and the small ones to Redis too, where it lacks them."""
+        gone = self.back.upload_blobs(files)
+        sizes = {h: _size(path) for h, path in files if h not in gone}
+        hot = {h: size for h, size in sizes.items() if size is not None and size <= HOT_BLOB_BYTES}
+
+        def to_front() -> None:
+            lacking = set(self.front.missing_blobs(hot))
+            gone.update(self.front.upload_blobs([(h, p) for h, p in files if h in lacking]))
+
+        self._to_front(to_front)
+        return gone
+
+    # -- startup sets ----------------------------------------------------------
+    def add_to_set(self, name: str, paths: list[str]) -> None:
+        self.back.add_to_set(name, paths)
+        self._to_front(lambda: self.front.add_to_set(name, paths))
+
+    def startup_set(self, name: str) -> list[str]:
+        try:
+            paths = set(self.back.startup_set(name))
+        except RemoteError:
+            return self.front.startup_set(name)
+        try:
+            paths.update(self.front.startup_set(name))
+        except RemoteError:
+            pass
+        return sorted(paths)
+
+    def close(self) -> None:
+        self.front.close()
+        self.back.close()
+
+
+def _size(path: str) -> int | None:
+    """A blob file's size (0 for empty content, ""), None once it is gone (evicted meanwhile)."""
+    import os
+
+    if not path:
+        return 0
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None

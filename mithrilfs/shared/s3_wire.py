@@ -1,0 +1,488 @@
+"""The shared tier in an S3-compatible bucket (AWS S3, SeaweedFS, MinIO, Ceph RGW, R2, GCS's XML API).
+
+Layout under ``s3://BUCKET/PREFIX/NAMESPACE/``
+  ``names/~C1/~C2/#``   one manifest per directory (components percent-quoted,
+                        each after a ``~``, so no directory's manifest is another's
+                        directory): JSON ``{"mithrilfs": 1, "entries": {name: entry}}``,
+                        each entry the same signed JSON as in Redis (``entries``)
+  ``blobs/HH/HEX``      blob content, one immutable object per blake3 hash,
+                        written only if absent (``If-None-Match: *``), large ones
+                        in parts
+  ``sets/~NAME``        a startup set: JSON list of paths
+  ``epoch``             a random token: gone means the bucket was emptied, and
+                        every node uploads what it has again
+
+Names converge by compare-and-swap: a writer reads a directory's manifest
+and its ETag, merges its entries in (per name the newest (version, node)
+stays: a maximum, so the order writers merge in does not matter), and puts
+it back ``If-Match`` that ETag (``If-None-Match: *`` for a new one).  A 412
+means another writer got there first: read again, merge again.  Every
+successful put is a merge of the previous state, so no writer's entry is
+ever lost, and every reader sees one manifest, so a directory's names come
+in one request.  Startup sets merge the same way (by union).
+
+Everything read from the bucket is hostile: a manifest larger than
+``MAX_MANIFEST_BYTES`` or not JSON is ignored (and replaced by the next
+writer), entries are validated and verified like Redis's, blobs are
+streamed, never allocated by a claimed size, and must come to exactly the
+entry's size and hash.  Credentials and region come from the AWS
+conventions (``s3_settings``); errors name the cause in one line and never
+carry a secret.  The client is obstore (Rust's object_store): measured in
+docs/design.md against boto3 and opendal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any, BinaryIO
+from urllib.parse import quote, unquote_to_bytes
+
+import blake3
+
+from mithrilfs.shared.entries import EntryCodec, RemoteEntry, RemoteError
+from mithrilfs.shared.s3_settings import S3Location, S3Settings
+from mithrilfs.shared.wire import Level, RemoteStore, new_counters
+
+# obstore is imported where it is used: a mount without an s3 remote starts without it
+
+log = logging.getLogger(__name__)
+
+#: A manifest larger than this is not one (a million entries of a few hundred bytes fit in it).
+MAX_MANIFEST_BYTES = 256 << 20
+#: A startup set object larger than this is ignored.
+MAX_SET_BYTES = 64 << 20
+MAX_SET_PATHS = 1_000_000
+#: Blobs up to this size are fetched by the prefetcher in concurrent batches.
+SMALL_BLOB_BYTES = 8 << 20
+#: Parallel requests of one batch (HEADs, GETs, manifest updates).
+PARALLEL = 16
+#: Attempts of one manifest update before the tier gives up for now (the queue retries later).
+CAS_ATTEMPTS = 25
+CONNECT_TIMEOUT = timedelta(seconds=1)
+#: Names, HEADs and manifests: a stalled endpoint costs this, not a hang.
+QUICK_TIMEOUT = timedelta(seconds=2)
+#: Blob transfers (a large blob over a slow link).
+BULK_TIMEOUT = timedelta(seconds=300)
+PART_BYTES = 8 << 20
+
+
+def _quoted(text: str) -> str:
+    return quote(text.encode(errors="surrogateescape"), safe="")
+
+
+def _component(part: str) -> str:
+    return unquote_to_bytes(part[1:]).decode(errors="surrogateescape")
+
+
+class S3Store(RemoteStore):
+    """One namespace in one bucket (see the module doc); every method may raise RemoteError."""
+
+    small_blob_bytes = SMALL_BLOB_BYTES
+
+    def __init__(self, location: S3Location, namespace: str, key: bytes | None, settings: S3Settings, *,
+                 counters: dict[str, int] | None = None) -> None:
+        self.location = location
+        self.settings = settings
+        self.namespace = namespace
+        self.base = f"{location.prefix}/{namespace}/" if location.prefix else f"{namespace}/"
+        self.url = location.shown(settings.endpoint)
+        self.counters = counters if counters is not None else new_counters()
+        self.level = Level("s3", self.url, self.counters)
+        self.codec = EntryCodec(namespace, key, self.counters)
+        self._quick: Any = None
+        self._bulk: Any = None
+        self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="s3")
+        #: Blobs found in the bucket at the wrong size (planted or cut short): written over, not if-absent.
+        self._bad_blobs: set[str] = set()
+
+    # -- clients and errors ---------------------------------------------------
+    def _client(self, timeout: timedelta) -> Any:
+        from obstore.store import S3Store as Client
+
+        s = self.settings
+        config: Any = {"region": s.region}  # obstore types it as a TypedDict
+        if s.endpoint:
+            config["endpoint"] = s.endpoint
+            config["virtual_hosted_style_request"] = False
+        if s.access_key_id:
+            config.update(access_key_id=s.access_key_id, secret_access_key=s.secret_access_key)
+            if s.session_token:
+                config["session_token"] = s.session_token
+        elif not s.ambient_credentials:
+            config["skip_signature"] = True  # no credentials anywhere: an anonymous (public) bucket
+        return Client(self.location.bucket, config=config,
+                      client_options={"allow_http": True, "timeout": timeout, "connect_timeout": CONNECT_TIMEOUT},
+                      retry_config={"max_retries": 2, "retry_timeout": timeout,
+                                    "backoff": {"init_backoff": timedelta(milliseconds=100),
+                                                "max_backoff": timedelta(seconds=1), "base": 2}})
+
+    @property
+    def quick(self) -> Any:
+        if self._quick is None:
+            self._quick = self._client(QUICK_TIMEOUT)
+        return self._quick
+
+    @property
+    def bulk(self) -> Any:
+        if self._bulk is None:
+            self._bulk = self._client(BULK_TIMEOUT)
+        return self._bulk
+
+    def levels(self) -> list[Level]:
+        return [self.level]
+
+    def _why(self, e: BaseException) -> str:
+        """One line naming the cause of a failed request (the client's messages run to many lines)."""
+        text = str(e)
+        endpoint = self.settings.endpoint or "AWS S3"
+        bucket = self.location.bucket
+        if "NoSuchBucket" in text:
+            how = f"aws s3 mb s3://{bucket}" + (f" --endpoint-url {self.settings.endpoint}" if self.settings.endpoint
+                                                else "")
+            return f"bucket {bucket!r} does not exist at {endpoint} (create it: {how})"
+        for code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken"):
+            if code in text:
+                return f"access to bucket {bucket!r} refused ({code}): check the credentials"
+        if "403 Forbidden" in text:
+            return f"access to bucket {bucket!r} refused (403): check the credentials"
+        if "timed out" in text.lower() or "operation timed out" in text.lower() or "deadline" in text.lower():
+            return f"{endpoint} did not answer in time"
+        if "error sending request" in text or "Connection refused" in text or "tcp connect" in text:
+            return f"cannot connect to {endpoint}"
+        first = next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)
+        return first[:300]
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if not self.level.available():
+            raise self.level.refuse()
+        import obstore.exceptions
+
+        try:
+            result = fn(*args)
+        except (obstore.exceptions.BaseError, OSError, ValueError) as e:
+            raise self.level.failed(self._why(e), log) from None
+        self.level.succeeded()
+        return result
+
+    @staticmethod
+    def _not_found(e: BaseException) -> bool:
+        """A missing object (not a missing bucket, which is an error)."""
+        return isinstance(e, FileNotFoundError) and "NoSuchBucket" not in str(e)
+
+    def _get(self, client: Any, key: str, limit: int) -> tuple[bytes, str] | None:
+        """An object's bytes and ETag, None when absent; ValueError when it is larger than *limit*."""
+        try:
+            result = _obstore().get(client, self.base + key)
+        except FileNotFoundError as e:
+            if self._not_found(e):
+                self.level.moved()
+                return None
+            raise
+        size = result.meta["size"]
+        if size > limit:
+            self.level.moved()
+            raise _TooLarge(f"{key} holds {size} bytes, more than {limit}")
+        data = bytes(result.bytes())
+        self.level.moved(down=len(data))
+        return data, result.meta.get("e_tag") or ""
+
+    def _put(self, client: Any, key: str, data: Any, mode: Any, size: int) -> bool:
+        """Put an object; False when the condition failed (someone else wrote it first)."""
+        import obstore.exceptions
+
+        try:
+            _obstore().put(client, self.base + key, data, mode=mode, chunk_size=PART_BYTES)
+        except (obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
+            self.level.moved()
+            return False
+        self.level.moved(up=size)
+        return True
+
+    def _parallel(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+        return list(self._pool.map(fn, items))
+
+    # -- availability and epoch -------------------------------------------------
+    def ping(self) -> None:
+        """The bucket answers a listing with these credentials (a missing bucket or bad key names itself)."""
+        self.level.retry_now()
+
+        def probe() -> None:
+            stream = _obstore().list(self.quick, prefix=self.base + "epoch", chunk_size=1)
+            next(iter(stream), None)
+            self.level.moved()
+
+        self._call(probe)
+
+    def epoch(self) -> tuple[str, bool]:
+        def check() -> tuple[str, bool]:
+            for _ in range(3):
+                got = self._get(self.quick, "epoch", 1024)
+                if got is not None:
+                    return got[0].decode(errors="replace"), False
+                token = secrets.token_hex(8)
+                if self._put(self.quick, "epoch", token.encode(), "create", len(token)):
+                    return token, True
+            raise RemoteError("the epoch object keeps changing")
+
+        return self._call(check)
+
+    # -- names ------------------------------------------------------------------
+    def _manifest_key(self, dir_path: str) -> str:
+        parts = dir_path.split("/") if dir_path else []
+        return "names/" + "".join(f"~{_quoted(p)}/" for p in parts) + "#"
+
+    def _read_manifest(self, dir_path: str) -> tuple[dict[bytes, bytes], str | None]:
+        """(name -> raw entry, the manifest's ETag or None when it does not exist); a broken one reads empty."""
+        try:
+            got = self._get(self.quick, self._manifest_key(dir_path), MAX_MANIFEST_BYTES)
+        except _TooLarge as e:
+            self.counters["remote_rejected"] += 1
+            log.warning("manifest of %r ignored: %s", dir_path, e)
+            return {}, "*"
+        if got is None:
+            return {}, None
+        data, etag = got
+        try:
+            doc = json.loads(data)
+            entries = doc["entries"]
+            if not isinstance(entries, dict) or not all(isinstance(v, str) for v in entries.values()):
+                raise ValueError("entries are not strings")
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            self.counters["remote_rejected"] += 1
+            log.warning("manifest of %r ignored: not a manifest (%s)", dir_path, e)
+            return {}, etag or "*"
+        return ({name.encode(errors="surrogateescape"): raw.encode(errors="surrogateescape")
+                 for name, raw in entries.items()}, etag)
+
+    @staticmethod
+    def _manifest(raw: dict[bytes, bytes]) -> bytes:
+        return json.dumps({"mithrilfs": 1, "entries": {n.decode(errors="surrogateescape"): v.decode(
+            errors="surrogateescape") for n, v in raw.items()}}, sort_keys=True).encode(errors="surrogateescape")
+
+    def _write_manifest(self, dir_path: str, raw: dict[bytes, bytes], etag: str | None) -> bool:
+        data = self._manifest(raw)
+        mode: Any = "create" if etag is None else ("overwrite" if etag == "*" else {"e_tag": etag})
+        return self._put(self.quick, self._manifest_key(dir_path), data, mode, len(data))
+
+    def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
+        return self._call(lambda: self.codec.entries(dir_path, self._read_manifest(dir_path)[0]))
+
+    def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
+        def one(d: str) -> dict[bytes, RemoteEntry]:
+            return self.codec.entries(d, self._read_manifest(d)[0])
+
+        return self._call(lambda: dict(zip(dir_paths, self._parallel(one, dir_paths))))
+
+    def all_dirs(self) -> list[str]:
+        def scan() -> list[str]:
+            prefix = self.base + "names/"
+            out = []
+            for batch in _obstore().list(self.quick, prefix=prefix, chunk_size=1000):
+                self.level.moved()
+                for meta in batch:
+                    rest = meta["path"][len(prefix):]
+                    if not rest.endswith("#"):
+                        continue
+                    parts = [p for p in rest[:-1].split("/") if p]
+                    if all(p.startswith("~") for p in parts):
+                        out.append("/".join(_component(p) for p in parts))
+            return sorted(out)
+
+        return self._call(scan)
+
+    def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
+        if not items:
+            return []
+        by_dir: dict[str, list[int]] = {}
+        for i, (path, _) in enumerate(items):
+            by_dir.setdefault(path.rpartition("/")[0], []).append(i)
+        results: list[tuple[bool, RemoteEntry | None]] = [(False, None)] * len(items)
+
+        def one(d: str) -> None:
+            for i, r in zip(by_dir[d], self._merge_into(d, [items[i] for i in by_dir[d]])):
+                results[i] = r
+
+        self._call(lambda: self._parallel(one, list(by_dir)))
+        self.counters["remote_uploaded_entries"] += sum(1 for w, _ in results if w)
+        return results
+
+    def _merge_into(self, dir_path: str, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
+        """One directory's compare-and-swap: merge *items* newest-wins, put If-Match, retry on a 412."""
+        for attempt in range(CAS_ATTEMPTS):
+            raw, etag = self._read_manifest(dir_path)
+            out: list[tuple[bool, RemoteEntry | None]] = []
+            changed = False
+            for path, entry in items:
+                name = path.rpartition("/")[2].encode(errors="surrogateescape")
+                held = raw.get(name)
+                cur = self.codec.decode(path, held) if held is not None else None
+                if cur is not None and cur.newer_than(entry.version, entry.node):
+                    out.append((False, cur))
+                    continue
+                new = self.codec.encode(path, entry)
+                if held != new:
+                    raw[name] = new
+                    changed = True
+                out.append((True, cur))
+            if not changed or self._write_manifest(dir_path, raw, etag):
+                return out
+            time.sleep(random.uniform(0, min(0.5, 0.01 * (2 ** attempt))))  # another writer won: merge again
+        raise RemoteError(f"directory {dir_path!r}: {CAS_ATTEMPTS} writers in a row got there first")
+
+    # -- blobs ------------------------------------------------------------------
+    def _blob_key(self, hex_digest: str) -> str:
+        return f"blobs/{hex_digest[:2]}/{hex_digest}"
+
+    def fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
+        return self._call(self._fetch_blob, hex_digest, size, out)
+
+    def _fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
+        try:
+            result = _obstore().get(self.bulk, self.base + self._blob_key(hex_digest))
+        except FileNotFoundError as e:
+            if self._not_found(e):
+                self.level.moved()
+                return None
+            raise
+        self.level.moved()
+        if result.meta["size"] != size:
+            return b""  # never read: more (or fewer) bytes than the entry says
+        hasher = blake3.blake3()
+        got = 0
+        for chunk in result.stream(min_chunk_size=1 << 20):
+            part = bytes(chunk)
+            if len(part) > size - got:
+                return b""
+            hasher.update(part)
+            out.write(part)
+            got += len(part)
+        if got != size:
+            return b""
+        self.counters["remote_fetched_bytes"] += got
+        self.level.moved(down=got, requests=0)
+        return hasher.digest()
+
+    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
+        def one(item: tuple[str, int]) -> bytes | None:
+            h, size = item
+            try:
+                got = self._get(self.bulk, self._blob_key(h), size)
+            except _TooLarge:
+                return None
+            if got is None or len(got[0]) != size:
+                return None
+            self.counters["remote_fetched_bytes"] += size
+            return got[0]
+
+        return self._call(lambda: self._parallel(one, blobs))
+
+    def missing_blobs(self, blobs: dict[str, int]) -> list[str]:
+        def one(item: tuple[str, int]) -> str | None:
+            h, size = item
+            try:
+                meta = _obstore().head(self.quick, self.base + self._blob_key(h))
+            except FileNotFoundError as e:
+                if self._not_found(e):
+                    self.level.moved()
+                    return h
+                raise
+            self.level.moved()
+            if meta["size"] != size:
+                self._bad_blobs.add(h)
+                return h
+            return None
+
+        if not blobs:
+            return []
+        return self._call(lambda: [h for h in self._parallel(one, blobs.items()) if h is not None])
+
+    def upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
+        gone: set[str] = set()
+
+        def one(item: tuple[str, str]) -> None:
+            h, path = item
+            mode = "overwrite" if h in self._bad_blobs else "create"
+            if not path:
+                self._put(self.bulk, self._blob_key(h), b"", mode, 0)
+                return
+            try:
+                f = open(path, "rb")
+            except FileNotFoundError:
+                gone.add(h)  # evicted before it could be uploaded: publish nothing for it
+                return
+            with f:
+                size = os_size(f)
+                data: Any = f.read() if size <= PART_BYTES else f
+                if self._put(self.bulk, self._blob_key(h), data, mode, size):
+                    self.counters["remote_uploaded_bytes"] += size
+            self._bad_blobs.discard(h)
+
+        self._call(lambda: self._parallel(one, files))
+        return gone
+
+    # -- startup sets -----------------------------------------------------------
+    def _set_key(self, name: str) -> str:
+        return f"sets/~{_quoted(name)}"
+
+    def _read_set(self, name: str) -> tuple[list[str], str | None]:
+        try:
+            got = self._get(self.quick, self._set_key(name), MAX_SET_BYTES)
+        except _TooLarge:
+            self.counters["remote_rejected"] += 1
+            return [], "*"
+        if got is None:
+            return [], None
+        try:
+            paths = json.loads(got[0])
+            if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+                raise ValueError
+        except (ValueError, RecursionError):
+            self.counters["remote_rejected"] += 1
+            return [], got[1] or "*"
+        return paths[:MAX_SET_PATHS], got[1]
+
+    def add_to_set(self, name: str, paths: list[str]) -> None:
+        def add() -> None:
+            for attempt in range(CAS_ATTEMPTS):
+                held, etag = self._read_set(name)
+                merged = sorted(set(held) | set(paths))[:MAX_SET_PATHS]
+                if merged == sorted(held):
+                    return
+                data = json.dumps(merged).encode(errors="surrogateescape")
+                mode: Any = "create" if etag is None else ("overwrite" if etag == "*" else {"e_tag": etag})
+                if self._put(self.quick, self._set_key(name), data, mode, len(data)):
+                    return
+                time.sleep(random.uniform(0, min(0.5, 0.01 * (2 ** attempt))))
+            raise RemoteError(f"startup set {name!r}: too many writers at once")
+
+        if paths:
+            self._call(add)
+
+    def startup_set(self, name: str) -> list[str]:
+        return self._call(lambda: self._read_set(name)[0])
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _TooLarge(ValueError):
+    """An object larger than what it may hold (hostile or broken): ignored, never read."""
+
+
+def _obstore() -> Any:
+    import obstore
+
+    return obstore
+
+
+def os_size(f: BinaryIO) -> int:
+    return os.fstat(f.fileno()).st_size
+

@@ -1,0 +1,177 @@
+"""The one interface every shared store speaks: Redis, an S3 bucket, or Redis in front of a bucket.
+
+``RemoteTier`` (the glue between the local namespace and the fleet) asks a
+``RemoteStore`` for directories of entries and for blobs, and never knows
+which store it is: ``redis_wire.RedisStore``, ``s3_wire.S3Store`` or
+``layered.LayeredStore`` (two of them, read front first, written to both),
+built in one place (``connect.open_remote``), like sccache's one ``Storage``
+trait with its backends and multi-level storage behind it.
+
+Every method is blocking network I/O with short timeouts; the tier runs them
+in worker threads.  Every method may raise ``RemoteError`` naming the cause
+in one line (never a secret).  A store stays away for a growing back-off
+after a failure (``Level``), so a dead server costs one timeout, not one per
+request.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from typing import Any, BinaryIO
+
+from mithrilfs.shared.entries import RemoteEntry, RemoteError
+
+_MAX_BACKOFF = 30.0
+
+#: The counters every store adds to (one dict per mount, shared by the levels of a layered store).
+COUNTERS = ("remote_hits", "remote_misses", "remote_fetched_bytes", "remote_uploaded_bytes",
+            "remote_uploaded_entries", "remote_tombstones", "remote_verify_failures", "remote_rejected",
+            "remote_errors", "remote_conflicts", "remote_adopted", "remote_data_lost")
+
+
+def new_counters() -> dict[str, int]:
+    return dict.fromkeys(COUNTERS, 0)
+
+
+class Level:
+    """One server's reachability and traffic: its back-off after failures, and what ``stats`` shows of it.
+
+    *kind* names it in stats ("redis", "s3"); *url* is already redacted.
+    """
+
+    def __init__(self, kind: str, url: str, counters: dict[str, int]) -> None:
+        self.kind = kind
+        self.url = url
+        self.counters = counters
+        self._lock = threading.Lock()
+        self._backoff = 0.0
+        self._down_until = 0.0
+        #: The last error, in one line ("" once a request succeeds again).
+        self.last_error = ""
+        self.requests = 0
+        self.errors = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def retry_now(self) -> None:
+        """Forget the back-off (an explicit ``ping``: the user asks now)."""
+        self._down_until = 0.0
+
+    def refuse(self) -> RemoteError:
+        return RemoteError(f"{self.url} unavailable ({self.last_error}); backing off")
+
+    def failed(self, why: str, log: Any) -> RemoteError:
+        """Count a failure, back off, and return the error to raise."""
+        with self._lock:
+            self.counters["remote_errors"] += 1
+            self.errors += 1
+            self._backoff = min(_MAX_BACKOFF, max(0.5, self._backoff * 2))
+            self._down_until = time.monotonic() + self._backoff
+            self.last_error = why
+        log.warning("remote tier %s: %s (retrying in %.1f s)", self.url, why, self._backoff)
+        return RemoteError(why)
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._backoff = 0.0
+            self.last_error = ""
+
+    def moved(self, *, down: int = 0, up: int = 0, requests: int = 1) -> None:
+        with self._lock:
+            self.requests += requests
+            self.bytes_in += down
+            self.bytes_out += up
+
+    def state(self) -> dict[str, Any]:
+        return {"kind": self.kind, "url": self.url, "reachable": not self.last_error, "last_error": self.last_error,
+                "requests": self.requests, "errors": self.errors, "bytes_in": self.bytes_in,
+                "bytes_out": self.bytes_out}
+
+
+class RemoteStore(ABC):
+    """Names (entries by directory) and blobs (content by blake3) shared by a fleet (see the module doc)."""
+
+    #: Shown in logs, errors and stats: never carries a secret.
+    url: str
+    namespace: str
+    #: The mount's remote counters (shared with the tier).
+    counters: dict[str, int]
+    #: Blobs up to this size are fetched in batches by the prefetcher (``fetch_small_blobs``).
+    small_blob_bytes: int
+
+    @property
+    def last_error(self) -> str:
+        return next((lv.last_error for lv in self.levels() if lv.last_error), "")
+
+    def available(self) -> bool:
+        return any(lv.available() for lv in self.levels())
+
+    @abstractmethod
+    def levels(self) -> list[Level]:
+        """The servers behind this store, front first."""
+
+    @abstractmethod
+    def ping(self) -> None:
+        """Raise RemoteError naming the cause unless the store answers now (ignores the back-off)."""
+
+    @abstractmethod
+    def epoch(self) -> tuple[str, bool]:
+        """(a token that changes when the store lost its data, True when it was just made)."""
+
+    @abstractmethod
+    def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
+        """Every valid entry of a directory (tombstones included), by name."""
+
+    @abstractmethod
+    def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
+        """Every valid entry of many directories, in as few requests as the store allows."""
+
+    @abstractmethod
+    def all_dirs(self) -> list[str]:
+        """The path of every directory the namespace has entries in."""
+
+    @abstractmethod
+    def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
+        """Write entries where they are newer than what the store holds.
+
+        For each: (written, the other entry) -- the one replaced when ours
+        was written, the newer one that stayed when not.  A newer entry that
+        is not valid for us (forged, unsigned, broken) does not get to stay.
+        """
+
+    @abstractmethod
+    def fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
+        """Stream a blob of *size* bytes into *out*; its blake3, None when the store lacks it.
+
+        Memory never depends on the claimed size; more bytes than *size* is
+        bad data (``b""``, which matches no digest).  The caller compares.
+        """
+
+    @abstractmethod
+    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
+        """Small blobs (hex, size) in one batch; None where missing or not that size (the caller verifies)."""
+
+    @abstractmethod
+    def missing_blobs(self, blobs: dict[str, int]) -> list[str]:
+        """Which of these blobs (hex -> size) the store lacks in full."""
+
+    @abstractmethod
+    def upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
+        """Upload blobs (hex, file path; "" for empty content); the hashes whose files were gone."""
+
+    @abstractmethod
+    def add_to_set(self, name: str, paths: list[str]) -> None:
+        """Add paths to a startup set (sets from several nodes merge by union)."""
+
+    @abstractmethod
+    def startup_set(self, name: str) -> list[str]:
+        """The paths of a startup set."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections (the process may go on)."""

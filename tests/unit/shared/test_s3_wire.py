@@ -1,0 +1,122 @@
+"""The bucket store on its own, against a real SeaweedFS: settings by the AWS conventions, and names that
+converge under many writers (the compare-and-swap of ``s3_wire``)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import SeaweedFS
+
+from mithrilfs.shared.entries import RemoteEntry, RemoteError
+from mithrilfs.shared.s3_settings import S3Location, settings_from
+from mithrilfs.shared.s3_wire import S3Store
+
+HASH = "ab" * 32
+
+
+def test_locations_parse_or_say_what_is_wrong():
+    assert S3Location.parse("s3://my-bucket/team/cache/") == S3Location("my-bucket", "team/cache")
+    assert S3Location.parse("s3://my-bucket") == S3Location("my-bucket", "")
+    for url, needle in (("s3://", "no bucket"), ("s3:///x", "no bucket"), ("s3://UPPER/x", "not a bucket name"),
+                        ("s3://key:secret@bkt/x", "credentials"), ("s3://bkt/a/../b", "'..'"),
+                        ("http://bkt/x", "use s3://")):
+        with pytest.raises(ValueError, match=needle):
+            S3Location.parse(url)
+
+
+def test_settings_follow_the_aws_conventions(tmp_path: Path):
+    home = tmp_path / "home"
+    (home / ".aws").mkdir(parents=True)
+    (home / ".aws" / "credentials").write_text(
+        "[default]\naws_access_key_id = FILEKEY\naws_secret_access_key = filesecret\n"
+        "[ci]\naws_access_key_id = CIKEY\naws_secret_access_key = cisecret\naws_session_token = citoken\n")
+    (home / ".aws" / "config").write_text("[default]\nregion = eu-west-1\n[profile ci]\nregion = ap-south-1\n"
+                                          "endpoint_url = http://seaweed:8333\n")
+    env = {"HOME": str(home)}
+    s = settings_from(env)
+    assert (s.access_key_id, s.secret_access_key, s.region, s.endpoint) == ("FILEKEY", "filesecret", "eu-west-1", None)
+    s = settings_from(env | {"AWS_PROFILE": "ci"})
+    assert (s.access_key_id, s.session_token, s.region, s.endpoint) == ("CIKEY", "citoken", "ap-south-1",
+                                                                        "http://seaweed:8333")
+    # the environment beats the files, the flag beats the environment
+    s = settings_from(env | {"AWS_ACCESS_KEY_ID": "ENVKEY", "AWS_SECRET_ACCESS_KEY": "envsecret",
+                             "AWS_REGION": "us-west-2", "AWS_ENDPOINT_URL": "http://env:1"}, "http://flag:2")
+    assert (s.access_key_id, s.region, s.endpoint) == ("ENVKEY", "us-west-2", "http://flag:2")
+    assert settings_from(env | {"AWS_ENDPOINT_URL_S3": "http://s3only:3", "AWS_ENDPOINT_URL": "http://all:4"}
+                         ).endpoint == "http://s3only:3"
+    # nothing anywhere: anonymous, in us-east-1
+    s = settings_from({"HOME": str(tmp_path / "nobody")})
+    assert (s.access_key_id, s.region, s.ambient_credentials) == (None, "us-east-1", False)
+    assert settings_from({"HOME": str(tmp_path / "nobody"), "AWS_WEB_IDENTITY_TOKEN_FILE": "/t"}).ambient_credentials
+    # the secret never shows in a repr
+    assert "filesecret" not in repr(settings_from(env))
+    for bad, needle in (({"AWS_ACCESS_KEY_ID": "x"}, "set together"), ({"AWS_PROFILE": "nope"}, "no AWS credentials"),
+                        ({"AWS_ENDPOINT_URL": "localhost:8333"}, "invalid endpoint")):
+        with pytest.raises(ValueError, match=needle):
+            settings_from(env | bad)
+
+
+@pytest.fixture
+def stores(shared_seaweedfs: SeaweedFS, request: pytest.FixtureRequest):
+    bucket = "u-" + request.node.name.replace("_", "-")[:40].rstrip("-").lower()
+    shared_seaweedfs.create_bucket(bucket)
+    from mithrilfs.shared.s3_settings import S3Settings
+
+    settings = S3Settings(endpoint=shared_seaweedfs.endpoint, access_key_id=shared_seaweedfs.access_key,
+                          secret_access_key=shared_seaweedfs.secret_key)
+    made = [S3Store(S3Location(bucket, "p"), "ns", None, settings) for _ in range(3)]
+    yield made
+    for s in made:
+        s.close()
+
+
+def test_many_writers_on_one_directory_lose_nothing_and_keep_the_newest(stores: list[S3Store]):
+    errors: list[Exception] = []
+
+    def writer(i: int) -> None:
+        store = stores[i % len(stores)]
+        try:
+            for j in range(15):
+                store.publish_entries([
+                    (f"k/own-{i}-{j}", RemoteEntry("f", 1000 + j, f"node{i}", HASH, 1)),
+                    (f"k/shared-{j}", RemoteEntry("f", 1000 + i, f"node{i}", HASH, i)),
+                ])
+        except RemoteError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    names = stores[0].list_dir("k")
+    assert {f"own-{i}-{j}".encode() for i in range(6) for j in range(15)} <= set(names)
+    for j in range(15):  # the newest version of each shared name won, whoever merged last
+        assert names[f"shared-{j}".encode()].node == "node5"
+    # an older version of a name is refused and the newer one returned
+    written, other = stores[1].publish_entries([("k/shared-0", RemoteEntry("f", 1, "node9", HASH, 0))])[0]
+    assert not written and other is not None and other.node == "node5"
+    assert stores[2].all_dirs() == ["", "k"] or "k" in stores[2].all_dirs()
+
+
+def test_blobs_are_written_once_and_read_back_verified(stores: list[S3Store], tmp_path: Path):
+    import io
+
+    from mithrilfs.store.cas import hash_bytes
+
+    data = b"kernel bytes" * 1000
+    h = hash_bytes(data).hex()
+    src = tmp_path / "blob"
+    src.write_bytes(data)
+    assert stores[0].missing_blobs({h: len(data)}) == [h]
+    assert stores[0].upload_blobs([(h, str(src)), ("cd" * 32, str(tmp_path / "gone"))]) == {"cd" * 32}
+    assert stores[1].missing_blobs({h: len(data)}) == []
+    assert stores[1].missing_blobs({h: len(data) + 1}) == [h]  # the wrong size is missing (and written over)
+    out = io.BytesIO()
+    assert stores[2].fetch_blob(h, len(data), out) == hash_bytes(data) and out.getvalue() == data
+    assert stores[2].fetch_blob(h, len(data) - 1, io.BytesIO()) == b""  # not the size the entry says: never read
+    assert stores[2].fetch_blob("ef" * 32, 10, io.BytesIO()) is None
+    assert stores[2].fetch_small_blobs([(h, len(data)), ("ef" * 32, 3)]) == [data, None]
