@@ -63,9 +63,11 @@ def in_child(call: Callable[[], str]) -> str:
         try:
             os.close(read_end)
             answer = call()
-            os.write(write_end, answer.encode(errors="replace")[:4096])
-        except BaseException:
+        except BaseException as e:  # the child must exit whatever happened, and say what it was
             code = 1
+            answer = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+        try:
+            os.write(write_end, answer.encode(errors="replace")[:4096])
         finally:
             os._exit(code)
     os.close(write_end)

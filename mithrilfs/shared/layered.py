@@ -11,7 +11,10 @@ Like sccache's multi-level storage:
   complete.  A write the bucket refuses raises (the tier's queue sends it
   again); one only Redis missed does not, but the directories it touched
   lose their mark as soon as Redis answers again, so they are read from the
-  bucket once more;
+  bucket once more.  A mark is trusted for ``COMPLETE_SECONDS`` (10 min):
+  whatever slipped past it (a node that died before it could clear a mark,
+  a reader that marked a directory while a writer's Redis write failed,
+  Redis restarted from an old snapshot) is seen within that time;
 - blobs: read from Redis, else from the bucket (verified, then written back
   into Redis when small); uploads go to the bucket, and small ones to Redis
   too, where they live ``HOT_TTL`` after their last use;
@@ -69,8 +72,9 @@ class LayeredStore(RemoteStore):
     def _mend_front(self) -> None:
         """Directories written while Redis was away lose their complete mark once it answers."""
         if self._front_missed and self.front.level.available():
-            self.front.unmark_complete(sorted(self._front_missed))
-            self._front_missed.clear()
+            missed = set(self._front_missed)
+            self.front.unmark_complete(sorted(missed))
+            self._front_missed -= missed
 
     def ping(self) -> None:
         """Fine when either level answers; the error names both when neither does."""

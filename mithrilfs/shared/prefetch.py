@@ -66,6 +66,9 @@ class Prefetcher:
             self.state["state"] = "done"
         except RemoteError as e:
             self.state.update(state="failed", error=f"{self.remote.url}: {e}")
+        except Exception as e:  # an answer nobody foresaw fails the prefetch, never the mount
+            log.exception("prefetch %s failed", set_name or "*")
+            self.state.update(state="failed", error=f"{self.remote.url}: {type(e).__name__}: {e}")
         finally:
             self.state["seconds"] = round(time.monotonic() - start, 3)
         log.info("prefetch %s: %s", set_name or "*", self.state)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
 from urllib.parse import urlparse, urlunparse
@@ -53,8 +54,18 @@ _PIPELINE_BYTES = 16 << 20
 _BATCH = 512
 #: A startup set larger than this is read only this far.
 MAX_SET_PATHS = 1_000_000
-#: The field that marks a directory hash complete (no entry name holds a NUL byte).
+#: The field that marks a directory hash complete (no entry name holds a NUL byte); its value is when.
 COMPLETE = b"\0complete"
+#: A mark is trusted this long (seconds): a write Redis missed, a mark set by a reader that raced a
+#: writer, an old snapshot Redis restarted from are all forgotten after it.
+COMPLETE_SECONDS = 600.0
+
+
+def _fresh_mark(value: bytes | None) -> bool:
+    try:
+        return value is not None and 0 <= time.time() - float(value) < COMPLETE_SECONDS
+    except ValueError:
+        return False
 
 # KEYS[1] directory hash; ARGV: name, value, version, node, force.  Keeps the newest
 # (version, node); returns {1, previous entry or nothing} when ours was written,
@@ -239,7 +250,7 @@ class RedisStore(RemoteStore):
     def list_dir_complete(self, dir_path: str) -> tuple[dict[bytes, RemoteEntry], bool]:
         """A directory's entries, and whether it was marked complete (``mark_complete``)."""
         raw = self._call(lambda: self.client.hgetall(self._dir_key(dir_path)))
-        complete = raw.pop(COMPLETE, None) is not None
+        complete = _fresh_mark(raw.pop(COMPLETE, None))
         return self._entries(dir_path, raw), complete
 
     def unmark_complete(self, dir_paths: list[str]) -> None:
@@ -257,8 +268,9 @@ class RedisStore(RemoteStore):
         """These directories hold every name of the store behind Redis (``layered``): read them alone."""
         def mark() -> None:
             pipe = self.client.pipeline(transaction=False)
+            now = str(time.time()).encode()
             for d in dir_paths:
-                pipe.hset(self._dir_key(d), COMPLETE, b"1")
+                pipe.hset(self._dir_key(d), COMPLETE, now)
             pipe.execute()
 
         if dir_paths:

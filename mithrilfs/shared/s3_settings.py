@@ -107,7 +107,20 @@ def _check_endpoint(endpoint: str) -> str:
         raise ValueError(f"invalid endpoint {endpoint!r}: the port must be a number") from None
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ValueError(f"invalid endpoint {endpoint!r} (use http://host:port or https://host)")
+    if parsed.username or parsed.password:
+        raise ValueError("invalid endpoint: credentials do not go in its URL (use the AWS_* variables or a profile)")
     return endpoint.rstrip("/")
+
+
+def _clean(name: str, value: str | None) -> str | None:
+    """A setting as a header can carry it: surrounding whitespace dropped (a Secret file's newline), no
+    control characters inside (the client would fail on them at its first request)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(f"{name} holds a control character")
+    return value or None
 
 
 def settings_from(env: Mapping[str, str], endpoint: str | None = None) -> S3Settings:
@@ -127,14 +140,17 @@ def settings_from(env: Mapping[str, str], endpoint: str | None = None) -> S3Sett
             credentials.has_section(profile_name) or config.has_section(config_section)):
         raise ValueError(f"AWS_PROFILE names profile {profile_name!r}, which no AWS credentials or config file has")
     endpoint = endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or from_profile("endpoint_url")
-    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or from_profile("region") or "us-east-1"
-    key_id, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
-    token = env.get("AWS_SESSION_TOKEN")
+    region = _clean("AWS_REGION", env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or from_profile("region")
+                    ) or "us-east-1"
+    key_id = _clean("AWS_ACCESS_KEY_ID", env.get("AWS_ACCESS_KEY_ID"))
+    secret = _clean("AWS_SECRET_ACCESS_KEY", env.get("AWS_SECRET_ACCESS_KEY"))
+    token = _clean("AWS_SESSION_TOKEN", env.get("AWS_SESSION_TOKEN"))
     if bool(key_id) != bool(secret):
         raise ValueError("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together")
     if not key_id:
-        key_id, secret = from_profile("aws_access_key_id"), from_profile("aws_secret_access_key")
-        token = from_profile("aws_session_token")
+        key_id = _clean("aws_access_key_id", from_profile("aws_access_key_id"))
+        secret = _clean("aws_secret_access_key", from_profile("aws_secret_access_key"))
+        token = _clean("aws_session_token", from_profile("aws_session_token"))
         if bool(key_id) != bool(secret):
             raise ValueError(f"profile {profile_name!r} has only one of aws_access_key_id and aws_secret_access_key")
     ambient = not key_id and any(env.get(v) for v in (

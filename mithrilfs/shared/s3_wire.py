@@ -6,8 +6,9 @@ Layout under ``s3://BUCKET/PREFIX/NAMESPACE/``
                         directory): JSON ``{"mithrilfs": 1, "entries": {name: entry}}``,
                         each entry the same signed JSON as in Redis (``entries``)
   ``blobs/HH/HEX``      blob content, one immutable object per blake3 hash,
-                        written only if absent (``If-None-Match: *``), large ones
-                        in parts
+                        written only if absent (``If-None-Match: *``); a large one
+                        (a conditional put is one request, buffered whole by the
+                        client) goes in 8 MiB parts once a HEAD found it absent
   ``sets/~NAME``        a startup set: JSON list of paths
   ``epoch``             a random token: gone means the bucket was emptied, and
                         every node uploads what it has again
@@ -38,6 +39,7 @@ import logging
 import os
 import random
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -50,13 +52,14 @@ import blake3
 from mithrilfs.shared.entries import EntryCodec, RemoteEntry, RemoteError
 from mithrilfs.shared.s3_settings import S3Location, S3Settings
 from mithrilfs.shared.wire import Level, RemoteStore, new_counters
+from mithrilfs.store.namespace import valid_name
 
 # obstore is imported where it is used: a mount without an s3 remote starts without it
 
 log = logging.getLogger(__name__)
 
-#: A manifest larger than this is not one (a million entries of a few hundred bytes fit in it).
-MAX_MANIFEST_BYTES = 256 << 20
+#: A manifest larger than this is not one (200,000 signed entries fit in it).
+MAX_MANIFEST_BYTES = 64 << 20
 #: A startup set object larger than this is ignored.
 MAX_SET_BYTES = 64 << 20
 MAX_SET_PATHS = 1_000_000
@@ -67,10 +70,14 @@ PARALLEL = 16
 #: Attempts of one manifest update before the tier gives up for now (the queue retries later).
 CAS_ATTEMPTS = 25
 CONNECT_TIMEOUT = timedelta(seconds=1)
-#: Names, HEADs and manifests: a stalled endpoint costs this, not a hang.
+#: HEADs and small blobs: a stalled endpoint costs this, not a hang.
 QUICK_TIMEOUT = timedelta(seconds=2)
-#: Blob transfers (a large blob over a slow link).
-BULK_TIMEOUT = timedelta(seconds=300)
+#: Manifests, startup sets and the epoch: objects that grow with a directory (a 100,000-name manifest is 30 MB).
+NAMES_TIMEOUT = timedelta(seconds=10)
+#: Transfers of large blobs (a large blob over a slow link).
+BULK_TIMEOUT = timedelta(seconds=120)
+#: Blobs up to this size go through the quick client.
+QUICK_BLOB_BYTES = 1 << 20
 PART_BYTES = 8 << 20
 
 
@@ -97,9 +104,9 @@ class S3Store(RemoteStore):
         self.counters = counters if counters is not None else new_counters()
         self.level = Level("s3", self.url, self.counters)
         self.codec = EntryCodec(namespace, key, self.counters)
-        self._quick: Any = None
-        self._bulk: Any = None
+        self._clients: dict[timedelta, Any] = {}
         self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="s3")
+        self._lock = threading.Lock()
         #: Blobs found in the bucket at the wrong size (planted or cut short): written over, not if-absent.
         self._bad_blobs: set[str] = set()
 
@@ -124,17 +131,28 @@ class S3Store(RemoteStore):
                                     "backoff": {"init_backoff": timedelta(milliseconds=100),
                                                 "max_backoff": timedelta(seconds=1), "base": 2}})
 
-    @property
-    def quick(self) -> Any:
-        if self._quick is None:
-            self._quick = self._client(QUICK_TIMEOUT)
-        return self._quick
+    def _made(self, timeout: timedelta) -> Any:
+        client = self._clients.get(timeout)
+        if client is None:
+            client = self._clients.setdefault(timeout, self._client(timeout))
+        return client
 
     @property
-    def bulk(self) -> Any:
-        if self._bulk is None:
-            self._bulk = self._client(BULK_TIMEOUT)
-        return self._bulk
+    def quick(self) -> Any:
+        return self._made(QUICK_TIMEOUT)
+
+    @property
+    def names(self) -> Any:
+        return self._made(NAMES_TIMEOUT)
+
+    def blobs_for(self, size: int) -> Any:
+        """The client for a blob of *size* bytes: a small one must not wait minutes on a stalled endpoint."""
+        return self._made(QUICK_TIMEOUT if size <= QUICK_BLOB_BYTES else BULK_TIMEOUT)
+
+    def _count(self, counter: str, n: int = 1) -> None:
+        """Counters are added to from the pool's threads."""
+        with self._lock:
+            self.counters[counter] += n
 
     def levels(self) -> list[Level]:
         return [self.level]
@@ -161,14 +179,23 @@ class S3Store(RemoteStore):
         return first[:300]
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run *fn* against the bucket: its failures become a RemoteError and a back-off.
+
+        Data the bucket holds is never a failure of the bucket: every parser
+        here handles what it cannot read itself (counted in ``remote_rejected``).
+        """
         if not self.level.available():
             raise self.level.refuse()
         import obstore.exceptions
 
         try:
             result = fn(*args)
-        except (obstore.exceptions.BaseError, OSError, ValueError) as e:
+        except (obstore.exceptions.BaseError, OSError) as e:
             raise self.level.failed(self._why(e), log) from None
+        except BaseException as e:
+            if type(e).__name__ != "PanicException":  # the Rust client's panic is no Exception
+                raise
+            raise self.level.failed(f"the S3 client failed: {str(e).splitlines()[0][:200]}", log) from None
         self.level.succeeded()
         return result
 
@@ -177,8 +204,9 @@ class S3Store(RemoteStore):
         """A missing object (not a missing bucket, which is an error)."""
         return isinstance(e, FileNotFoundError) and "NoSuchBucket" not in str(e)
 
-    def _get(self, client: Any, key: str, limit: int) -> tuple[bytes, str] | None:
-        """An object's bytes and ETag, None when absent; ValueError when it is larger than *limit*."""
+    def _get(self, client: Any, key: str, limit: int) -> tuple[bytes | None, str | None] | None:
+        """(an object's bytes, its ETag), None when absent; the bytes are None when it holds more than
+        *limit* (never read: hostile or broken), the ETag None when the server gave none."""
         try:
             result = _obstore().get(client, self.base + key)
         except FileNotFoundError as e:
@@ -186,13 +214,13 @@ class S3Store(RemoteStore):
                 self.level.moved()
                 return None
             raise
-        size = result.meta["size"]
-        if size > limit:
+        etag = result.meta.get("e_tag") or None
+        if result.meta["size"] > limit:
             self.level.moved()
-            raise _TooLarge(f"{key} holds {size} bytes, more than {limit}")
+            return None, etag
         data = bytes(result.bytes())
         self.level.moved(down=len(data))
-        return data, result.meta.get("e_tag") or ""
+        return data, etag
 
     def _put(self, client: Any, key: str, data: Any, mode: Any, size: int) -> bool:
         """Put an object; False when the condition failed (someone else wrote it first)."""
@@ -224,11 +252,13 @@ class S3Store(RemoteStore):
     def epoch(self) -> tuple[str, bool]:
         def check() -> tuple[str, bool]:
             for _ in range(3):
-                got = self._get(self.quick, "epoch", 1024)
-                if got is not None:
-                    return got[0].decode(errors="replace"), False
+                got = self._get(self.names, "epoch", 64)
+                if got is not None and got[0] is not None and got[0].isascii() and got[0].isalnum():
+                    return got[0].decode(), False
+                # none: the bucket was emptied; not a token: planted or broken, replaced (nodes upload again)
                 token = secrets.token_hex(8)
-                if self._put(self.quick, "epoch", token.encode(), "create", len(token)):
+                mode: Any = "create" if got is None else ({"e_tag": got[1]} if got[1] else "overwrite")
+                if self._put(self.names, "epoch", token.encode(), mode, len(token)):
                     return token, True
             raise RemoteError("the epoch object keeps changing")
 
@@ -240,27 +270,40 @@ class S3Store(RemoteStore):
         return "names/" + "".join(f"~{_quoted(p)}/" for p in parts) + "#"
 
     def _read_manifest(self, dir_path: str) -> tuple[dict[bytes, bytes], str | None]:
-        """(name -> raw entry, the manifest's ETag or None when it does not exist); a broken one reads empty."""
-        try:
-            got = self._get(self.quick, self._manifest_key(dir_path), MAX_MANIFEST_BYTES)
-        except _TooLarge as e:
-            self.counters["remote_rejected"] += 1
-            log.warning("manifest of %r ignored: %s", dir_path, e)
-            return {}, "*"
+        """(name -> raw entry, the manifest's ETag; None when it does not exist).
+
+        A manifest too large or not a manifest reads empty (counted), and
+        its ETag still guards the next writer's put; so does every entry
+        this node cannot read (it is dropped, and counted).
+        """
+        got = self._get(self.names, self._manifest_key(dir_path), MAX_MANIFEST_BYTES)
         if got is None:
             return {}, None
         data, etag = got
+        if etag is None:
+            raise RemoteError(f"{self.url} gives objects no ETag: names cannot be merged safely")
+        if data is None:
+            self._count("remote_rejected")
+            log.warning("manifest of %r ignored: larger than %d bytes", dir_path, MAX_MANIFEST_BYTES)
+            return {}, etag
         try:
             doc = json.loads(data)
             entries = doc["entries"]
-            if not isinstance(entries, dict) or not all(isinstance(v, str) for v in entries.values()):
-                raise ValueError("entries are not strings")
+            if not isinstance(entries, dict):
+                raise ValueError("entries are not an object")
         except (ValueError, KeyError, TypeError, RecursionError) as e:
-            self.counters["remote_rejected"] += 1
+            self._count("remote_rejected")
             log.warning("manifest of %r ignored: not a manifest (%s)", dir_path, e)
-            return {}, etag or "*"
-        return ({name.encode(errors="surrogateescape"): raw.encode(errors="surrogateescape")
-                 for name, raw in entries.items()}, etag)
+            return {}, etag
+        out: dict[bytes, bytes] = {}
+        for name, raw in entries.items():
+            try:
+                if not isinstance(raw, str):
+                    raise ValueError("not a string")
+                out[name.encode(errors="surrogateescape")] = raw.encode(errors="surrogateescape")
+            except (ValueError, UnicodeError):  # a lone surrogate JSON allows, no name can hold
+                self._count("remote_rejected")
+        return out, etag
 
     @staticmethod
     def _manifest(raw: dict[bytes, bytes]) -> bytes:
@@ -269,8 +312,8 @@ class S3Store(RemoteStore):
 
     def _write_manifest(self, dir_path: str, raw: dict[bytes, bytes], etag: str | None) -> bool:
         data = self._manifest(raw)
-        mode: Any = "create" if etag is None else ("overwrite" if etag == "*" else {"e_tag": etag})
-        return self._put(self.quick, self._manifest_key(dir_path), data, mode, len(data))
+        mode: Any = "create" if etag is None else {"e_tag": etag}
+        return self._put(self.names, self._manifest_key(dir_path), data, mode, len(data))
 
     def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
         return self._call(lambda: self.codec.entries(dir_path, self._read_manifest(dir_path)[0]))
@@ -285,15 +328,20 @@ class S3Store(RemoteStore):
         def scan() -> list[str]:
             prefix = self.base + "names/"
             out = []
-            for batch in _obstore().list(self.quick, prefix=prefix, chunk_size=1000):
+            for batch in _obstore().list(self.names, prefix=prefix, chunk_size=1000):
                 self.level.moved()
                 for meta in batch:
                     rest = meta["path"][len(prefix):]
                     if not rest.endswith("#"):
                         continue
                     parts = [p for p in rest[:-1].split("/") if p]
-                    if all(p.startswith("~") for p in parts):
-                        out.append("/".join(_component(p) for p in parts))
+                    try:
+                        names = [_component(p) for p in parts if p.startswith("~")]
+                        if len(names) == len(parts) and all(valid_name(n.encode(errors="surrogateescape"))
+                                                            for n in names):
+                            out.append("/".join(names))
+                    except UnicodeError:
+                        self._count("remote_rejected")
             return sorted(out)
 
         return self._call(scan)
@@ -311,7 +359,7 @@ class S3Store(RemoteStore):
                 results[i] = r
 
         self._call(lambda: self._parallel(one, list(by_dir)))
-        self.counters["remote_uploaded_entries"] += sum(1 for w, _ in results if w)
+        self._count("remote_uploaded_entries", sum(1 for w, _ in results if w))
         return results
 
     def _merge_into(self, dir_path: str, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
@@ -346,7 +394,7 @@ class S3Store(RemoteStore):
 
     def _fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
         try:
-            result = _obstore().get(self.bulk, self.base + self._blob_key(hex_digest))
+            result = _obstore().get(self.blobs_for(size), self.base + self._blob_key(hex_digest))
         except FileNotFoundError as e:
             if self._not_found(e):
                 self.level.moved()
@@ -366,20 +414,17 @@ class S3Store(RemoteStore):
             got += len(part)
         if got != size:
             return b""
-        self.counters["remote_fetched_bytes"] += got
+        self._count("remote_fetched_bytes", got)
         self.level.moved(down=got, requests=0)
         return hasher.digest()
 
     def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
         def one(item: tuple[str, int]) -> bytes | None:
             h, size = item
-            try:
-                got = self._get(self.bulk, self._blob_key(h), size)
-            except _TooLarge:
+            got = self._get(self.blobs_for(size), self._blob_key(h), size)
+            if got is None or got[0] is None or len(got[0]) != size:
                 return None
-            if got is None or len(got[0]) != size:
-                return None
-            self.counters["remote_fetched_bytes"] += size
+            self._count("remote_fetched_bytes", size)
             return got[0]
 
         return self._call(lambda: self._parallel(one, blobs))
@@ -396,7 +441,8 @@ class S3Store(RemoteStore):
                 raise
             self.level.moved()
             if meta["size"] != size:
-                self._bad_blobs.add(h)
+                with self._lock:
+                    self._bad_blobs.add(h)
                 return h
             return None
 
@@ -408,22 +454,32 @@ class S3Store(RemoteStore):
         gone: set[str] = set()
 
         def one(item: tuple[str, str]) -> None:
+            """Small blobs: one PUT if absent.  Large ones: in parts, streamed from the file, unconditional
+            (the client buffers a conditional put whole in memory); ``missing_blobs`` found them absent, and
+            a writer that raced us wrote the same bytes under the same name."""
             h, path = item
-            mode = "overwrite" if h in self._bad_blobs else "create"
+            with self._lock:
+                bad = h in self._bad_blobs
             if not path:
-                self._put(self.bulk, self._blob_key(h), b"", mode, 0)
+                self._put(self.quick, self._blob_key(h), b"", "overwrite" if bad else "create", 0)
                 return
             try:
                 f = open(path, "rb")
             except FileNotFoundError:
-                gone.add(h)  # evicted before it could be uploaded: publish nothing for it
+                with self._lock:
+                    gone.add(h)  # evicted before it could be uploaded: publish nothing for it
                 return
             with f:
                 size = os_size(f)
-                data: Any = f.read() if size <= PART_BYTES else f
-                if self._put(self.bulk, self._blob_key(h), data, mode, size):
-                    self.counters["remote_uploaded_bytes"] += size
-            self._bad_blobs.discard(h)
+                if size <= PART_BYTES:
+                    written = self._put(self.blobs_for(size), self._blob_key(h), f.read(),
+                                        "overwrite" if bad else "create", size)
+                else:
+                    written = self._put(self.blobs_for(size), self._blob_key(h), f, "overwrite", size)
+                if written:
+                    self._count("remote_uploaded_bytes", size)
+            with self._lock:
+                self._bad_blobs.discard(h)
 
         self._call(lambda: self._parallel(one, files))
         return gone
@@ -433,21 +489,31 @@ class S3Store(RemoteStore):
         return f"sets/~{_quoted(name)}"
 
     def _read_set(self, name: str) -> tuple[list[str], str | None]:
-        try:
-            got = self._get(self.quick, self._set_key(name), MAX_SET_BYTES)
-        except _TooLarge:
-            self.counters["remote_rejected"] += 1
-            return [], "*"
+        """(the set's paths, its ETag; None when absent); what cannot be a path is dropped and counted."""
+        got = self._get(self.names, self._set_key(name), MAX_SET_BYTES)
         if got is None:
             return [], None
+        data, etag = got
+        if etag is None:
+            raise RemoteError(f"{self.url} gives objects no ETag: sets cannot be merged safely")
         try:
-            paths = json.loads(got[0])
-            if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            paths = json.loads(data) if data is not None else None
+            if not isinstance(paths, list):
                 raise ValueError
         except (ValueError, RecursionError):
-            self.counters["remote_rejected"] += 1
-            return [], got[1] or "*"
-        return paths[:MAX_SET_PATHS], got[1]
+            self._count("remote_rejected")
+            return [], etag
+        good = []
+        for p in paths[:MAX_SET_PATHS]:
+            try:
+                if isinstance(p, str) and "\0" not in p:
+                    p.encode(errors="surrogateescape")
+                    good.append(p)
+                    continue
+            except UnicodeError:
+                pass
+            self._count("remote_rejected")
+        return good, etag
 
     def add_to_set(self, name: str, paths: list[str]) -> None:
         def add() -> None:
@@ -457,8 +523,8 @@ class S3Store(RemoteStore):
                 if merged == sorted(held):
                     return
                 data = json.dumps(merged).encode(errors="surrogateescape")
-                mode: Any = "create" if etag is None else ("overwrite" if etag == "*" else {"e_tag": etag})
-                if self._put(self.quick, self._set_key(name), data, mode, len(data)):
+                mode: Any = "create" if etag is None else {"e_tag": etag}
+                if self._put(self.names, self._set_key(name), data, mode, len(data)):
                     return
                 time.sleep(random.uniform(0, min(0.5, 0.01 * (2 ** attempt))))
             raise RemoteError(f"startup set {name!r}: too many writers at once")
@@ -471,10 +537,6 @@ class S3Store(RemoteStore):
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-class _TooLarge(ValueError):
-    """An object larger than what it may hold (hostile or broken): ignored, never read."""
 
 
 def _obstore() -> Any:

@@ -345,8 +345,13 @@ def test_stalled_endpoint_never_blocks_names_the_node_holds(mount_factory: Mount
     for i in range(10):
         write_committed(a.mountpoint / "k" / f"f{i}", f"held {i}".encode())
     wait_uploaded(a)
+    b = mount_factory("b", *_s3("fleet"), env=seaweedfs.env())
+    assert len(os.listdir(b.mountpoint / "k")) == 10  # B knows the names; their content stays in the bucket
     seaweedfs.signal(signal.SIGSTOP)
     try:
+        t = time.monotonic()
+        assert errno_of_read(b.mountpoint / "k" / "f0") == errno.EIO
+        assert time.monotonic() - t < 20, "a blob read waits one short timeout, not minutes"
         write_committed(a.mountpoint / "k" / "during", b"written while stalled")
         t = time.monotonic()
         for i in range(10):
@@ -455,6 +460,16 @@ def test_redis_in_front_of_the_bucket(mount_factory: MountFactory, shared_seawee
     assert all((b.mountpoint / "k" / n).read_bytes() == c for n, c in data.items())
     s3_level = b.stats()["remote_levels"][1]
     assert s3_level["bytes_in"] < 3000, s3_level  # names at most (the epoch, a manifest): not one blob
+    # the directory is marked complete in Redis: a node now lists it from Redis alone (a name only the
+    # bucket's manifest has, planted meanwhile, is not asked for)
+    import redis
+
+    assert redis.Redis.from_url(redis_server.url).hget("mfs:default:d:k", b"\0complete") is not None
+    held = get(weed, bucket, manifest_key("k"))
+    set_entry(weed, bucket, "k", "only-in-the-bucket.so", file_entry(b"x"))
+    e = mount_factory("e", *both, env=env)
+    assert sorted(os.listdir(e.mountpoint / "k")) == sorted(data)
+    put(weed, bucket, manifest_key("k"), held)
     # Redis restarted empty: C gets names and blobs from the bucket, and Redis is filled back
     redis_server.stop()
     redis_server.start()

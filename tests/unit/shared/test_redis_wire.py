@@ -10,6 +10,7 @@ tests/conftest.py, stopped by PID).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -192,3 +193,19 @@ def test_the_signature_covers_the_path(redis_server: RedisServer, tiers: Callabl
     other_ns = tiers(namespace="other", key=b"k")
     redis_server.cli("HSET", f"{other_ns.prefix}d:d", "a.so", value)
     assert other_ns.list_dir("d") == {}
+
+
+def test_a_complete_mark_is_trusted_only_while_fresh(redis_server: RedisServer):
+    """Redis in front of a bucket: a stale mark (a missed write, an old snapshot) sends readers to the bucket."""
+    from mithrilfs.shared import redis_wire
+
+    store = RedisStore(redis_server.url, "ns")
+    store.publish_entries([("d/a", RemoteEntry("f", 5, "n", HASH, 1))])
+    assert store.list_dir_complete("d") == ({b"a": RemoteEntry("f", 5, "n", HASH, 1)}, False)
+    store.mark_complete(["d"])
+    assert store.list_dir_complete("d")[1]
+    old = str(time.time() - redis_wire.COMPLETE_SECONDS - 1)
+    store.client.hset("mfs:ns:d:d", redis_wire.COMPLETE, old)  # (a NUL byte cannot go through redis-cli)
+    assert store.list_dir_complete("d") == ({b"a": RemoteEntry("f", 5, "n", HASH, 1)}, False)
+    store.unmark_complete(["d"])
+    store.close()

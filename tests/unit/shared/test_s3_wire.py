@@ -120,3 +120,53 @@ def test_blobs_are_written_once_and_read_back_verified(stores: list[S3Store], tm
     assert stores[2].fetch_blob(h, len(data) - 1, io.BytesIO()) == b""  # not the size the entry says: never read
     assert stores[2].fetch_blob("ef" * 32, 10, io.BytesIO()) is None
     assert stores[2].fetch_small_blobs([(h, len(data)), ("ef" * 32, 3)]) == [data, None]
+
+
+def test_a_manifest_too_large_to_read_is_still_replaced_only_if_unchanged(stores: list[S3Store], monkeypatch):
+    """Its ETag guards the put: a second writer that read the same junk cannot overwrite the first's entry."""
+    import obstore
+
+    from mithrilfs.shared import s3_wire
+
+    monkeypatch.setattr(s3_wire, "MAX_MANIFEST_BYTES", 1000)
+    a, b = stores[0], stores[1]
+    obstore.put(a.names, a.base + a._manifest_key("big"), b"x" * 2000)
+    raw_b, etag_b = b._read_manifest("big")
+    assert raw_b == {} and etag_b  # too large: read as empty, but with its ETag
+    a.publish_entries([("big/first", RemoteEntry("f", 10, "a", HASH, 1))])
+    raw_b[b"second"] = b.codec.encode("big/second", RemoteEntry("f", 11, "b", HASH, 1))
+    assert not b._write_manifest("big", raw_b, etag_b)  # the junk it read is gone: its put must fail
+    b.publish_entries([("big/second", RemoteEntry("f", 11, "b", HASH, 1))])  # read, merge, put again
+    assert set(a.list_dir("big")) == {b"first", b"second"}
+
+
+def test_unreadable_names_and_paths_are_dropped_not_fatal(stores: list[S3Store]):
+    """JSON allows lone surrogates no name can hold: counted and dropped, the directory and set still work."""
+    import json
+
+    import obstore
+
+    a = stores[0]
+    good = a.codec.encode("d/ok", RemoteEntry("f", 5, "n", HASH, 1)).decode()
+    obstore.put(a.names, a.base + a._manifest_key("d"), json.dumps({"mithrilfs": 1, "entries": {
+        "\ud800": good, "ok": good, "num": 5}}).encode())
+    assert set(a.list_dir("d")) == {b"ok"}
+    a.publish_entries([("d/new", RemoteEntry("f", 6, "n", HASH, 1))])
+    assert set(a.list_dir("d")) == {b"ok", b"new"}
+    obstore.put(a.names, a.base + a._set_key("s"), json.dumps(["k/\ud800", "k/fine", 7]).encode())
+    assert a.startup_set("s") == ["k/fine"]
+    obstore.put(a.names, a.base + "epoch", b"x" * 5000)  # a planted epoch: replaced by a token
+    token, made = a.epoch()
+    assert made and token.isalnum() and a.epoch() == (token, False)
+    assert a.counters["remote_rejected"] >= 4 and a.level.available()
+
+
+def test_settings_strip_secret_files_and_refuse_what_no_header_can_carry(tmp_path: Path):
+    env = {"HOME": str(tmp_path), "AWS_ACCESS_KEY_ID": "KEY\n", "AWS_SECRET_ACCESS_KEY": " secret\n",
+           "AWS_SESSION_TOKEN": "tok\n"}
+    s = settings_from(env)
+    assert (s.access_key_id, s.secret_access_key, s.session_token) == ("KEY", "secret", "tok")
+    with pytest.raises(ValueError, match="AWS_SESSION_TOKEN holds a control character"):
+        settings_from(env | {"AWS_SESSION_TOKEN": "a\nb"})
+    with pytest.raises(ValueError, match="credentials do not go in its URL"):
+        settings_from(env, "http://user:pass@host:8333")
