@@ -174,14 +174,18 @@ class Prefetcher:
                     ok = await self.shared.fetch_blob(batch[0], self.policy.max_bytes)
                     self._count(batch[0], ok)
                     continue
-                fetched = await trio.to_thread.run_sync(self._fetch_batch, batch, limiter=limiter)
-                good = [(node, data) for node, data in zip(batch, fetched) if data is not None]
-                self.blobs.intend([(node.hash, node.size) for node, _ in good])
-                new = self._write(good)
-                for (node, _), is_new in zip(good, new):
-                    self.blobs.written(node.hash, node.size, is_new)
-                for node, data in zip(batch, fetched):
-                    self._count(node, data is not None)
+                for node, ok in zip(batch, await self.fetch_small(batch, limiter)):
+                    self._count(node, ok)
+
+    async def fetch_small(self, batch: list[Inode], limiter: trio.CapacityLimiter) -> list[bool]:
+        """One batch of small blobs: fetched in a thread, verified, recorded, written; which arrived."""
+        fetched = await trio.to_thread.run_sync(self._fetch_batch, batch, limiter=limiter)
+        good = [(node, data) for node, data in zip(batch, fetched) if data is not None]
+        self.blobs.intend([(node.hash, node.size) for node, _ in good])  # type: ignore[misc]
+        new = self._write(good)
+        for (node, _), is_new in zip(good, new):
+            self.blobs.written(node.hash, node.size, is_new)  # type: ignore[arg-type]
+        return [data is not None for data in fetched]
 
     def _fetch_batch(self, batch: list[Inode]) -> list[bytes | None]:
         """In a worker thread: one pipelined GET for the batch, each blob verified (size and blake3)."""

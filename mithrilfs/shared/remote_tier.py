@@ -55,6 +55,9 @@ MISS_RESYNC_SECONDS = 1.0
 STARTUP_SECONDS = 300.0
 #: How long the kernel may cache "no such name" when other nodes can create names.
 NEGATIVE_TIMEOUT = 2.0
+#: A first read from a directory fetches up to this many of its other files, each at most this large.
+READ_AHEAD_FILES = 64
+READ_AHEAD_BYTES = 1 << 20
 
 
 def node_id(ns: Namespace) -> str:
@@ -93,6 +96,9 @@ class RemoteTier(Tier):
         self.limiter = trio.CapacityLimiter(4)
         self._wake = trio.Event()
         self._dir_synced: dict[int, float] = {}
+        #: Directories read ahead in this mount, and the blobs a read-ahead is bringing (digest -> done).
+        self._read_ahead_dirs: set[int] = set()
+        self._fetching: dict[bytes, trio.Event] = {}
         self._syncing: set[int] = set()
         self._nursery: trio.Nursery | None = None
         #: Removed paths whose tombstones are not sent yet: never materialized again meanwhile.
@@ -301,7 +307,64 @@ class RemoteTier(Tier):
         return node
 
     async def fetch(self, ino: Inode, max_bytes: int) -> Fetched:
+        """The first read of a file whose content is remote: its small siblings come along (read-ahead)."""
+        digest = ino.hash
+        assert digest is not None
+        coming = self._fetching.get(digest)
+        if coming is not None:  # a read-ahead is bringing it: wait for that rather than ask twice
+            await coming.wait()
+            if self.blobs.cas.exists(digest):
+                return Fetched.YES
+        self._read_ahead(ino)
         return Fetched.YES if await self.fetch_blob(ino, max_bytes) else Fetched.NO
+
+    def _read_ahead(self, ino: Inode) -> None:
+        """Fetch, in the background, the small files beside the first one read from a directory.
+
+        A framework loads a cache entry's files together (Triton: a kernel's
+        binary, its metadata, its group file...), one after another: asked
+        one by one, each costs the tier's round trip in turn; read ahead,
+        they come in one batch (pipelined GETs from Redis, concurrent GETs
+        from a bucket) while the first is served.  Once per directory per
+        mount (again after an eviction emptied it), within the budget's low
+        watermark, files up to ``READ_AHEAD_BYTES``.
+        """
+        names = self.ns.names_of(ino.id)
+        if not names or self._nursery is None or names[0][0] in self._read_ahead_dirs:
+            return
+        parent = names[0][0]
+        self._read_ahead_dirs.add(parent)
+        todo: list[Inode] = []
+        seen = {ino.hash}
+        for _name, child in self.ns.children(parent):
+            node = self.ns.get(child)
+            if (node is None or not node.is_reg or node.hash is None or node.hash in seen
+                    or node.size > READ_AHEAD_BYTES or node.hash in self._fetching
+                    or self.blobs.cas.exists(node.hash)):
+                continue
+            seen.add(node.hash)
+            todo.append(node)
+            if len(todo) >= READ_AHEAD_FILES:
+                break
+        if not todo or sum(n.size for n in todo) > self.prefetcher.policy.low_bytes - self.prefetcher.physical():
+            return
+        events = {n.hash: trio.Event() for n in todo}
+        self._fetching.update(events)  # type: ignore[arg-type]
+        self._nursery.start_soon(self._fetch_ahead, todo, events)
+
+    async def _fetch_ahead(self, todo: list[Inode], events: dict[bytes | None, trio.Event]) -> None:
+        try:
+            if self.remote.available():
+                await self.prefetcher.fetch_small(todo, self.limiter)
+                self.counters["remote_read_ahead"] = self.counters.get("remote_read_ahead", 0) + len(todo)
+        except RemoteError as e:
+            log.debug("read-ahead failed: %s", e)
+        except Exception:  # a read-ahead is an optimisation: it never takes the mount down
+            log.exception("read-ahead failed")
+        finally:
+            for digest, event in events.items():
+                self._fetching.pop(digest, None)  # type: ignore[arg-type]
+                event.set()
 
     async def fetch_blob(self, ino: Inode, max_bytes: int) -> bool:
         """Bring a remote blob into the local CAS, size-checked and verified; False when it cannot be had.
@@ -329,9 +392,11 @@ class RemoteTier(Tier):
             os.unlink(staging)
 
     def forget_listed(self, dirs: set[int]) -> None:
-        """Names left these directories locally only (evicted): the next lookup there asks Redis again."""
+        """Names left these directories locally only (evicted): the next lookup there asks the tier again,
+        and the next read reads ahead again."""
         for d in dirs:
             self._dir_synced.pop(d, None)
+            self._read_ahead_dirs.discard(d)
 
     def mark_synced(self, d: int) -> None:
         """The directory's remote names were just merged (by a prefetch): no sync needed for a while."""

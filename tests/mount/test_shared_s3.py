@@ -284,6 +284,33 @@ def test_first_mount_uploads_what_the_store_holds_and_status_shows_the_level(
     assert "s3" in res.stdout and shared_seaweedfs.secret_key not in res.stdout
 
 
+def test_first_read_in_a_directory_brings_its_small_files_along(mount_factory: MountFactory,
+                                                                  shared_seaweedfs: SeaweedFS, bucket: str):
+    """A lazy node: the first read of a kernel's files fetches the others of its directory in one batch."""
+    env = shared_seaweedfs.env()
+    a = mount_factory("a", *_s3(bucket), env=env)
+    kernel = a.mountpoint / "triton" / "KEY"
+    kernel.mkdir(parents=True)
+    files = {n: os.urandom(4000) for n in ("k.cubin", "k.ptx", "k.ttir", "k.json", "__grp__k.json")}
+    big = os.urandom(2 << 20)  # above the read-ahead size: left for its own read
+    for name, data in files.items():
+        write_committed(kernel / name, data)
+    write_committed(kernel / "k.big", big)
+    wait_uploaded(a)
+    b = mount_factory("b", *_s3(bucket), env=env)
+    assert (b.mountpoint / "triton" / "KEY" / "k.json").read_bytes() == files["k.json"]
+    others = sum(len(d) for n, d in files.items() if n != "k.json")
+    wait_for(lambda: b.stats()["physical_bytes"] == sum(len(d) for d in files.values()), 20,
+             "the directory's other small files to arrive")
+    before = b.stats()["remote_fetched_bytes"]
+    assert before == sum(len(d) for d in files.values()) and b.stats()["remote_read_ahead"] == len(files) - 1
+    for name, data in files.items():
+        assert (b.mountpoint / "triton" / "KEY" / name).read_bytes() == data
+    assert b.stats()["remote_fetched_bytes"] == before  # served from the store: no request for them
+    assert (b.mountpoint / "triton" / "KEY" / "k.big").read_bytes() == big
+    assert others > 0 and b.stats()["remote_fetched_bytes"] == before + len(big)
+
+
 # ----------------------------------------------------------------------
 # a bucket that fails: emptied, down, stalled, misconfigured
 # ----------------------------------------------------------------------
