@@ -149,6 +149,9 @@ class RemoteTier(Tier):
             await self.sync_dir(parent, force=True)
         ino = self.ns.lookup(parent, name)
         self.counters["remote_hits" if ino is not None else "remote_misses"] += 1
+        node = self.ns.get(ino) if ino is not None else None
+        if node is not None and node.is_reg and node.hash is not None:
+            self._read_ahead(node, itself=True)  # a file the framework is about to open, and its neighbours
         return ino
 
     async def list_dir(self, d: int) -> None:
@@ -318,16 +321,17 @@ class RemoteTier(Tier):
         self._read_ahead(ino)
         return Fetched.YES if await self.fetch_blob(ino, max_bytes) else Fetched.NO
 
-    def _read_ahead(self, ino: Inode) -> None:
-        """Fetch, in the background, the small files beside the first one read from a directory.
+    def _read_ahead(self, ino: Inode, *, itself: bool = False) -> None:
+        """Fetch, in the background, the small files of the directory a file is found or first read in.
 
         A framework loads a cache entry's files together (Triton: a kernel's
         binary, its metadata, its group file...), one after another: asked
         one by one, each costs the tier's round trip in turn; read ahead,
         they come in one batch (pipelined GETs from Redis, concurrent GETs
-        from a bucket) while the first is served.  Once per directory per
-        mount (again after an eviction emptied it), within the budget's low
-        watermark, files up to ``READ_AHEAD_BYTES``.
+        from a bucket), started when the first of them is looked up (with
+        it: *itself*) or read.  Once per directory per mount (again after an
+        eviction emptied it), within the budget's low watermark, files up to
+        ``READ_AHEAD_BYTES``.
         """
         names = self.ns.names_of(ino.id)
         if not names or self._nursery is None or names[0][0] in self._read_ahead_dirs:
@@ -335,7 +339,7 @@ class RemoteTier(Tier):
         parent = names[0][0]
         self._read_ahead_dirs.add(parent)
         todo: list[Inode] = []
-        seen = {ino.hash}
+        seen = set() if itself else {ino.hash}
         for _name, child in self.ns.children(parent):
             node = self.ns.get(child)
             if (node is None or not node.is_reg or node.hash is None or node.hash in seen

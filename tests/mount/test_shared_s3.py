@@ -303,7 +303,7 @@ def test_first_read_in_a_directory_brings_its_small_files_along(mount_factory: M
     wait_for(lambda: b.stats()["physical_bytes"] == sum(len(d) for d in files.values()), 20,
              "the directory's other small files to arrive")
     before = b.stats()["remote_fetched_bytes"]
-    assert before == sum(len(d) for d in files.values()) and b.stats()["remote_read_ahead"] == len(files) - 1
+    assert before == sum(len(d) for d in files.values()) and b.stats()["remote_read_ahead"] >= len(files) - 1
     for name, data in files.items():
         assert (b.mountpoint / "triton" / "KEY" / name).read_bytes() == data
     assert b.stats()["remote_fetched_bytes"] == before  # served from the store: no request for them
@@ -529,9 +529,9 @@ def test_startup_set_and_prefetch_through_the_bucket(mount_factory: MountFactory
     for i in range(10):  # the workload's first reads make the startup set
         (a.mountpoint / "k" / f"f{i}.so").read_bytes()
     a.umount()
-    wait_for(lambda: get(shared_seaweedfs, bucket, f"{BASE}sets/~default") is not None, 10, "the set object")
-    recorded = json.loads(get(shared_seaweedfs, bucket, f"{BASE}sets/~default"))
-    assert sorted(recorded) == sorted(f"k/f{i}.so" for i in range(10))
+    chunks = keys(shared_seaweedfs, bucket, f"{BASE}sets/~default/")
+    recorded = {p for key in chunks for p in json.loads(get(shared_seaweedfs, bucket, key))}
+    assert recorded == {f"k/f{i}.so" for i in range(10)}  # in chunks of what each batch sent
     b = mount_factory("b", *_s3(bucket, "--prefetch"), env=env)
     s = b.stats()
     assert s["prefetch"]["state"] == "done" and s["prefetch"]["files"] == 10, s["prefetch"]

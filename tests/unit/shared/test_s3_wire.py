@@ -153,7 +153,8 @@ def test_unreadable_names_and_paths_are_dropped_not_fatal(stores: list[S3Store])
     assert set(a.list_dir("d")) == {b"ok"}
     a.publish_entries([("d/new", RemoteEntry("f", 6, "n", HASH, 1))])
     assert set(a.list_dir("d")) == {b"ok", b"new"}
-    obstore.put(a.names, a.base + a._set_key("s"), json.dumps(["k/\ud800", "k/fine", 7]).encode())
+    obstore.put(a.names, a.base + a._set_prefix("s") + "planted", json.dumps(["k/\ud800", "k/fine", 7]).encode())
+    obstore.put(a.names, a.base + a._set_prefix("s") + "junk", b"{not a list")
     assert a.startup_set("s") == ["k/fine"]
     obstore.put(a.names, a.base + "epoch", b"x" * 5000)  # a planted epoch: replaced by a token
     token, made = a.epoch()
@@ -170,3 +171,19 @@ def test_settings_strip_secret_files_and_refuse_what_no_header_can_carry(tmp_pat
         settings_from(env | {"AWS_SESSION_TOKEN": "a\nb"})
     with pytest.raises(ValueError, match="credentials do not go in its URL"):
         settings_from(env, "http://user:pass@host:8333")
+
+
+def test_startup_sets_are_chunks_merged_by_union_and_compacted(stores: list[S3Store], monkeypatch):
+    import obstore
+
+    from mithrilfs.shared import s3_wire
+
+    monkeypatch.setattr(s3_wire, "SET_CHUNKS_COMPACTED", 5)
+    for i in range(8):
+        stores[i % 3].add_to_set("warm", [f"k{i}/a", f"k{i}/b", "shared/x"])
+    expected = sorted({f"k{i}/{n}" for i in range(8) for n in "ab"} | {"shared/x"})
+    assert stores[0].startup_set("warm") == expected
+    chunks = [m["path"] for batch in obstore.list(stores[0].names, prefix=stores[0].base + "sets/") for m in batch]
+    assert len(chunks) == 1  # eight chunks read: written as one, the eight deleted
+    stores[1].add_to_set("warm", ["late/c"])
+    assert stores[2].startup_set("warm") == sorted([*expected, "late/c"])
