@@ -29,6 +29,7 @@ from conftest import (
     wait_uploaded,
     write_committed,
 )
+from test_shared_tier import uploads_only_missing_and_evicted_comes_back
 
 from mithrilfs.store.cas import hash_bytes
 
@@ -131,15 +132,7 @@ def test_names_and_blobs_flow_between_nodes_through_a_bucket(mount_factory: Moun
     assert s["remote_fetched_bytes"] == len(payload) + len(big) and s["remote_verify_failures"] == 0
     level = s["remote_levels"][0]
     assert level["kind"] == "s3" and level["reachable"] and level["bytes_in"] >= len(payload) + len(big)
-    # only missing blobs are uploaded: the same content again moves no bytes
-    before = a.stats()["remote_uploaded_bytes"]
-    write_committed(a.mountpoint / "inductor" / "copy.so", payload)
-    time.sleep(0.1)
-    assert wait_uploaded(a)["remote_uploaded_bytes"] == before
-    # B's copy is evictable like any file, and comes back from the bucket
-    run_cli("gc", str(b.mountpoint), "--to", "0", check=True)
-    assert b.stats()["physical_bytes"] == 0
-    assert p.read_bytes() == payload
+    uploads_only_missing_and_evicted_comes_back(a, b, p, payload)
 
 
 def test_blobs_are_verified_and_hostile_objects_are_never_served_nor_fatal(

@@ -9,9 +9,10 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
-from conftest import MountFactory, RedisServer, run_cli, wait_for, wait_uploaded, write_committed
+from conftest import Mount, MountFactory, RedisServer, run_cli, wait_for, wait_uploaded, write_committed
 
 
 def _remote(redis_server: RedisServer, *extra: str) -> tuple[str, ...]:
@@ -54,15 +55,19 @@ def test_names_and_blobs_flow_between_nodes(mount_factory: MountFactory, redis_s
     s = b.stats()
     assert s["remote_fetched_bytes"] == len(payload) and s["remote_verify_failures"] == 0
     assert s["physical_bytes"] == len(payload)  # fetched content counts in B's budget
-    # only missing blobs are uploaded: the same content again moves no bytes
+    uploads_only_missing_and_evicted_comes_back(a, b, b.mountpoint / "inductor" / "ab" / "kernel.so", payload)
+
+
+def uploads_only_missing_and_evicted_comes_back(a: Mount, b: Mount, p: Path, payload: bytes) -> None:
+    """Whatever the tier: the same content written again moves no bytes, and B's copy (at *p*), evicted
+    like any file, comes back from the tier."""
     before = a.stats()["remote_uploaded_bytes"]
     write_committed(a.mountpoint / "inductor" / "copy.so", payload)
     time.sleep(0.1)
     assert wait_uploaded(a)["remote_uploaded_bytes"] == before
-    # B's own cache is evictable like any file, and comes back from Redis
     run_cli("gc", str(b.mountpoint), "--to", "0", check=True)
     assert b.stats()["physical_bytes"] == 0
-    assert (b.mountpoint / "inductor" / "ab" / "kernel.so").read_bytes() == payload
+    assert p.read_bytes() == payload
 
 
 def test_tampered_blob_in_redis_is_never_served(mount_factory: MountFactory, redis_server: RedisServer):
