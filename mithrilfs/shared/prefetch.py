@@ -185,6 +185,7 @@ class Prefetcher:
         new = self._write(good)
         for (node, _), is_new in zip(good, new):
             self.blobs.written(node.hash, node.size, is_new)  # type: ignore[arg-type]
+            self.shared.arrived(node.hash, node.size)  # type: ignore[arg-type]
         return [data is not None for data in fetched]
 
     def _fetch_batch(self, batch: list[Inode]) -> list[bytes | None]:

@@ -502,6 +502,8 @@ class RedisStore(RemoteStore):
         out: list[bytes | None] = []
         for (_, size), part in zip(blobs, parts):
             ok = part is not None and len(part) == size
+            if part is not None and not ok:  # one chunk, another size than its entry says: bad data
+                self.counters["remote_verify_failures"] += 1
             out.append(part if ok else None)
             if ok:
                 self.counters["remote_fetched_bytes"] += size

@@ -98,7 +98,9 @@ class RemoteTier(Tier):
         self._dir_synced: dict[int, float] = {}
         #: Directories read ahead in this mount, and the blobs a read-ahead is bringing (digest -> done).
         self._read_ahead_dirs: set[int] = set()
-        self._fetching: dict[bytes, trio.Event] = {}
+        self._fetching: dict[bytes, tuple[trio.Event, int]] = {}
+        #: Blobs a read-ahead found missing or bad: the read that waited on it answers at once.
+        self._ahead_missed: set[bytes] = set()
         self._syncing: set[int] = set()
         self._nursery: trio.Nursery | None = None
         #: Removed paths whose tombstones are not sent yet: never materialized again meanwhile.
@@ -288,8 +290,9 @@ class RemoteTier(Tier):
         removed: list[Removed] = [(parent, name, old.id)]
         self.lifetimes.tell_kernel(removed)
 
-    def _create(self, parent: Inode, name: bytes, e: RemoteEntry) -> Inode:
-        """A local inode and name for a remote entry (inside a transaction), with its version as ctime."""
+    def _create(self, parent: Inode, name: bytes, e: RemoteEntry) -> Inode | None:
+        """A local inode and name for a remote entry (inside a transaction), with its version as ctime;
+        None when the entry contradicts what this node knows (counted)."""
         root = self.ns.get(ROOT_INODE)
         assert root is not None
         uid, gid = self.owner or (root.uid, root.gid)
@@ -300,8 +303,14 @@ class RemoteTier(Tier):
             node = self.ns.create_inode(stat.S_IFLNK | 0o777, uid, gid,
                                         target=(e.target or "").encode(errors="surrogateescape"))
         else:
-            node = self.ns.create_inode(stat.S_IFREG | outside_mode(stat.S_IFREG, e.mode), uid, gid)
             digest = bytes.fromhex(e.hash)  # type: ignore[arg-type]
+            known = self.ns.blob_info(digest)
+            if known is not None and known[1] > 0 and known[1] != e.size:
+                # this node holds that content: its size is a fact, and the entry says another
+                self.counters["remote_rejected"] += 1
+                log.warning("remote entry %r ignored: size %d, but its content is %d bytes", name, e.size, known[1])
+                return None
+            node = self.ns.create_inode(stat.S_IFREG | outside_mode(stat.S_IFREG, e.mode), uid, gid)
             self.ns.add_placeholder(digest)  # fetched at the first read
             self.ns.set_content(node, digest, e.size, e.mtime_ns or time.time_ns())
         self.ns.update_attrs(node, ctime_ns=e.version * 1000, mtime_ns=e.mtime_ns or node.mtime_ns)
@@ -314,10 +323,13 @@ class RemoteTier(Tier):
         digest = ino.hash
         assert digest is not None
         coming = self._fetching.get(digest)
-        if coming is not None:  # a read-ahead is bringing it: wait for that rather than ask twice
-            await coming.wait()
+        if coming is not None and coming[1] == ino.size:  # a read-ahead is bringing it: wait, not ask twice
+            await coming[0].wait()
             if self.blobs.cas.exists(digest):
                 return Fetched.YES
+            if digest in self._ahead_missed:  # the tier answered it has no good copy: asking again is the same
+                self._ahead_missed.discard(digest)
+                return Fetched.NO
         self._read_ahead(ino)
         return Fetched.YES if await self.fetch_blob(ino, max_bytes) else Fetched.NO
 
@@ -343,7 +355,7 @@ class RemoteTier(Tier):
         for _name, child in self.ns.children(parent):
             node = self.ns.get(child)
             if (node is None or not node.is_reg or node.hash is None or node.hash in seen
-                    or node.size > READ_AHEAD_BYTES or node.hash in self._fetching
+                    or node.size > min(READ_AHEAD_BYTES, self.remote.small_blob_bytes) or node.hash in self._fetching
                     or self.blobs.cas.exists(node.hash)):
                 continue
             seen.add(node.hash)
@@ -352,21 +364,23 @@ class RemoteTier(Tier):
                 break
         if not todo or sum(n.size for n in todo) > self.prefetcher.policy.low_bytes - self.prefetcher.physical():
             return
-        events = {n.hash: trio.Event() for n in todo}
+        events = {n.hash: (trio.Event(), n.size) for n in todo}
         self._fetching.update(events)  # type: ignore[arg-type]
         self._nursery.start_soon(self._fetch_ahead, todo, events)
 
-    async def _fetch_ahead(self, todo: list[Inode], events: dict[bytes | None, trio.Event]) -> None:
+    async def _fetch_ahead(self, todo: list[Inode], events: dict[bytes | None, tuple[trio.Event, int]]) -> None:
         try:
             if self.remote.available():
-                await self.prefetcher.fetch_small(todo, self.limiter)
+                for node, ok in zip(todo, await self.prefetcher.fetch_small(todo, self.limiter)):
+                    if not ok:  # missing, or not its size or hash (counted): the read need not ask again
+                        self._ahead_missed.add(node.hash)  # type: ignore[arg-type]
                 self.counters["remote_read_ahead"] = self.counters.get("remote_read_ahead", 0) + len(todo)
         except RemoteError as e:
             log.debug("read-ahead failed: %s", e)
         except Exception:  # a read-ahead is an optimisation: it never takes the mount down
             log.exception("read-ahead failed")
         finally:
-            for digest, event in events.items():
+            for digest, (event, _) in events.items():
                 self._fetching.pop(digest, None)  # type: ignore[arg-type]
                 event.set()
 
@@ -391,9 +405,28 @@ class RemoteTier(Tier):
                 self.events.emit("corruption", blob=digest.hex(), why="remote blob does not match its hash or size")
                 return False
             self.blobs.add(staging, digest, ino.size, trusted=True)
+            self.arrived(digest, ino.size)
             return True
         finally:
             os.unlink(staging)
+
+    def arrived(self, digest: bytes, size: int) -> None:
+        """Content *digest*, *size* bytes, is now in the store: names that claim another size for it go.
+
+        An entry's size is the tier's word and the hash is the content's
+        name, so an entry naming that content with another size lies (hostile
+        or broken).  ``_create`` refuses such entries when the content is
+        here first; this catches those that came first, before a read can
+        serve them the content cut or padded.  A file being written is left
+        alone (its size is its writer's).
+        """
+        liars = [i for i in map(self.ns.get, self.ns.inodes_with_hash(digest))
+                 if i is not None and i.is_reg and i.size != size and not self.lifetimes.is_written(i.id)]
+        if liars:
+            self.counters["remote_rejected"] += len(liars)
+            log.warning("%d name(s) claim %d bytes for blob %s of %d: removed", len(liars), liars[0].size,
+                        digest.hex(), size)
+            self.lifetimes.forget_content(digest, liars)
 
     def forget_listed(self, dirs: set[int]) -> None:
         """Names left these directories locally only (evicted): the next lookup there asks the tier again,

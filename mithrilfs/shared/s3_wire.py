@@ -426,7 +426,10 @@ class S3Store(RemoteStore):
         def one(item: tuple[str, int]) -> bytes | None:
             h, size = item
             got = self._get(self.blobs_for(size), self._blob_key(h), size)
-            if got is None or got[0] is None or len(got[0]) != size:
+            if got is None:
+                return None
+            if got[0] is None or len(got[0]) != size:  # another size than its entry says: bad data
+                self._count("remote_verify_failures")
                 return None
             self._count("remote_fetched_bytes", size)
             return got[0]

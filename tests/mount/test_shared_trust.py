@@ -53,9 +53,12 @@ def test_entry_size_must_match_the_blob(mount_factory: MountFactory, redis_serve
     for name in ("short.so", "long.so"):
         with pytest.raises(OSError) as e:
             (b.mountpoint / name).read_bytes()
-        assert e.value.errno == errno.EIO, name
+        # a failed fetch (EIO), or the name already gone: the read-ahead brought the content with its
+        # real size, and names claiming another size for it were removed (ENOENT)
+        assert e.value.errno in (errno.EIO, errno.ENOENT), name
     assert (b.mountpoint / "real.so").read_bytes() == data
-    assert b.stats()["remote_verify_failures"] >= 1  # more bytes than claimed is bad data, not a miss
+    s = b.stats()
+    assert s["remote_verify_failures"] + s["remote_rejected"] >= 1  # a lie is counted, whichever way it was met
 
 
 def test_huge_claimed_size_streams_and_is_a_miss(mount_factory: MountFactory, redis_server: RedisServer):
