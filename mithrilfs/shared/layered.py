@@ -98,8 +98,7 @@ class LayeredStore(RemoteStore):
         front: dict[str, tuple[dict[bytes, RemoteEntry], bool]] = {}
         try:
             self._mend_front()
-            for d in dir_paths:
-                front[d] = self.front.list_dir_complete(d)
+            front = self.front.list_dirs_complete(dir_paths)
         except RemoteError:
             front = {}
         todo = [d for d in dir_paths if not front.get(d, ({}, False))[1]]

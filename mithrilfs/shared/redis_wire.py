@@ -247,11 +247,18 @@ class RedisStore(RemoteStore):
         """Every valid entry of a directory (tombstones included), by name."""
         return self.list_dir_complete(dir_path)[0]
 
+    def list_dirs_complete(self, dir_paths: list[str]) -> dict[str, tuple[dict[bytes, RemoteEntry], bool]]:
+        """Directories' entries, and whether each was marked complete (``mark_complete``), pipelined."""
+        out = {}
+        for start in range(0, len(dir_paths), _BATCH):
+            batch = dir_paths[start:start + _BATCH]
+            for d, raw in zip(batch, self._call(self._hgetall_many, batch)):
+                complete = _fresh_mark(raw.pop(COMPLETE, None))
+                out[d] = (self._entries(d, raw), complete)
+        return out
+
     def list_dir_complete(self, dir_path: str) -> tuple[dict[bytes, RemoteEntry], bool]:
-        """A directory's entries, and whether it was marked complete (``mark_complete``)."""
-        raw = self._call(lambda: self.client.hgetall(self._dir_key(dir_path)))
-        complete = _fresh_mark(raw.pop(COMPLETE, None))
-        return self._entries(dir_path, raw), complete
+        return self.list_dirs_complete([dir_path])[dir_path]
 
     def unmark_complete(self, dir_paths: list[str]) -> None:
         """These directories may lack names the store behind Redis has (Redis missed their writes)."""
@@ -460,12 +467,7 @@ class RedisStore(RemoteStore):
     # -- batches (prefetch) -------------------------------------------------
     def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
         """Every valid entry of many directories, pipelined (a cluster pipeline splits by master)."""
-        out: dict[str, dict[bytes, RemoteEntry]] = {}
-        for start in range(0, len(dir_paths), _BATCH):
-            batch = dir_paths[start:start + _BATCH]
-            for d, raw in zip(batch, self._call(self._hgetall_many, batch)):
-                out[d] = self._entries(d, raw)
-        return out
+        return {d: entries for d, (entries, _) in self.list_dirs_complete(dir_paths).items()}
 
     def _hgetall_many(self, dir_paths: list[str]) -> list[dict]:
         pipe = self.client.pipeline(transaction=False)
