@@ -203,27 +203,29 @@ class S3Store(RemoteStore):
         self.level.succeeded()
         return result
 
-    @staticmethod
-    def _not_found(e: BaseException) -> bool:
-        """A missing object (not a missing bucket, which is an error)."""
-        return isinstance(e, FileNotFoundError) and "NoSuchBucket" not in str(e)
+    def _unless_absent(self, call: Callable[[], Any]) -> Any:
+        """*call*'s answer (a GET or HEAD, counted as one request), None when the object does not exist;
+        a missing bucket is no missing object, but an error."""
+        try:
+            result = call()
+        except FileNotFoundError as e:
+            if "NoSuchBucket" in str(e):
+                raise
+            result = None
+        self.level.moved()
+        return result
 
     def _get(self, client: Any, key: str, limit: int) -> tuple[bytes | None, str | None] | None:
         """(an object's bytes, its ETag), None when absent; the bytes are None when it holds more than
         *limit* (never read: hostile or broken), the ETag None when the server gave none."""
-        try:
-            result = _obstore().get(client, self.base + key)
-        except FileNotFoundError as e:
-            if self._not_found(e):
-                self.level.moved()
-                return None
-            raise
+        result = self._unless_absent(lambda: _obstore().get(client, self.base + key))
+        if result is None:
+            return None
         etag = result.meta.get("e_tag") or None
         if result.meta["size"] > limit:
-            self.level.moved()
             return None, etag
         data = bytes(result.bytes())
-        self.level.moved(down=len(data))
+        self.level.moved(down=len(data), requests=0)
         return data, etag
 
     def _put(self, client: Any, key: str, data: Any, mode: Any, size: int) -> bool:
@@ -397,14 +399,10 @@ class S3Store(RemoteStore):
         return self._call(self._fetch_blob, hex_digest, size, out)
 
     def _fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
-        try:
-            result = _obstore().get(self.blobs_for(size), self.base + self._blob_key(hex_digest))
-        except FileNotFoundError as e:
-            if self._not_found(e):
-                self.level.moved()
-                return None
-            raise
-        self.level.moved()
+        result = self._unless_absent(
+            lambda: _obstore().get(self.blobs_for(size), self.base + self._blob_key(hex_digest)))
+        if result is None:
+            return None
         if result.meta["size"] != size:
             return b""  # never read: more (or fewer) bytes than the entry says
         hasher = blake3.blake3()
@@ -439,14 +437,9 @@ class S3Store(RemoteStore):
     def missing_blobs(self, blobs: dict[str, int]) -> list[str]:
         def one(item: tuple[str, int]) -> str | None:
             h, size = item
-            try:
-                meta = _obstore().head(self.quick, self.base + self._blob_key(h))
-            except FileNotFoundError as e:
-                if self._not_found(e):
-                    self.level.moved()
-                    return h
-                raise
-            self.level.moved()
+            meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + self._blob_key(h)))
+            if meta is None:
+                return h
             if meta["size"] != size:
                 with self._lock:
                     self._bad_blobs.add(h)
