@@ -198,6 +198,23 @@ def hung_mounts_aborted(factory: MountFactory, request: pytest.FixtureRequest) -
         timer.cancel()
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Keep each phase's report on the item: a fixture's teardown can tell that its test failed."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+def print_daemon_logs(factory: MountFactory) -> None:
+    """The tail of each mount's daemon log, shown with a failed test (the only trace of a CI flake)."""
+    for m in factory.mounts:
+        log = m.store / "mithrilfs.log"
+        if log.exists():
+            print(f"--- {log} (last 40 lines)")
+            print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+
+
 @pytest.fixture
 def mount_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[MountFactory]:
     factory = MountFactory(tmp_path)
@@ -205,6 +222,9 @@ def mount_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Mo
         with hung_mounts_aborted(factory, request):
             yield factory
     finally:
+        report = getattr(request.node, "report_call", None)
+        if report is not None and report.failed:
+            print_daemon_logs(factory)
         factory.cleanup()
 
 

@@ -177,7 +177,9 @@ class RemoteTier(Tier):
                 self._syncing.add(d)
                 self._nursery.start_soon(self._sync_in_background, d)
             return
-        await self._sync(d)
+        if not await self._sync(d) and last is None:
+            # the tier did not answer: this directory was never synced, and its next listing asks again
+            self._dir_synced.pop(d, None)
 
     async def _sync_in_background(self, d: int) -> None:
         try:
@@ -187,18 +189,20 @@ class RemoteTier(Tier):
         finally:
             self._syncing.discard(d)
 
-    async def _sync(self, d: int) -> None:
+    async def _sync(self, d: int) -> bool:
+        """False when the tier did not answer."""
         dir_path = self.paths.of_dir(d)
         if dir_path is None:
-            return
+            return True
         entries = await self._call(self.remote.list_dir, dir_path)
         if entries is None:
-            return
+            return False
         existing = self.merge(d, dir_path, entries)
         for name, local, entry in existing:
             if self.ns.get(d) is None:
-                return
+                break
             await self._reconcile(d, name, local, entry, join_path(dir_path, name))
+        return True
 
     def merge(self, d: int, dir_path: str, entries: dict[bytes, RemoteEntry],
               only: set[bytes] | None = None) -> list[tuple[bytes, int, RemoteEntry]]:
