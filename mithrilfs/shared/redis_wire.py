@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
@@ -152,6 +153,7 @@ class RedisStore(RemoteStore):
         if password:
             self._kwargs["password"] = password
         self._client: Any = None
+        self._client_lock = threading.Lock()
         self._script_sha: str | None = None
         self.counters = counters if counters is not None else new_counters()
         self.level = Level("redis", self.url, self.counters)
@@ -165,13 +167,18 @@ class RedisStore(RemoteStore):
         """The redis-py client, made at first use: a cluster client connects as it is made, and a
         tier that is down at mount time must cost a counted error, not the mount."""
         if self._client is None:
-            import redis.cluster
+            # worker threads ask at once at mount time: a second client made beside the first would be
+            # dropped, and a dropped client closes its pool, the socket another thread is reading included
+            # (the "Bad file descriptor" a new node's first listing met)
+            with self._client_lock:
+                if self._client is None:
+                    import redis.cluster
 
-            if self.cluster:
-                self._client = redis.cluster.RedisCluster.from_url(
-                    self._url, cluster_error_retry_attempts=1, require_full_coverage=True, **self._kwargs)
-            else:
-                self._client = redis.Redis.from_url(self._url, health_check_interval=0, **self._kwargs)
+                    if self.cluster:
+                        self._client = redis.cluster.RedisCluster.from_url(
+                            self._url, cluster_error_retry_attempts=1, require_full_coverage=True, **self._kwargs)
+                    else:
+                        self._client = redis.Redis.from_url(self._url, health_check_interval=0, **self._kwargs)
         return self._client
 
     # -- availability ----------------------------------------------------

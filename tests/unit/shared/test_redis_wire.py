@@ -209,3 +209,39 @@ def test_a_complete_mark_is_trusted_only_while_fresh(redis_server: RedisServer):
     assert store.list_dir_complete("d") == ({b"a": RemoteEntry("f", 5, "n", HASH, 1)}, False)
     store.unmark_complete(["d"])
     store.close()
+
+
+def test_threads_asking_at_once_share_one_client(redis_server: RedisServer) -> None:
+    """A mount's worker threads make their first requests together: each must get the same client.
+
+    Two clients made at once left one dropped, and a dropped redis-py client
+    closes its pool: the socket the other thread was reading from went with
+    it ("Bad file descriptor", a new node's first listing empty: a CI failure).
+    """
+    import threading
+
+    def first_requests(store: RedisStore, threads: int = 8) -> tuple[set[int], list[BaseException]]:
+        barrier = threading.Barrier(threads)
+        seen: list[int] = []
+        errors: list[BaseException] = []
+
+        def first_request() -> None:
+            barrier.wait()
+            seen.append(id(store.client))
+            try:
+                store.list_dir("")
+            except BaseException as e:
+                errors.append(e)
+
+        workers = [threading.Thread(target=first_request) for _ in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        return set(seen), errors
+
+    for _ in range(20):
+        store = RedisStore(redis_server.url, "race")
+        clients, errors = first_requests(store)
+        store.close()
+        assert len(clients) == 1 and not errors, (clients, errors)
