@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 #: for hours.
 ENTRY_TIMEOUT = 60.0
 
+#: Files up to this size are pushed into the kernel's page cache when the kernel first looks them up
+#: (``Operations._push``): compile caches read nearly every file they look up, and whole.
+PUSH_MAX_BYTES = 256 << 10
+
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 def _sqlite_errno(e: sqlite3.Error) -> int:
@@ -136,6 +140,10 @@ def _timed(op: str) -> Callable[[F], F]:
     return wrap
 
 
+def _same(data: bytes | memoryview) -> bytes | memoryview:
+    return data
+
+
 def _check_name_length(name: bytes) -> None:
     if len(name) > NAME_MAX:
         raise FUSEError(errno.ENAMETOOLONG)
@@ -180,6 +188,8 @@ class Operations(kernel.Operations):
         self.names = parts.names
         #: An inode by number, ENOENT when gone (``Names.inode``); bound once: every request asks.
         self._inode = parts.names.inode
+        #: The kernel's caches, told of content pushed into them and of content about to change.
+        self.kernel = parts.lifetimes.kernel
         # revalidations are the only sign of use: an idle TTL shorter than the timeouts needs them sooner
         self.cache_timeout = min(ENTRY_TIMEOUT, self.policy.idle_ttl / 4) if self.policy.idle_ttl else ENTRY_TIMEOUT
 
@@ -226,9 +236,8 @@ class Operations(kernel.Operations):
         elif name == b"..":
             ino = self.ns.parent_of(parent_inode) or ROOT_INODE
         else:
-            ino = self.ns.lookup(parent_inode, name)
-            if ino is None:
-                ino = await self.tier.lookup(parent_inode, name)
+            found = self.ns.lookup_inode(parent_inode, name)
+            ino = found.id if found is not None else await self.tier.lookup(parent_inode, name)
         if ino is None:
             self.stats.add(self.tops.of_child(parent_inode, False, name), "misses")
             e = EntryAttributes()
@@ -241,9 +250,24 @@ class Operations(kernel.Operations):
             top = self.tops.of_child(parent_inode, False, name)
             self.tops.remember(ino, top)
             self.stats.add(top, "hits")
+            if inode.size <= PUSH_MAX_BYTES and not self.lifetimes.referenced(ino):
+                self._push(inode)
         attr = self._attr(inode)
         self.lifetimes.ref(ino)
         return attr
+
+    def _push(self, inode: Inode) -> None:
+        """A small file the kernel is about to meet for the first time: its content goes into the page
+        cache now (``Notifier.store``), so that its first read needs no READ (and, with no READ, the
+        kernel keeps its attributes instead of asking again for the atime a READ changes)."""
+        if not inode.is_reg or inode.id in self.writes.staged or inode.id in self.lifetimes.unreadable:
+            return
+        if inode.hash is not None and inode.size > 0:
+            # read and hashed by the notifier's thread, beside the event loop (blake3 and reads let go of
+            # the GIL): the lookup answers at once
+            data = self.integrity.whole(inode.hash, inode.size)
+            if data is not None:
+                self.kernel.store(inode.id, functools.partial(_same, data))
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
@@ -309,6 +333,7 @@ class Operations(kernel.Operations):
                 raise FUSEError(errno.EINVAL)
             # not a commit point: O_TRUNC arrives here too (with no file handle, like
             # truncate(2)), and its writer is only starting
+            self.kernel.withdraw(inode)
             await self.writes.truncate(self._staged(inode), attr.st_size)
         changes: dict[str, int] = {}
         if fields.update_mode:
@@ -429,9 +454,10 @@ class Operations(kernel.Operations):
 
     @_timed("read")
     @_request
-    async def read(self, inode: int, fh: int, off: int, size: int) -> bytes:
+    async def read(self, inode: int, fh: int, off: int, size: int) -> bytes | memoryview:
         if self.control.owns(inode):
             return await self.control.read(inode, off, size)
+        data: bytes | memoryview
         while True:
             of = self.writes.staged.get(inode)
             if of is not None and of.has_staging:
@@ -445,6 +471,12 @@ class Operations(kernel.Operations):
                 data = b""
                 break
             if digest not in self.integrity.blobs.verified:
+                first = self.integrity.read_small(ino, off, size)
+                if first is not None:
+                    if off == 0:
+                        self.tier.record_read(inode)
+                    data = first
+                    break
                 if not await self.integrity.verify(ino):
                     raise FUSEError(errno.EIO)  # never served: quarantined, or a miss from now on
                 continue  # it may have been written meanwhile
@@ -464,6 +496,7 @@ class Operations(kernel.Operations):
         code = self.writes.failed.get(inode)
         if code is not None:
             raise FUSEError(code)  # no more eviction for a file that already failed for room, nor writes after a tear
+        self.kernel.withdraw(inode)
         of = self._staged(inode)
         n = await self.budget.write(of, off, buf)
         counters = self.stats.by_dir[of.top]

@@ -13,7 +13,10 @@ a fresh process, the same way, on both sides:
   pages dropped with ``drop_caches``, which needs root),
 - a second load right after.
 
-Prints the median seconds per side, the ratio mount/plain and the spread.
+Prints the median seconds per side, the ratio mount/plain and the spread;
+then, for the mount, the requests that reached the daemon in each load by
+opcode and the daemon's time on them (from ``stats.json`` before and after
+each load), so a regression shows where it is.
 
     .venv/bin/python scripts/bench_warmstart.py [--kernels 1500] [--reps 3] [--json]
 """
@@ -24,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +93,21 @@ def drop_plain_caches() -> None:
         sys.exit(f"cannot drop the kernel's caches ({e.strerror}): run as root")
 
 
+def request_times(mp: Path) -> dict[str, dict[str, float]]:
+    return json.loads((mp / ".mithrilfs" / "stats.json").read_text())["requests"]
+
+
+def requests_between(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, list[float]]:
+    """Requests and daemon seconds per opcode between two ``stats.json`` reads (the reads themselves excluded)."""
+    out = {}
+    for op, now in after.items():
+        was = before.get(op, {"count": 0, "seconds": 0.0})
+        n = now["count"] - was["count"]
+        if n > 0:
+            out[op] = [n, now["seconds"] - was["seconds"]]
+    return out
+
+
 def remount(mp: Path) -> None:
     """Unmount and mount again (``temp_mount`` keeps the store beside the mount point)."""
     subprocess.run([*CLI, "umount", str(mp)], check=True)
@@ -103,6 +122,7 @@ def main() -> int:
     args = ap.parse_args()
 
     times: dict[str, dict[str, list[float]]] = {s: {"first": [], "second": []} for s in ("plain", "mount")}
+    daemon: dict[str, list[dict[str, list[float]]]] = {"first": [], "second": []}
     with temp_mount() as (mp, plain):
         caches = {"plain": plain / "triton", "mount": mp / "triton"}
         keys_file = mp.parent / "keys.json"
@@ -119,13 +139,17 @@ def main() -> int:
                 else:
                     drop_plain_caches()
                 for phase in ("first", "second"):
+                    before = request_times(mp) if side == "mount" else {}
                     run = run_json(LOAD, [str(keys_file)], caches[side])
                     times[side][phase].append(run["seconds"])
+                    if side == "mount":
+                        daemon[phase].append(requests_between(before, request_times(mp)))
                     if not args.json:
                         print(f"rep {rep} {side:5s} {phase:6s} load {run['seconds']:7.3f} s", flush=True)
     result = ratios(times, ("first", "second"))
+    per_op = {phase: median_requests(runs) for phase, runs in daemon.items()}
     if args.json:
-        print(json.dumps({"kernels": args.kernels, **result}))
+        print(json.dumps({"kernels": args.kernels, **result, "daemon": per_op}))
         return 0
     print(f"\n{args.kernels} kernels, {args.kernels * 8} files")
     print(f"{'load':22s} {'runs':>4s} {'plain (s)':>10s} {'mount (s)':>10s} {'mount/plain':>12s}   quartiles plain | mount")
@@ -134,7 +158,22 @@ def main() -> int:
         (p1, p3), (m1, m3) = r["plain_iqr_s"], r["mount_iqr_s"]
         print(f"{label:22s} {r['runs']:4d} {r['plain_s']:10.3f} {r['mount_s']:10.3f} {r['ratio']:11.2f}x"
               f"   {p1:.3f}-{p3:.3f} | {m1:.3f}-{m3:.3f}")
+    print("\nrequests that reached the daemon per load (median over the mount's loads)")
+    print(f"{'load':8s} {'opcode':12s} {'requests':>9s} {'daemon (s)':>11s} {'us each':>8s}")
+    for phase, ops in per_op.items():
+        for op, (n, secs) in ops.items():
+            print(f"{phase:8s} {op:12s} {n:9.0f} {secs:11.3f} {secs / n * 1e6 if n else 0:8.1f}")
+        total_n = sum(n for n, _ in ops.values())
+        total_s = sum(s for _, s in ops.values())
+        print(f"{phase:8s} {'all':12s} {total_n:9.0f} {total_s:11.3f}")
     return 0
+
+
+def median_requests(runs: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Per opcode, the median request count and daemon seconds over the runs (most time first)."""
+    ops = {op for run in runs for op in run}
+    out = {op: [statistics.median(run.get(op, [0, 0.0])[i] for run in runs) for i in (0, 1)] for op in ops}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))
 
 
 if __name__ == "__main__":

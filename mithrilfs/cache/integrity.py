@@ -1,7 +1,8 @@
 """No byte is served from a blob that does not hash to its name.
 
 The first READ of a blob in a mount verifies it (the page cache of a new
-mount is empty, so that first read always reaches the daemon).  A mismatch
+mount is empty, so that first read always reaches the daemon); a small one
+is hashed and served from the same single read of its file.  A mismatch
 is never served: the blob goes to quarantine, every name pointing at it
 goes (the next open is a miss and the framework recompiles), and the read
 fails.  A blob the index names but the store lacks is asked of the shared
@@ -87,6 +88,41 @@ class Integrity:
                 return False
         self.quarantine(digest, "missing" if ok is None else "content does not match its hash")
         return False
+
+    def read_small(self, ino: Inode, off: int, size: int) -> memoryview | None:
+        """The first read of a small blob: hashed and served from one read of its file (``Blobs.read_verifying``).
+
+        None for a large blob (hashed in a worker thread by ``verify``) and
+        for one that is missing or wrong (``verify`` decides what that means).
+        """
+        if ino.hash is None or ino.size >= OFFLOAD_MIN:
+            return None
+        return self.blobs.read_verifying(ino.hash, off, size)
+
+    def whole(self, digest: bytes, size: int) -> bytes | memoryview | None:
+        """All of a small blob's verified content (hashed now if it was not yet), or None.
+
+        For pushing a file into the kernel's page cache (``Notifier.store``,
+        which calls this in its own thread): None when the blob is missing,
+        wrong, or not *size* bytes (the inode's size: a push of another length
+        would move the kernel's idea of the file's size).  A wrong blob is
+        left for the file's first READ to find and quarantine.
+        """
+        if size >= OFFLOAD_MIN:
+            return None
+        data: bytes | memoryview | None
+        if digest in self.blobs.verified:
+            try:
+                fd = self.cas.open(digest)
+            except FileNotFoundError:
+                return None
+            try:
+                data = os.pread(fd, size + 1, 0)
+            finally:
+                os.close(fd)
+        else:
+            data = self.blobs.read_verifying(digest, 0, size + 1)
+        return data if data is not None and len(data) == size else None
 
     def quarantine(self, digest: bytes, why: str) -> None:
         """Move a bad blob aside and remove every name that pointed at it."""

@@ -28,6 +28,7 @@ from mithrilfs.control.node import ControlNode
 from mithrilfs.daemon.channel import NoSupervisor, Restarts, Supervisor
 from mithrilfs.daemon.duties import Duties
 from mithrilfs.fs import Operations, Parts
+from mithrilfs.kernel import RequestTimes
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import KeptCounters
 from mithrilfs.observe.tops import TopDirs
@@ -61,6 +62,8 @@ class Mounted:
     events: EventLog
     #: The control directory's files: the daemon adds the one that needs the session (``restart``).
     control: ControlFiles
+    #: Where the session counts its requests (``stats`` shows them).
+    request_times: RequestTimes
 
 
 def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_options: TierOptions | None = None, *,
@@ -73,6 +76,8 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     limiter = trio.CapacityLimiter(OFFLOAD_THREADS)
     kept = KeptCounters(ns, read_only=store.read_only)
     stats = kept.stats
+    request_times = RequestTimes()
+    stats.requests = request_times
     events = EventLog(None if store.read_only else store.root / "events.jsonl")
     paths = DirPaths(ns)
     tops = TopDirs(ns, paths)
@@ -96,4 +101,4 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     ops = Operations(Parts(store=store, writes=writes, lifetimes=lifetimes, recency=recency, budget=budget,
                            integrity=integrity, tier=tier, control=ControlNode(control), stats=stats, events=events,
                            tops=tops, names=Names(ns, writes, lifetimes, tops, tier)))
-    return Mounted(ops=ops, duties=duties, tier=tier, events=events, control=control)
+    return Mounted(ops=ops, duties=duties, tier=tier, events=events, control=control, request_times=request_times)

@@ -20,8 +20,8 @@ from .api import (
 )
 from .mount import FuseMount, MountError, mount
 from .notify import Notifier
-from .session import ProtocolError, Session, SessionParameters
+from .session import ProtocolError, RequestTimes, Session, SessionParameters
 
 __all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "DirBuffer", "EntryAttributes", "FileInfo", "FUSEError",
-           "FuseMount", "MountError", "Notifier", "Operations", "ProtocolError", "RequestContext", "Session", "SessionParameters", "SetattrFields",
+           "FuseMount", "MountError", "Notifier", "Operations", "ProtocolError", "RequestContext", "RequestTimes", "Session", "SessionParameters", "SetattrFields",
            "StatvfsData", "mount"]

@@ -246,7 +246,7 @@ class Operations:
                      ctx: RequestContext) -> tuple[FileInfo, EntryAttributes]:
         raise FUSEError(errno.ENOSYS)
 
-    async def read(self, inode: int, fh: int, off: int, size: int) -> bytes:
+    async def read(self, inode: int, fh: int, off: int, size: int) -> bytes | memoryview:
         raise FUSEError(errno.ENOSYS)
 
     async def write(self, inode: int, fh: int, off: int, buf: Any) -> int:

@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections import defaultdict, deque
-from typing import Any
+from typing import Any, Protocol
 
 from mithrilfs.store.namespace import Namespace
 
@@ -26,6 +26,24 @@ COUNTERS = (
 TIMED_OPS = ("lookup", "getattr", "read")
 ROOT_KEY = "/"
 _SAMPLES = 1024
+
+
+class RequestLog(Protocol):
+    """Requests and the daemon's time on them by opcode (``kernel.RequestTimes``: only the session sees them all)."""
+
+    def by_name(self) -> dict[str, dict[str, float]]: ...
+
+    def clear(self) -> None: ...
+
+
+class NoRequests:
+    """No session behind these counters (a store opened without a mount)."""
+
+    def by_name(self) -> dict[str, dict[str, float]]:
+        return {}
+
+    def clear(self) -> None:
+        pass
 
 
 def _zeroes() -> dict[str, int]:
@@ -46,6 +64,8 @@ class Stats:
         self.latency_ns: dict[str, deque[int]] = {op: deque(maxlen=_SAMPLES) for op in TIMED_OPS}
         self.kept: dict[str, dict[str, int]] = defaultdict(_zeroes)
         self.since = time.time()
+        #: The session's requests by opcode (``daemon.wiring`` hands it the session's).
+        self.requests: RequestLog = NoRequests()
         self._restore(persisted)
 
     def _restore(self, persisted: str | None) -> None:
@@ -71,6 +91,7 @@ class Stats:
         self.kept.clear()
         for samples in self.latency_ns.values():
             samples.clear()
+        self.requests.clear()
         self.since = time.time()
 
     def all_mounts(self) -> dict[str, dict[str, int]]:
@@ -119,6 +140,8 @@ class Stats:
             "hit_rate": _hit_rate(totals),
             "dedup_ratio": round(logical / physical, 4) if physical else 1.0,
             "latency_us": self.latency_us(),
+            # every request this mount answered, by opcode, with the daemon's time on it (most first)
+            "requests": self.requests.by_name(),
             "by_dir": {top: dict(c, hit_rate=_hit_rate(c)) for top, c in sorted(self.by_dir.items())},
             # the same counters over every mount since the last ``stats --zero``
             "all_mounts": dict(every_totals, since=round(self.since, 3), hit_rate=_hit_rate(every_totals),

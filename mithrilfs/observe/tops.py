@@ -16,13 +16,22 @@ class TopDirs:
         self.ns = ns
         self.paths = paths
         self._of_file: dict[int, str] = {}
+        #: Directories' tops, worked out once (a lookup asks for its directory's every time).
+        self._of_dir: dict[int, str] = {}
 
     def of_dir(self, d: int) -> str:
         """Which top-level directory *d* is, or is under ("/" for the root itself)."""
+        top = self._of_dir.get(d)
+        if top is not None:
+            return top
         path = self.paths.of_dir(d)
         if not path:
-            return ROOT_KEY
-        return path.split("/", 1)[0].encode(errors="surrogateescape").decode(errors="replace")
+            return ROOT_KEY  # a directory gone (or the root): not kept
+        top = path.split("/", 1)[0].encode(errors="surrogateescape").decode(errors="replace")
+        if len(self._of_dir) >= 65536:
+            self._of_dir.clear()
+        self._of_dir[d] = top
+        return top
 
     def of_child(self, parent: int, child_is_dir: bool, name: bytes) -> str:
         if parent == ROOT_INODE:
@@ -54,5 +63,6 @@ class TopDirs:
         if is_dir:
             self.paths.clear()
             self._of_file.clear()
+            self._of_dir.clear()
         else:
             self._of_file.pop(ino, None)

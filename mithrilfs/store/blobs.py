@@ -102,6 +102,29 @@ class Blobs:
             self.verified.add(digest)
         return ok
 
+    def read_verifying(self, digest: bytes, off: int, size: int) -> memoryview | None:
+        """Bytes *off*..*off+size* of a small blob not verified yet, hashed and served from one read.
+
+        The blob is read whole, hashed, and the slice comes from the same
+        buffer: what is served is exactly what was hashed (a file changed
+        between a hash and a second read could not slip through).  None when
+        it is missing or does not match; ``verify`` then says which and what
+        to do.
+        """
+        try:
+            fd = self.cas.open(digest)
+        except FileNotFoundError:
+            return None
+        try:
+            whole = os.fstat(fd).st_size
+            data = os.read(fd, whole + 1)  # one more: a file longer than it said shows
+        finally:
+            os.close(fd)
+        if hash_bytes(data) != digest:
+            return None
+        self.verified.add(digest)
+        return memoryview(data)[off:off + size]
+
     def collect(self, digest: bytes | None) -> int:
         """Delete a blob whose last reference just went; returns the bytes freed."""
         if digest is None:

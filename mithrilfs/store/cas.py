@@ -53,21 +53,27 @@ class CAS:
         self.quarantine = self.root / "quarantine"
         #: Shard directories known to exist (``write_blob`` skips their mkdir).
         self._shards: set[str] = set()
+        #: ``objects/`` as a string: the read path builds a blob's file name per request without pathlib.
+        self._objects_prefix = os.fspath(self.objects) + os.sep
         if create:
             for d in (self.objects, self.staging, self.quarantine):
                 d.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     # -- blobs -----------------------------------------------------------
     def path(self, digest: bytes) -> Path:
+        return Path(self.file_name(digest))
+
+    def file_name(self, digest: bytes) -> str:
+        """The blob's file, as ``path`` without building a Path (a few microseconds per request)."""
         h = digest.hex()
-        return self.objects / h[:2] / h
+        return f"{self._objects_prefix}{h[:2]}/{h}"
 
     def exists(self, digest: bytes) -> bool:
         return os.path.exists(self.path(digest))
 
     def open(self, digest: bytes) -> int:
         """A read-only fd on the blob; FileNotFoundError when it is gone."""
-        return os.open(self.path(digest), os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(self.file_name(digest), os.O_RDONLY | os.O_CLOEXEC)
 
     def read(self, digest: bytes) -> bytes:
         with open(self.path(digest), "rb") as f:

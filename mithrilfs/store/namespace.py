@@ -78,8 +78,11 @@ CREATE TABLE IF NOT EXISTS tombstone_queue (path TEXT PRIMARY KEY, version INTEG
 
 #: Inodes loaded most recently are kept in memory (beyond those still in use elsewhere).
 INODE_CACHE_SIZE = 65536
+#: Names found by ``lookup`` kept in memory (about 120 bytes each); past this many they start over.
+NAME_CACHE_SIZE = 1 << 18
 
 _INODE_COLS = "id, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, hash, target, rdev"
+_INODE_COLS_OF_I = ", ".join(f"i.{c}" for c in _INODE_COLS.split(", "))
 
 
 @dataclass(slots=True, weakref_slot=True)
@@ -142,6 +145,12 @@ class Namespace:
         self._inodes: weakref.WeakValueDictionary[int, Inode] = weakref.WeakValueDictionary()
         self._recent: deque[Inode] = deque(maxlen=INODE_CACHE_SIZE)
         self._created: list[int] = []
+        #: (parent, name) -> inode of names looked up: a repeated LOOKUP is answered without SQLite.
+        #: Every change of a name goes through ``link``, ``unlink`` and ``retarget``, which keep it
+        #: right; a rollback or a change by SQL alone (``recover``) empties it.  Not kept by a
+        #: reader of an index another connection changes (``reader``).
+        self._names: dict[tuple[int, bytes], int] = {}
+        self._names_kept = not read_only or immutable
         if read_only:
             # immutable (a read-only filesystem: nothing can change it under
             # us) needs neither locks nor a writable -shm
@@ -216,6 +225,7 @@ class Namespace:
                     setattr(ino, name, value)
             for ino_id in self._created:  # the id will be handed out again
                 self._inodes.pop(ino_id, None)
+            self._names.clear()
             self.unconfirmed = self._load_unconfirmed()
             raise
         finally:
@@ -255,6 +265,7 @@ class Namespace:
         """Drop the in-memory inodes (after changes made by SQL alone, such as ``recover``)."""
         self._inodes = weakref.WeakValueDictionary()
         self._recent.clear()
+        self._names.clear()
 
     def create_inode(
         self, mode: int, uid: int, gid: int, *, target: bytes | None = None, nlink: int = 1, rdev: int = 0
@@ -383,14 +394,43 @@ class Namespace:
 
     # -- directory entries -----------------------------------------------
     def lookup(self, parent: int, name: bytes) -> int | None:
+        key = (parent, name)
+        ino = self._names.get(key)
+        if ino is not None:
+            return ino
         row = self.db.execute(
-            "SELECT inode FROM dentries WHERE parent = ? AND name = ?", (parent, name)
+            "SELECT inode FROM dentries WHERE parent = ? AND name = ?", key
         ).fetchone()
-        return row[0] if row else None
+        if row is None:
+            return None
+        if self._names_kept:
+            if len(self._names) >= NAME_CACHE_SIZE:
+                self._names.clear()
+            self._names[key] = row[0]
+        return row[0]
+
+    def lookup_inode(self, parent: int, name: bytes) -> Inode | None:
+        """``lookup`` and ``get`` in one: a name not kept in memory costs one query, not two."""
+        key = (parent, name)
+        ino = self._names.get(key)
+        if ino is not None:
+            return self.get(ino)
+        row = self.db.execute(
+            f"SELECT {_INODE_COLS_OF_I} FROM dentries d JOIN inodes i ON i.id = d.inode"
+            " WHERE d.parent = ? AND d.name = ?", key).fetchone()
+        if row is None:
+            return None
+        if self._names_kept:
+            if len(self._names) >= NAME_CACHE_SIZE:
+                self._names.clear()
+            self._names[key] = row[0]
+        node = self._inodes.get(row[0])  # the object callers hold, when there is one
+        return node if node is not None else self._remember(Inode(*row))
 
     def link(self, parent: int, name: bytes, ino: int, *, published: bool = False) -> None:
         self.db.execute("INSERT INTO dentries (parent, name, inode, published) VALUES (?, ?, ?, ?)",
                         (parent, name, ino, int(published)))
+        self._names.pop((parent, name), None)
 
     def is_published(self, parent: int, name: bytes) -> bool:
         row = self.db.execute(
@@ -402,6 +442,7 @@ class Namespace:
 
     def unlink(self, parent: int, name: bytes) -> None:
         self.db.execute("DELETE FROM dentries WHERE parent = ? AND name = ?", (parent, name))
+        self._names.pop((parent, name), None)
 
     def move(self, parent: int, name: bytes, new_parent: int, new_name: bytes) -> None:
         """Re-point one entry; gets a new readdir offset like a fresh entry."""
@@ -413,6 +454,7 @@ class Namespace:
 
     def retarget(self, parent: int, name: bytes, ino: int) -> None:
         self.db.execute("UPDATE dentries SET inode = ? WHERE parent = ? AND name = ?", (ino, parent, name))
+        self._names.pop((parent, name), None)
 
     def has_children(self, ino: int) -> bool:
         return self.db.execute("SELECT 1 FROM dentries WHERE parent = ? LIMIT 1", (ino,)).fetchone() is not None

@@ -176,3 +176,24 @@ def test_a_missing_blob_the_tier_puts_back_is_served(checked: Checked) -> None:
     # verified now: a second read neither hashes nor asks again
     assert trio.run(integrity.verify, checked.ino) is True
     assert len(source.asked) == 1
+
+
+def test_a_small_blob_is_hashed_and_served_from_one_read(checked: Checked) -> None:
+    """The first read of a small blob serves the very bytes it hashed (issue 17); bytes that do not
+    hash to the name, or a file longer than the blob, are not served from it."""
+    store = checked.store
+    digest = checked.ino.hash
+    assert digest is not None
+    integrity = checked.integrity(NullTier())
+    served = integrity.read_small(checked.ino, 3, 5)
+    assert served is not None and bytes(served) == checked.data[3:8]
+    assert digest in store.blobs.verified
+    store.blobs.verified.discard(digest)
+    path = store.cas.path(digest)
+    os.chmod(path, 0o600)
+    with open(path, "ab") as f:
+        f.write(b"more")  # a longer file: the first bytes still hash right, the whole does not
+    assert integrity.read_small(checked.ino, 0, 4096) is None
+    assert digest not in store.blobs.verified
+    os.unlink(path)
+    assert integrity.read_small(checked.ino, 0, 4096) is None  # missing: ``verify`` decides

@@ -158,3 +158,42 @@ def test_index_from_before_device_numbers_gains_the_column(tmp_path):
         dev = ns.create_inode(stat.S_IFCHR | 0o600, 0, 0, rdev=259)
     assert ns.get(dev.id).rdev == 259
     ns.close()
+
+
+def test_names_kept_in_memory_follow_every_change(ns, tmp_path):
+    """A repeated lookup is answered from memory (issue 17): unlink, rename, retarget, a rollback and a
+    second connection's changes must all show in the next lookup."""
+    a = _file(ns, ROOT_INODE, b"a")
+    b = _file(ns, ROOT_INODE, b"b")
+    assert ns.lookup(ROOT_INODE, b"a") == a.id  # now kept
+    with ns.txn():
+        ns.unlink(ROOT_INODE, b"a")
+    assert ns.lookup(ROOT_INODE, b"a") is None
+    with ns.txn():
+        ns.link(ROOT_INODE, b"a", a.id)
+    assert ns.lookup(ROOT_INODE, b"a") == a.id
+    with ns.txn():
+        ns.move(ROOT_INODE, b"a", ROOT_INODE, b"c")
+    assert ns.lookup(ROOT_INODE, b"a") is None and ns.lookup(ROOT_INODE, b"c") == a.id
+    with ns.txn():
+        ns.retarget(ROOT_INODE, b"c", b.id)
+    assert ns.lookup(ROOT_INODE, b"c") == b.id
+    with pytest.raises(RuntimeError), ns.txn():  # a rolled-back unlink leaves the name
+        ns.unlink(ROOT_INODE, b"c")
+        assert ns.lookup(ROOT_INODE, b"c") is None
+        raise RuntimeError
+    assert ns.lookup(ROOT_INODE, b"c") == b.id
+    with pytest.raises(RuntimeError), ns.txn():  # a rolled-back link leaves no name
+        ns.link(ROOT_INODE, b"d", a.id)
+        assert ns.lookup(ROOT_INODE, b"d") == a.id
+        raise RuntimeError
+    assert ns.lookup(ROOT_INODE, b"d") is None
+    # a reader of an index the writer changes keeps nothing: it sees the writer's unlink
+    reader = ns.reader()
+    try:
+        assert reader.lookup(ROOT_INODE, b"b") == b.id
+        with ns.txn():
+            ns.unlink(ROOT_INODE, b"b")
+        assert reader.lookup(ROOT_INODE, b"b") is None
+    finally:
+        reader.close()
