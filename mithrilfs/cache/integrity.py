@@ -102,8 +102,8 @@ class Integrity:
     def whole(self, digest: bytes, size: int) -> bytes | memoryview | None:
         """All of a small blob's verified content (hashed now if it was not yet), or None.
 
-        For pushing a file into the kernel's page cache (``Notifier.store``,
-        which calls this in its own thread): None when the blob is missing,
+        For pushing a file into the kernel's page cache at lookup
+        (``Notifier.store``): None when the blob is missing,
         wrong, or not *size* bytes (the inode's size: a push of another length
         would move the kernel's idea of the file's size).  A wrong blob is
         left for the file's first READ to find and quarantine.

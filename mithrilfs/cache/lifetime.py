@@ -50,7 +50,7 @@ class KernelCaches(Protocol):
 
     def invalidate_inode(self, inode: int, off: int = 0, length: int = 0) -> None: ...
 
-    def store(self, inode: int, content: Callable[[], bytes | memoryview | None]) -> None: ...
+    def store(self, inode: int, data: bytes | memoryview) -> None: ...
 
     def withdraw(self, inode: int) -> None: ...
 
@@ -66,7 +66,7 @@ class NoKernelCaches:
     def invalidate_inode(self, inode: int, off: int = 0, length: int = 0) -> None:
         pass
 
-    def store(self, inode: int, content: Callable[[], bytes | memoryview | None]) -> None:
+    def store(self, inode: int, data: bytes | memoryview) -> None:
         pass
 
     def withdraw(self, inode: int) -> None:

@@ -213,6 +213,8 @@ class Staged:
     changed: float = 0.0
     #: The file already had a slice of the cache evicted for it (a full disk): never a second.
     room_made: bool = False
+    #: Its last commit found the blob already in the store (``recompiles`` asks).
+    deduped: bool = False
     _lock: trio.Lock | None = None
 
     @property
@@ -587,6 +589,7 @@ class WritePath:
                 new = self.blobs.add(path, digest, size, between=crash_point)  # type: ignore[arg-type]
             if not new:
                 self.stats.add(of.top, "dedup_hits")
+            of.deduped = not new
             crash_point("after_adopt")
             old = of.inode.hash
             # until this transaction succeeds the staging file stays, so a
@@ -742,6 +745,7 @@ class WritePath:
                 crash_point("after_adopt")
                 if not new:
                     self.stats.add(of.top, "dedup_hits")
+                of.deduped = not new
                 if of.mem is mem and of.inode.nlink > 0:  # else dropped meanwhile: its blob is collected below
                     done.append((of, mem, digest))
             rest.extend(of for of, _, _ in batch[len(written):])

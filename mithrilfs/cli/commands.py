@@ -340,6 +340,37 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         time.sleep(args.watch)
 
 
+def _cmd_why(args: argparse.Namespace) -> int:
+    from mithrilfs.tools import why
+
+    if (args.mountpoint is None) == (args.store is None):
+        raise UsageError("why needs either MOUNTPOINT or --store DIR")
+    mount = counters = None
+    if args.mountpoint is not None:
+        mount = args.mountpoint.expanduser().absolute()
+        snap = read_stats(mount)
+        store, counters = Path(snap["store"]), snap.get("all_mounts")
+    else:
+        store = _existing_store(args.store)
+    under = None
+    if args.path is not None:
+        p = args.path if args.path.is_absolute() or mount is None else mount / args.path
+        under = os.path.relpath(p.absolute(), mount) if mount is not None and p.is_absolute() else str(args.path)
+        if under.startswith(".."):
+            raise UsageError(f"{args.path} is not inside {mount}")
+        under = "" if under == "." else under
+    if not os.access(store, os.R_OK | os.X_OK):
+        raise daemon.MountError(f"cannot read the events of {store}: permission denied")
+    groups = why.report(store, mount, under)
+    if args.json:
+        print(json.dumps({"store": str(store), "counters": {k: (counters or {}).get(k, 0) for k in (
+            "identical_recompiles", "identical_recompile_bytes", "fleet_identical_recompiles")},
+            "entries": groups}, sort_keys=True))
+    else:
+        print(why.format_report(groups, counters))
+    return 0
+
+
 def _cmd_restart(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
     before = read_stats(mp)
@@ -671,6 +702,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 #: Each command's function, by the name the parser gives it.
 COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc, "fsck": _cmd_fsck,
-             "stats": _cmd_stats, "status": _cmd_status, "restart": _cmd_restart, "reload": _cmd_restart, "env": _cmd_env, "run": _cmd_run,
+             "stats": _cmd_stats, "why": _cmd_why, "status": _cmd_status, "restart": _cmd_restart, "reload": _cmd_restart, "env": _cmd_env, "run": _cmd_run,
              "export": _cmd_export, "import": _cmd_import, "push": _cmd_push, "prefetch": _cmd_prefetch,
              "clear": _cmd_clear, "config": _cmd_config}

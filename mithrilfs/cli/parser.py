@@ -206,6 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--zero", action="store_true",
                    help="set every counter to zero, those kept over remounts too (ccache -z)")
 
+    w = sub.add_parser("why", help="identical recompiles: output the cache already had, written under a new key")
+    w.add_argument("mountpoint", type=Path, nargs="?", default=None, metavar="MOUNTPOINT")
+    w.add_argument("path", type=Path, nargs="?", default=None, metavar="PATH",
+                   help="only cache entries at or under this path (in the mount)")
+    w.add_argument("--store", type=Path, default=None, help="read an unmounted store's events instead")
+    w.add_argument("--json", action="store_true", help="print the report as JSON")
+
     st = sub.add_parser("status", help="exit 0 with one line when the mount is live (health probe)")
     st.add_argument("mountpoint", type=Path)
     st.add_argument("--ready", action="store_true",

@@ -25,6 +25,7 @@ from mithrilfs import __version__
 from mithrilfs.cache.budget import Budget
 from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.cache.recency import Recency
+from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.cache.writepath import IDLE_COMMIT_SECONDS, WritePath
 from mithrilfs.daemon.channel import Restarts
 from mithrilfs.observe.events import EventLog
@@ -43,8 +44,9 @@ SUMMARY_SECONDS = 60.0
 class Duties:
     def __init__(self, store: Store, budget: Budget, writes: WritePath, lifetimes: Lifetimes, recency: Recency,
                  tier: Tier, kept: KeptCounters, events: EventLog, limiter: trio.CapacityLimiter,
-                 restarts: Restarts) -> None:
+                 restarts: Restarts, recompiles: Recompiles) -> None:
         self.store = store
+        self.recompiles = recompiles
         self.ns = store.ns
         self.budget = budget
         self.policy = budget.policy
@@ -76,6 +78,7 @@ class Duties:
                 except (sqlite3.Error, OSError) as e:
                     log.warning("could not write recency and counters to the index: %s", e)
                 self.lifetimes.retry_doomed()
+                self.recompiles.tick()
                 self.store.ensure_reserve()  # taken back once a full disk has room again
 
     async def _idle_commits(self) -> None:

@@ -21,6 +21,7 @@ from mithrilfs.cache.lifetime import KernelCaches, Lifetimes
 from mithrilfs.cache.lookups import LookupCounts
 from mithrilfs.cache.names import Names
 from mithrilfs.cache.recency import Recency
+from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.cache.writepath import CommitListener, WritePath
 from mithrilfs.control.commands import Commands
 from mithrilfs.control.files import ControlFiles
@@ -86,19 +87,21 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     recency = Recency(ns)
     lifetimes = Lifetimes(ns, blobs, recency, writes.staged.__contains__, kernel, lookups)
 
+    recompiles = Recompiles(ns, paths, stats, events, tops)
     tier: Tier = NullTier()
     if tier_options.remote is not None:
         tier = RemoteTier(ns, blobs, paths, events, lifetimes, tier_options.remote, policy, writes.physical,
                          owner=tier_options.owner, requeue=after_crash, startup_set=tier_options.startup_set,
-                         prefetch_at_start=tier_options.prefetch)
+                         prefetch_at_start=tier_options.prefetch, recompiles=recompiles)
     budget = Budget(store, policy, writes, lifetimes, recency, stats, events, tops, evicted=tier)
-    commit_listeners += [tier, budget]
+    commit_listeners += [tier, budget, recompiles]
     integrity = Integrity(store, lifetimes, budget, tier, stats, events, tops, limiter)
     control = ControlFiles()
-    duties = Duties(store, budget, writes, lifetimes, recency, tier, kept, events, limiter, restarts or Restarts())
+    duties = Duties(store, budget, writes, lifetimes, recency, tier, kept, events, limiter, restarts or Restarts(),
+                    recompiles)
     control.add_json(b"stats.json", duties.snapshot)
     Commands(store, budget, writes, tier, kept, paths, limiter, fixed_settings=fixed_settings).register(control)
     ops = Operations(Parts(store=store, writes=writes, lifetimes=lifetimes, recency=recency, budget=budget,
                            integrity=integrity, tier=tier, control=ControlNode(control), stats=stats, events=events,
-                           tops=tops, names=Names(ns, writes, lifetimes, tops, tier)))
+                           tops=tops, names=Names(ns, writes, lifetimes, tops, tier), recompiles=recompiles))
     return Mounted(ops=ops, duties=duties, tier=tier, events=events, control=control, request_times=request_times)

@@ -29,7 +29,6 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from . import abi
@@ -88,9 +87,8 @@ class Notifier:
                 self._stores.pop(inode, None)
         self._send(abi.NOTIFY_INVAL_INODE, [abi.NOTIFY_INVAL_INODE_OUT.pack(inode, off, length)])
 
-    def store(self, inode: int, content: Callable[[], bytes | memoryview | None]) -> None:
-        """Put the whole content of *inode*, which *content* gives (in this class's thread; None: nothing
-        to store), into the kernel's page cache (see the module doc).
+    def store(self, inode: int, data: bytes | memoryview) -> None:
+        """Put *data*, the whole content of *inode*, into the kernel's page cache (see the module doc).
 
         Only for an inode the kernel has just been told of (so it holds no
         pages of it yet); the kernel refuses a store for an inode it does not
@@ -101,7 +99,7 @@ class Notifier:
         state = [_QUEUED]
         with self._stores_lock:
             self._stores[inode] = state
-        self._queue.put((abi.NOTIFY_STORE, [inode, content, state]))
+        self._queue.put((abi.NOTIFY_STORE, [inode, data, state]))
 
     def withdraw(self, inode: int) -> None:
         """*inode*'s content is about to change: no store of its old content may land after this."""
@@ -112,14 +110,10 @@ class Notifier:
         if state is not None and state[0] == _WRITING:
             self.invalidate_inode(inode)  # written after the store: the kernel drops what it put there
 
-    def _store(self, inode: int, content: Callable[[], bytes | memoryview | None], state: list[int]) -> None:
-        """Read and write one store unless withdrawn.  The kernel may not hold the inode yet (the process
-        that looked it up makes it after our reply), so a refused store is tried again, twice, a moment
-        later."""
+    def _store(self, inode: int, data: bytes | memoryview, state: list[int]) -> None:
+        """Write one store unless withdrawn.  The kernel may not hold the inode yet (the process that
+        looked it up makes it after our reply), so a refused store is tried again, twice, a moment later."""
         try:
-            data = content() if self._stores.get(inode) is state else None
-            if not data:
-                return
             parts = [abi.OUT_HEADER.pack(16 + abi.NOTIFY_STORE_OUT.size + len(data), abi.NOTIFY_STORE, 0),
                      abi.NOTIFY_STORE_OUT.pack(inode, 0, len(data), 0), data]
             for attempt in range(3):

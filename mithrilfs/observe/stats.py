@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 COUNTERS = (
     "hits", "misses", "reads", "read_bytes", "writes", "write_bytes", "commits", "dedup_hits",
     "evictions", "evicted_bytes", "corrupt_blobs",
+    # the same output written again under a new cache entry: here, and by another node (``cache.recompiles``)
+    "identical_recompiles", "identical_recompile_bytes", "fleet_identical_recompiles",
 )
 TIMED_OPS = ("lookup", "getattr", "read")
 ROOT_KEY = "/"
@@ -186,6 +188,10 @@ def format_table(snap: dict[str, Any]) -> str:
             f"{format_size(c['read_bytes']):>11}{c['writes']:>9}{format_size(c['write_bytes']):>11}"
             f"{c['commits']:>9}{c['dedup_hits']:>7}{c['evictions']:>9}{note}"
         )
+    if snap.get("identical_recompiles") or snap.get("fleet_identical_recompiles"):
+        lines.append(f"identical recompiles {snap['identical_recompiles']} "
+                     f"({format_size(snap['identical_recompile_bytes'])}), {snap['fleet_identical_recompiles']} of"
+                     " bytes another node had made: mithrilfs why MOUNT")
     lat = snap["latency_us"]
     lines.append("")
     lines.append("latency (us)  " + "   ".join(f"{op} p50 {q['p50']:.0f} p99 {q['p99']:.0f}" for op, q in lat.items()))

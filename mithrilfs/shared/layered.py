@@ -224,6 +224,15 @@ class LayeredStore(RemoteStore):
             pass
         return sorted(paths)
 
+    def note_blob_names(self, names: dict[str, str]) -> None:
+        self._to_front(lambda: self.front.note_blob_names(names))
+
+    def blob_names(self, hashes: list[str]) -> dict[str, str]:
+        try:
+            return self.front.blob_names(hashes)
+        except RemoteError:
+            return {}
+
     def close(self) -> None:
         self.front.close()
         self.back.close()

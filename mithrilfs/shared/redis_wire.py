@@ -364,6 +364,36 @@ class RedisStore(RemoteStore):
     def _blob_key(self, hex_digest: str, i: int) -> str:
         return f"{self.prefix}b:{{{hex_digest}}}:{i}"
 
+    def note_blob_names(self, names: dict[str, str]) -> None:
+        """One key per blob, set only if absent (the first node's path stays), living as long as the blob."""
+        def note() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for h, path in names.items():
+                pipe.set(f"{self.prefix}bn:{{{h}}}", path.encode(errors="surrogateescape"), nx=True, ex=self.blob_ttl)
+            pipe.execute()
+
+        if names:
+            self._call(note)
+
+    def blob_names(self, hashes: list[str]) -> dict[str, str]:
+        """Paths kept by ``note_blob_names``; a value that is not a plain relative path is ignored (anyone
+        with write access to Redis can put one there, and it is only ever shown)."""
+        def get() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for h in hashes:
+                pipe.get(f"{self.prefix}bn:{{{h}}}")
+            return pipe.execute()
+
+        if not hashes:
+            return {}
+        out = {}
+        for h, raw in zip(hashes, self._call(get)):
+            path = raw.decode(errors="replace") if isinstance(raw, bytes) else None
+            if path and len(path) < 4096 and "\0" not in path and not path.startswith("/") \
+                    and ".." not in path.split("/"):
+                out[h] = path
+        return out
+
     def fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
         """Stream a blob of *size* bytes into *out*; its blake3, or None when Redis lacks (part of) it.
 

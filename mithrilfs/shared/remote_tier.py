@@ -35,6 +35,7 @@ import trio
 from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.integrity import Fetched
 from mithrilfs.cache.lifetime import Lifetimes, Removed
+from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.prefetch import Prefetcher
@@ -81,7 +82,7 @@ class RemoteTier(Tier):
     def __init__(self, ns: Namespace, blobs: Blobs, paths: DirPaths, events: EventLog, lifetimes: Lifetimes,
                  remote: RemoteStore, policy: EvictionPolicy, physical: Callable[[], int], *,
                  owner: tuple[int, int] | None = None, requeue: bool = False, startup_set: str = "default",
-                 prefetch_at_start: str | None = None) -> None:
+                 prefetch_at_start: str | None = None, recompiles: Recompiles | None = None) -> None:
         self.ns = ns
         self.queue = TierQueue(ns)
         self.blobs = blobs
@@ -90,6 +91,8 @@ class RemoteTier(Tier):
         self.lifetimes = lifetimes
         self.remote = remote
         self.counters = remote.counters
+        #: Told of uploads whose blob the tier already held (another node compiled the same bytes).
+        self.recompiles = recompiles
         self.node = node_id(ns)
         #: Owner of materialized entries (``--remote-owner``); None: the mount root's at the time.
         self.owner = owner

@@ -172,6 +172,15 @@ class RemoteStore(ABC):
     def startup_set(self, name: str) -> list[str]:
         """The paths of a startup set."""
 
+    def note_blob_names(self, names: dict[str, str]) -> None:
+        """Remember the path each of these blobs (hex -> path) was first published under, where a store can
+        keep that cheaply (``blob_names``); by default nowhere."""
+        return None
+
+    def blob_names(self, hashes: list[str]) -> dict[str, str]:
+        """The paths ``note_blob_names`` kept for these blobs (``mithrilfs why`` across nodes); by default none."""
+        return {}
+
     @abstractmethod
     def close(self) -> None:
         """Release connections (the process may go on)."""

@@ -162,7 +162,7 @@ class WriteBehind:
                     blobs[digest.hex()] = (str(self.tier.blobs.cas.path(digest)) if node.hash else "", node.size)
                 items.append((path, entry))
                 names.append((parent, name))
-        gone = await self._send_blobs(blobs)
+        gone, held = await self._send_blobs(blobs)
         keep = [i for i, (_, e) in enumerate(items) if e.hash not in gone]
         items = [items[i] for i in keep]
         names = [names[i] for i in keep]
@@ -182,6 +182,7 @@ class WriteBehind:
                 await self._lost_to(name_key, path, other)
             elif other.type == "f" and ours.type == "f" and other.hash != ours.hash and other.node != self.tier.node:
                 self.tier._conflict(path, ours, other, kept=self.tier.node)
+        await self._blobs_seen_elsewhere(items, results, held)
         return len(settled) + len(tombs)
 
     def _add_dirs(self, parent: int, items: list, names: list, done: set[int]) -> str | None:
@@ -205,10 +206,33 @@ class WriteBehind:
             names.append((up_parent, name))
         return self.tier.paths.of_dir(parent)
 
-    async def _send_blobs(self, blobs: dict[str, tuple[str, int]]) -> set[str]:
-        """Upload the blobs Redis lacks (blobs first, names after); the hashes whose files were gone."""
+    async def _blobs_seen_elsewhere(self, items: list[tuple[str, RemoteEntry]],
+                                    results: list[tuple[bool, RemoteEntry | None]], held: set[str]) -> None:
+        """Names new to the tier whose blobs it already held: another node compiled the same bytes
+        (``Recompiles.fleet``).  The tier keeps where each blob was first published, where it can."""
+        fresh = [(path, e) for (path, e), (written, other) in zip(items, results)
+                 if e.type == "f" and e.hash and written and other is None]
+        first = {e.hash: path for path, e in fresh if e.hash not in held}
+        seen = [(path, e) for path, e in fresh if e.hash in held]
+        try:
+            if first:
+                await self.tier.thread(self.tier.remote.note_blob_names, first)
+            others = await self.tier.thread(self.tier.remote.blob_names, [e.hash for _, e in seen]) if seen else {}
+        except RemoteError as err:
+            log.debug("where blobs were first published: %s", err)
+            others = {}
+        if self.tier.recompiles is not None:
+            for path, entry in seen:
+                assert entry.hash is not None and entry.size is not None
+                self.tier.recompiles.fleet(path, bytes.fromhex(entry.hash), entry.size, others.get(entry.hash))
+
+    async def _send_blobs(self, blobs: dict[str, tuple[str, int]]) -> tuple[set[str], set[str]]:
+        """Upload the blobs the tier lacks (blobs first, names after): the hashes whose files were gone, and
+        those the tier already held."""
         missing = await self.tier.thread(self.tier.remote.missing_blobs, {h: size for h, (_, size) in blobs.items()})
-        return await self.tier.thread(self.tier.remote.upload_blobs, [(h, blobs[h][0]) for h in missing])
+        gone = await self.tier.thread(self.tier.remote.upload_blobs, [(h, blobs[h][0]) for h in missing])
+        lacked = set(missing)
+        return gone, {h for h in blobs if h not in lacked}
 
     async def _lost_to(self, name_key: tuple[int, bytes], path: str, winner: RemoteEntry) -> None:
         """Our version of a path lost to a newer one from another node: take it locally too."""
