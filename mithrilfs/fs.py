@@ -56,8 +56,9 @@ log = logging.getLogger(__name__)
 #: for hours.
 ENTRY_TIMEOUT = 60.0
 
-#: Files up to this size are pushed into the kernel's page cache when the kernel first looks them up
-#: (``Operations._push``): compile caches read nearly every file they look up, and whole.
+#: With ``mount --push-on-lookup``, files up to this size are pushed into the kernel's page cache when
+#: the kernel first looks them up (``Operations._push``): compile caches read nearly every file they look
+#: up, and whole.
 PUSH_MAX_BYTES = 256 << 10
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -163,6 +164,8 @@ class Parts:
     tops: TopDirs
     names: Names
     recompiles: Recompiles
+    #: Files up to this size are pushed into the page cache at their first lookup (0: none; ``_push``).
+    push_max_bytes: int = 0
 
 
 class Operations(kernel.Operations):
@@ -185,6 +188,7 @@ class Operations(kernel.Operations):
         self.tops = parts.tops
         self.names = parts.names
         self.recompiles = parts.recompiles
+        self.push_max_bytes = parts.push_max_bytes
         #: An inode by number, ENOENT when gone (``Names.inode``); bound once: every request asks.
         self._inode = parts.names.inode
         #: The kernel's caches, told of content pushed into them and of content about to change.
@@ -250,7 +254,7 @@ class Operations(kernel.Operations):
             top = self.tops.of_child(parent_inode, False, name)
             self.tops.remember(ino, top)
             self.stats.add(top, "hits")
-            if inode.size <= PUSH_MAX_BYTES and not self.lifetimes.referenced(ino):
+            if 0 < inode.size <= self.push_max_bytes and not self.lifetimes.referenced(ino):
                 self._push(inode)
         attr = self._attr(inode)
         self.lifetimes.ref(ino)
@@ -262,14 +266,19 @@ class Operations(kernel.Operations):
         kernel keeps its attributes instead of asking again for the atime a READ changes)."""
         if not inode.is_reg or inode.id in self.writes.staged or inode.id in self.lifetimes.unreadable:
             return
-        if inode.hash is not None and inode.size > 0:
+        if inode.hash is None or inode.size == 0:
+            return
+        try:
             # read (and hashed) here, not in the notifier's thread: it then only writes, and the store
             # lands before the read comes far more often (measured: 200-500 READs left of 12,000, against
             # 3,000-5,000 with the reading done in the thread, beside the event loop's GIL)
             data = self.integrity.whole(inode.hash, inode.size)
-            if data is not None:
-                self.kernel.store(inode.id, data)
-                self.tier.record_read(inode.id)  # its read will not reach us: it joins the startup set now
+        except OSError as e:  # a push is only a head start: the lookup answers, the read will tell
+            log.debug("no push of inode %d: %s", inode.id, e)
+            return
+        if data is not None:
+            self.kernel.store(inode.id, data)
+            self.tier.record_read(inode.id)  # its read will not reach us: it joins the startup set now
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
@@ -460,6 +469,9 @@ class Operations(kernel.Operations):
     async def read(self, inode: int, fh: int, off: int, size: int) -> bytes | memoryview:
         if self.control.owns(inode):
             return await self.control.read(inode, off, size)
+        # the kernel asks after all: a push still queued is of no use, and one being written is followed
+        # by an invalidation (a page this READ fills may be written through a shared mapping next)
+        self.kernel.withdraw(inode)
         data: bytes | memoryview
         while True:
             of = self.writes.staged.get(inode)

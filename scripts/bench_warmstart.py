@@ -18,7 +18,7 @@ then, for the mount, the requests that reached the daemon in each load by
 opcode and the daemon's time on them (from ``stats.json`` before and after
 each load), so a regression shows where it is.
 
-    .venv/bin/python scripts/bench_warmstart.py [--kernels 1500] [--reps 3] [--json]
+    .venv/bin/python scripts/bench_warmstart.py [--kernels 1500] [--reps 3] [--push] [--json]
 """
 
 from __future__ import annotations
@@ -108,10 +108,10 @@ def requests_between(before: dict[str, dict[str, float]], after: dict[str, dict[
     return out
 
 
-def remount(mp: Path) -> None:
+def remount(mp: Path, extra: list[str]) -> None:
     """Unmount and mount again (``temp_mount`` keeps the store beside the mount point)."""
     subprocess.run([*CLI, "umount", str(mp)], check=True)
-    subprocess.run([*CLI, "mount", str(mp), "--store", str(mp.parent / "store")], check=True)
+    subprocess.run([*CLI, "mount", str(mp), "--store", str(mp.parent / "store"), *extra], check=True)
 
 
 def main() -> int:
@@ -119,11 +119,13 @@ def main() -> int:
     ap.add_argument("--kernels", type=int, default=1500)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--push", action="store_true", help="mount with --push-on-lookup")
     args = ap.parse_args()
+    extra = ["--push-on-lookup"] if args.push else []
 
     times: dict[str, dict[str, list[float]]] = {s: {"first": [], "second": []} for s in ("plain", "mount")}
     daemon: dict[str, list[dict[str, list[float]]]] = {"first": [], "second": []}
-    with temp_mount() as (mp, plain):
+    with temp_mount(*extra) as (mp, plain):
         caches = {"plain": plain / "triton", "mount": mp / "triton"}
         keys_file = mp.parent / "keys.json"
         seed = random.randrange(1 << 30)
@@ -135,7 +137,7 @@ def main() -> int:
         for rep, order in enumerate(abba(args.reps)):
             for side in order:
                 if side == "mount":
-                    remount(mp)
+                    remount(mp, extra)
                 else:
                     drop_plain_caches()
                 for phase in ("first", "second"):

@@ -97,7 +97,7 @@ class Integrity:
         """
         if ino.hash is None or ino.size >= OFFLOAD_MIN:
             return None
-        return self.blobs.read_verifying(ino.hash, off, size)
+        return self.blobs.read_verifying(ino.hash, off, size, ino.size)
 
     def whole(self, digest: bytes, size: int) -> bytes | memoryview | None:
         """All of a small blob's verified content (hashed now if it was not yet), or None.
@@ -121,7 +121,7 @@ class Integrity:
             finally:
                 os.close(fd)
         else:
-            data = self.blobs.read_verifying(digest, 0, size + 1)
+            data = self.blobs.read_verifying(digest, 0, size, size)
         return data if data is not None and len(data) == size else None
 
     def quarantine(self, digest: bytes, why: str) -> None:

@@ -25,7 +25,9 @@ found the new entry missing (the framework's cache miss) to the commit.
 
 from __future__ import annotations
 
+import logging
 import posixpath
+import sqlite3
 import time
 from typing import Any
 
@@ -35,6 +37,8 @@ from mithrilfs.observe.stats import ROOT_KEY, Stats
 from mithrilfs.observe.tops import TopDirs
 from mithrilfs.store.namespace import DirPaths, Namespace
 
+log = logging.getLogger(__name__)
+
 #: Smaller files are identical by nature (empty files, markers, tiny JSON).
 MIN_BYTES = 1024
 #: Commits waiting for their final name, and missed lookups remembered for the estimate.
@@ -42,6 +46,8 @@ _MAX_PENDING = 4096
 _MAX_MISSES = 16384
 #: A commit still under a temporary name after this long is not judged.
 _PENDING_SECONDS = 30.0
+#: Other files with the same bytes looked at per commit (a blob a thousand files share costs no more).
+_MAX_OTHERS = 16
 
 
 def entry_of(path: str) -> str | None:
@@ -84,7 +90,19 @@ class Recompiles:
         self.settle(ino.id)
 
     def settle(self, ino: int) -> None:
-        """Judge a pending commit of *ino* if it has its final name (after a rename, or a commit in place)."""
+        """Judge a pending commit of *ino* if it has its final name (after a rename, or a commit in place).
+
+        Only counting: an index error here is logged, never the answer of the commit or rename that asked.
+        """
+        if ino not in self._pending:
+            return
+        try:
+            self._settle(ino)
+        except sqlite3.Error as e:
+            self._pending.pop(ino, None)
+            log.warning("identical recompile check of inode %d failed: %s", ino, e)
+
+    def _settle(self, ino: int) -> None:
         pending = self._pending.get(ino)
         if pending is None:
             return
@@ -100,7 +118,7 @@ class Recompiles:
         if entry is None:
             return
         elsewhere = None
-        for other in self.ns.inodes_with_hash(digest):
+        for other in self.ns.inodes_with_hash(digest, limit=_MAX_OTHERS):
             if other == ino:
                 continue
             paths = self._paths_of(other)
@@ -114,6 +132,8 @@ class Recompiles:
     def tick(self) -> None:
         """Judge commits whose rename did not come through ``settle`` (an fsync in place); forget stale ones."""
         now = time.time()
+        if len(self._missed) > _MAX_MISSES // 2:
+            self._missed = {p: t for p, t in self._missed.items() if now - t < _PENDING_SECONDS * 20}
         for ino, (_, _, committed) in list(self._pending.items()):
             if now - committed > _PENDING_SECONDS:
                 del self._pending[ino]
@@ -124,8 +144,11 @@ class Recompiles:
         """This node uploads *path*, new to the shared tier, whose blob the tier already held: another node
         compiled these bytes (at *other_path*, when the tier knows it) under another name."""
         entry = entry_of(path)
-        if size < MIN_BYTES or entry is None or len(self.ns.inodes_with_hash(digest)) > 1:
-            return  # tiny, temporary, or another file here has it: counted here as an identical recompile
+        if size < MIN_BYTES or entry is None:
+            return  # tiny or temporary
+        here = self.ns.inodes_with_hash(digest, limit=2)
+        if len(here) != 1 or len(self.ns.names_of(here[0])) > 1:
+            return  # another file here has it (counted here), or a second name of a file already uploaded
         other_entry = entry_of(other_path) if other_path else None
         if other_entry == entry:
             return  # the same entry compiled on two nodes at once: a race, not a changed key
@@ -157,7 +180,7 @@ class Recompiles:
         self.stats.add(top, "identical_recompile_bytes", size)
         fields: dict[str, Any] = {"path": path, "entry": entry, "other_path": other_path,
                                   "other_entry": other_entry, "bytes": size, "blob": digest.hex()}
-        missed = self._missed.get(entry)
+        missed = self._missed.pop(entry, None)
         if missed is not None and missed <= committed:
             fields["lost_seconds"] = round(committed - missed, 3)
         self.events.emit("identical_recompile", **fields)

@@ -107,6 +107,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         nonempty=args.nonempty,
         fixed_settings=frozenset(given),
         on_crash=args.on_crash,
+        push_on_lookup=args.push_on_lookup,
     )
     if opts.prefetch is not None and args.remote is None:
         usage_error("--prefetch needs --remote")
@@ -343,6 +344,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 def _cmd_why(args: argparse.Namespace) -> int:
     from mithrilfs.tools import why
 
+    if args.store is not None and args.mountpoint is not None and args.path is None:
+        args.mountpoint, args.path = None, args.mountpoint  # ``why --store DIR PATH``
     if (args.mountpoint is None) == (args.store is None):
         raise UsageError("why needs either MOUNTPOINT or --store DIR")
     mount = counters = None

@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--on-crash", choices=("takeover", "detach"), default="takeover",
                    help="if the daemon dies: a new one takes the live mount over (default; programs see a pause),"
                         " or the mount is detached (programs get ENOTCONN)")
+    m.add_argument("--push-on-lookup", action="store_true",
+                   help="put small files into the kernel's page cache when first looked up (warm starts need no"
+                        " READs); only for caches whose files are never written in place, see docs/design.md")
     m.add_argument("--allow-other", action="store_true", help="let other users see the mount")
     m.add_argument("--debug", action="store_true", help="log every FUSE request")
     _add_settings(m, "the store's setting ('mithrilfs config'), else ")

@@ -37,8 +37,11 @@ log = logging.getLogger(__name__)
 
 
 _QUEUED, _WRITING = 0, 1
-#: How long a store the kernel refused waits before it is tried again.
-STORE_RETRY_SECONDS = 100e-6
+#: How long a store the kernel refused waits before each new try (the process that looked the file up
+#: makes the inode once it runs again after our reply: under load, that can take a few milliseconds).
+STORE_RETRY_SECONDS = (50e-6, 200e-6, 1e-3, 4e-3)
+#: Stores queued at once, in bytes, at most.
+MAX_QUEUED_STORE_BYTES = 64 << 20
 
 
 class Notifier:
@@ -49,9 +52,14 @@ class Notifier:
         #: Stores queued or being written, by inode: [state] (``withdraw`` reads and changes it).
         self._stores: dict[int, list[int]] = {}
         self._stores_lock = threading.Lock()
+        #: Bytes of stores queued: past ``MAX_QUEUED_STORE_BYTES`` new ones are not made (a burst of lookups
+        #: must not hold the content of every file in memory, nor keep deletes waiting behind it).
+        self._queued_bytes = 0
         #: Stores the kernel took, and those it refused (it did not hold the inode yet, or any more).
         self.stored = 0
         self.store_missed = 0
+        #: Attempts the kernel refused before it took a store (the inode not made yet).
+        self.store_retries = 0
         self._thread = threading.Thread(target=self._loop, name="fuse-notify", daemon=True)
         self._thread.start()
 
@@ -60,8 +68,11 @@ class Notifier:
         self._open = True
 
     def shut(self) -> None:
-        """The session is stopping: later notifications are dropped."""
+        """The session is stopping: later notifications are dropped, and so are stores not written yet (a
+        daemon taking over would not know to withdraw them)."""
         self._open = False
+        with self._stores_lock:
+            self._stores.clear()
 
     def close(self) -> None:
         """Stop the thread once what was queued is written (the fd belongs to whoever mounted)."""
@@ -94,11 +105,12 @@ class Notifier:
         pages of it yet); the kernel refuses a store for an inode it does not
         hold (ENOENT), and the file's first read then asks as usual.
         """
-        if not self._open:
+        if not self._open or self._queued_bytes + len(data) > MAX_QUEUED_STORE_BYTES:
             return
         state = [_QUEUED]
         with self._stores_lock:
             self._stores[inode] = state
+            self._queued_bytes += len(data)
         self._queue.put((abi.NOTIFY_STORE, [inode, data, state]))
 
     def withdraw(self, inode: int) -> None:
@@ -116,22 +128,23 @@ class Notifier:
         try:
             parts = [abi.OUT_HEADER.pack(16 + abi.NOTIFY_STORE_OUT.size + len(data), abi.NOTIFY_STORE, 0),
                      abi.NOTIFY_STORE_OUT.pack(inode, 0, len(data), 0), data]
-            for attempt in range(3):
+            for attempt, pause in enumerate((*STORE_RETRY_SECONDS, None)):
                 with self._stores_lock:
-                    if self._stores.get(inode) is not state:
-                        return  # withdrawn: the content changed before it could be written
+                    if self._stores.get(inode) is not state or not self._open:
+                        return  # withdrawn (the content changes), or the session is stopping
                     state[0] = _WRITING
                 try:
                     os.writev(self.fd, parts)
                     self.stored += 1
+                    self.store_retries += attempt
                     return
                 except FileNotFoundError:
-                    if attempt == 2:
+                    if pause is None:
                         self.store_missed += 1
                         return
                 with self._stores_lock:
                     state[0] = _QUEUED
-                time.sleep(STORE_RETRY_SECONDS)
+                time.sleep(pause)
         except OSError as e:
             if e.errno not in (errno.EBADF, errno.ENODEV):
                 log.warning("pushing inode %d into the page cache failed: %s", inode, e)
@@ -139,12 +152,13 @@ class Notifier:
             log.exception("pushing inode %d into the page cache failed", inode)
         finally:
             with self._stores_lock:
+                self._queued_bytes -= len(data)
                 if self._stores.get(inode) is state:
                     del self._stores[inode]
 
     def pushes(self) -> dict[str, int]:
         """Stores the kernel took and refused (``stats``: how often a first read was spared)."""
-        return {"pushed_files": self.stored, "push_missed": self.store_missed}
+        return {"pushed_files": self.stored, "push_missed": self.store_missed, "push_retries": self.store_retries}
 
     def _send(self, code: int, parts: list[Any]) -> None:
         if self._open:

@@ -365,7 +365,8 @@ class RedisStore(RemoteStore):
         return f"{self.prefix}b:{{{hex_digest}}}:{i}"
 
     def note_blob_names(self, names: dict[str, str]) -> None:
-        """One key per blob, set only if absent (the first node's path stays), living as long as the blob."""
+        """One key per blob, set only if absent (the first node's path stays), living as long as the blob:
+        ``NODE<tab>PATH``."""
         def note() -> None:
             pipe = self.client.pipeline(transaction=False)
             for h, path in names.items():

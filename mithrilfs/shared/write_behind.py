@@ -212,7 +212,7 @@ class WriteBehind:
         (``Recompiles.fleet``).  The tier keeps where each blob was first published, where it can."""
         fresh = [(path, e) for (path, e), (written, other) in zip(items, results)
                  if e.type == "f" and e.hash and written and other is None]
-        first = {e.hash: path for path, e in fresh if e.hash not in held}
+        first = {e.hash: f"{self.tier.node}\t{path}" for path, e in fresh if e.hash not in held}
         seen = [(path, e) for path, e in fresh if e.hash in held]
         try:
             if first:
@@ -224,7 +224,10 @@ class WriteBehind:
         if self.tier.recompiles is not None:
             for path, entry in seen:
                 assert entry.hash is not None and entry.size is not None
-                self.tier.recompiles.fleet(path, bytes.fromhex(entry.hash), entry.size, others.get(entry.hash))
+                node, _, other_path = others.get(entry.hash, "").partition("\t")
+                if node == self.tier.node:
+                    continue  # this node uploaded those bytes itself, under a name it has since changed
+                self.tier.recompiles.fleet(path, bytes.fromhex(entry.hash), entry.size, other_path or None)
 
     async def _send_blobs(self, blobs: dict[str, tuple[str, int]]) -> tuple[set[str], set[str]]:
         """Upload the blobs the tier lacks (blobs first, names after): the hashes whose files were gone, and

@@ -102,25 +102,24 @@ class Blobs:
             self.verified.add(digest)
         return ok
 
-    def read_verifying(self, digest: bytes, off: int, size: int) -> memoryview | None:
+    def read_verifying(self, digest: bytes, off: int, size: int, expected: int) -> memoryview | None:
         """Bytes *off*..*off+size* of a small blob not verified yet, hashed and served from one read.
 
         The blob is read whole, hashed, and the slice comes from the same
         buffer: what is served is exactly what was hashed (a file changed
         between a hash and a second read could not slip through).  None when
         it is missing or does not match; ``verify`` then says which and what
-        to do.
+        to do.  *expected*: the blob's size; a file of another size is not read whole.
         """
         try:
             fd = self.cas.open(digest)
         except FileNotFoundError:
             return None
         try:
-            whole = os.fstat(fd).st_size
-            data = os.read(fd, whole + 1)  # one more: a file longer than it said shows
+            data = os.read(fd, expected + 1)  # one more: a file longer than it should be shows
         finally:
             os.close(fd)
-        if hash_bytes(data) != digest:
+        if len(data) != expected or hash_bytes(data) != digest:
             return None
         self.verified.add(digest)
         return memoryview(data)[off:off + size]

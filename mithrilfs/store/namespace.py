@@ -403,10 +403,7 @@ class Namespace:
         ).fetchone()
         if row is None:
             return None
-        if self._names_kept:
-            if len(self._names) >= NAME_CACHE_SIZE:
-                self._names.clear()
-            self._names[key] = row[0]
+        self._keep_name(key, row[0])
         return row[0]
 
     def lookup_inode(self, parent: int, name: bytes) -> Inode | None:
@@ -420,12 +417,15 @@ class Namespace:
             " WHERE d.parent = ? AND d.name = ?", key).fetchone()
         if row is None:
             return None
+        self._keep_name(key, row[0])
+        node = self._inodes.get(row[0])  # the object callers hold, when there is one
+        return node if node is not None else self._remember(Inode(*row))
+
+    def _keep_name(self, key: tuple[int, bytes], ino: int) -> None:
         if self._names_kept:
             if len(self._names) >= NAME_CACHE_SIZE:
                 self._names.clear()
-            self._names[key] = row[0]
-        node = self._inodes.get(row[0])  # the object callers hold, when there is one
-        return node if node is not None else self._remember(Inode(*row))
+            self._names[key] = ino
 
     def link(self, parent: int, name: bytes, ino: int, *, published: bool = False) -> None:
         self.db.execute("INSERT INTO dentries (parent, name, inode, published) VALUES (?, ?, ?, ?)",
@@ -471,8 +471,8 @@ class Namespace:
         ).fetchall()
         return [Dentry(*r) for r in rows]
 
-    def inodes_with_hash(self, digest: bytes) -> list[int]:
-        return [r[0] for r in self.db.execute("SELECT id FROM inodes WHERE hash = ?", (digest,))]
+    def inodes_with_hash(self, digest: bytes, limit: int = -1) -> list[int]:
+        return [r[0] for r in self.db.execute("SELECT id FROM inodes WHERE hash = ? LIMIT ?", (digest, limit))]
 
     def names_of(self, ino: int) -> list[tuple[int, bytes]]:
         return self.db.execute("SELECT parent, name FROM dentries WHERE inode = ?", (ino,)).fetchall()

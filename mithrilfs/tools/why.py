@@ -35,11 +35,19 @@ def read_events(store: Path) -> list[dict[str, Any]]:
         for line in lines:
             try:
                 event = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a crash
-            if isinstance(event, dict) and event.get("event") in EVENTS and isinstance(event.get("path"), str):
+            except (ValueError, RecursionError):
+                continue  # a line cut by a crash, or not one of ours
+            if isinstance(event, dict) and event.get("event") in EVENTS and _well_formed(event):
                 out.append(event)
     return out
+
+
+def _well_formed(e: dict[str, Any]) -> bool:
+    """An event this reads: the fields it uses have their types (the log is ours, but a file can be edited)."""
+    return (isinstance(e.get("path"), str) and isinstance(e.get("entry", ""), str)
+            and isinstance(e.get("other_entry", ""), str | None) and isinstance(e.get("bytes", 0), int)
+            and isinstance(e.get("ts", 0), int | float)
+            and isinstance(e.get("lost_seconds", 0), int | float | None))
 
 
 def report(store: Path, mount: Path | None, under: str | None) -> list[dict[str, Any]]:
@@ -64,17 +72,26 @@ def report(store: Path, mount: Path | None, under: str | None) -> list[dict[str,
     ordered = sorted(groups.values(), key=lambda g: -g["newest"])[:MAX_ENTRIES]
     if mount is not None:
         for g in ordered:
-            # entries come from this store's index, or from the shared tier (checked there): never outside
-            g["differs"] = {other: metadata_diff(mount / g["entry"], mount / other) for other in g["same_as"]
-                            if _inside(other) and _inside(g["entry"])}
+            mine = _within(mount, g["entry"])
+            g["differs"] = {}
+            for other in g["same_as"]:
+                theirs = _within(mount, other)
+                if mine is not None and theirs is not None:
+                    g["differs"][other] = metadata_diff(mine, theirs, mount)
     return ordered
 
 
-def _inside(path: str) -> bool:
-    return not path.startswith("/") and ".." not in path.split("/")
+def _within(mount: Path, path: str) -> Path | None:
+    """*path* under the mount, symbolic links resolved, or None when it leads anywhere else: an entry may
+    come from the shared tier, where anyone who can write to it can plant a path or a link."""
+    try:
+        real = (mount / path).resolve(strict=True)
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return real if real.is_relative_to(mount.resolve()) else None
 
 
-def _metadata(entry: Path) -> dict[str, dict[str, Any]]:
+def _metadata(entry: Path, mount: Path) -> dict[str, dict[str, Any]]:
     """The kernel metadata JSON objects of an entry, by file name (Triton's ``<kernel>.json``)."""
     out = {}
     try:
@@ -83,28 +100,38 @@ def _metadata(entry: Path) -> dict[str, dict[str, Any]]:
         return {}
     for p in files:
         try:
-            if p.stat().st_size > _MAX_METADATA_BYTES:
+            if _within(mount, str(p.relative_to(mount.resolve()))) is None or p.stat().st_size > _MAX_METADATA_BYTES:
                 continue
             doc = json.loads(p.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
         if isinstance(doc, dict):
             out[p.name] = doc
     return out
 
 
-def metadata_diff(entry: Path, other: Path) -> list[dict[str, Any]]:
+def metadata_diff(entry: Path, other: Path, mount: Path) -> list[dict[str, Any]]:
     """Fields whose values differ between the two entries' metadata files of the same name."""
-    mine, theirs = _metadata(entry), _metadata(other)
+    mine, theirs = _metadata(entry, mount), _metadata(other, mount)
     out = []
     for name in sorted(mine.keys() & theirs.keys()):
         a, b = mine[name], theirs[name]
         for field in sorted(a.keys() | b.keys()):
             if field in ("hash",):  # the key itself: always differs
                 continue
-            if a.get(field) != b.get(field):
-                out.append({"file": name, "field": field, "this": a.get(field), "other": b.get(field)})
+            try:
+                differs = a.get(field) != b.get(field)
+                this, that = json.loads(json.dumps(a.get(field))), json.loads(json.dumps(b.get(field)))
+            except (RecursionError, ValueError, TypeError):
+                continue  # nested past what can be compared: not a kernel's metadata
+            if differs:
+                out.append({"file": name, "field": field, "this": this, "other": that})
     return out
+
+
+def _shown(text: str) -> str:
+    """A path or value for a terminal: control characters (a path from the shared tier may hold any) escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def format_report(groups: list[dict[str, Any]], counters: dict[str, Any] | None) -> str:
@@ -120,13 +147,13 @@ def format_report(groups: list[dict[str, Any]], counters: dict[str, Any] | None)
     for g in groups:
         lost = f", about {g['lost_seconds']:.1f} s of compile lost" if g["lost_seconds"] is not None else ""
         where = "on another node" if g["fleet"] and not g["same_as"] else ""
-        lines.append(f"  {g['entry'] or '/'}: {g['files']} file{'s' if g['files'] != 1 else ''}, "
+        lines.append(f"  {_shown(g['entry']) or '/'}: {g['files']} file{'s' if g['files'] != 1 else ''}, "
                      f"{format_size(g['bytes'])}{lost}")
         for other in g["same_as"]:
-            lines.append(f"    same bytes as {other}")
+            lines.append(f"    same bytes as {_shown(other)}")
             for d in g.get("differs", {}).get(other, []):
-                lines.append(f"      {d['file']}: {d['field']} = {json.dumps(d['this'])} here, "
-                             f"{json.dumps(d['other'])} there")
+                lines.append(_shown(f"      {d['file']}: {d['field']} = {json.dumps(d['this'])} here, "
+                                    f"{json.dumps(d['other'])} there"))
         if where:
             lines.append(f"    same bytes as a file {where}")
     return "\n".join(lines)
