@@ -366,9 +366,10 @@ def _cmd_why(args: argparse.Namespace) -> int:
         raise daemon.MountError(f"cannot read the events of {store}: permission denied")
     groups = why.report(store, mount, under)
     if args.json:
-        print(json.dumps({"store": str(store), "counters": {k: (counters or {}).get(k, 0) for k in (
-            "identical_recompiles", "identical_recompile_bytes", "fleet_identical_recompiles")},
-            "entries": groups}, sort_keys=True))
+        # the counters come from the mount's stats; without a mount, the events alone
+        kept = None if counters is None else {k: counters.get(k, 0) for k in (
+            "identical_recompiles", "identical_recompile_bytes", "fleet_identical_recompiles")}
+        print(json.dumps({"store": str(store), "counters": kept, "entries": groups}, sort_keys=True))
     else:
         print(why.format_report(groups, counters))
     return 0
