@@ -264,9 +264,8 @@ class Operations(kernel.Operations):
         """A small file the kernel is about to meet for the first time: its content goes into the page
         cache now (``Notifier.store``), so that its first read needs no READ (and, with no READ, the
         kernel keeps its attributes instead of asking again for the atime a READ changes)."""
-        if not inode.is_reg or inode.id in self.writes.staged or inode.id in self.lifetimes.unreadable:
-            return
-        if inode.hash is None or inode.size == 0:
+        if (not inode.is_reg or inode.hash is None or inode.id in self.writes.staged
+                or inode.id in self.lifetimes.unreadable):
             return
         try:
             # read (and hashed) here, not in the notifier's thread: it then only writes, and the store
@@ -485,19 +484,16 @@ class Operations(kernel.Operations):
             if digest is None:
                 data = b""
                 break
+            first = None
             if digest not in self.integrity.blobs.verified:
-                first = self.integrity.read_small(ino, off, size)
-                if first is not None:
-                    if off == 0:
-                        self.tier.record_read(inode)
-                    data = first
-                    break
-                if not await self.integrity.verify(ino):
-                    raise FUSEError(errno.EIO)  # never served: quarantined, or a miss from now on
-                continue  # it may have been written meanwhile
+                first = self.integrity.read_small(ino, off, size)  # hashed and served from one read
+                if first is None:
+                    if not await self.integrity.verify(ino):
+                        raise FUSEError(errno.EIO)  # never served: quarantined, or a miss from now on
+                    continue  # it may have been written meanwhile
             if off == 0:
                 self.tier.record_read(inode)
-            data = self.integrity.read(inode, digest, off, size)
+            data = first if first is not None else self.integrity.read(inode, digest, off, size)
             break
         counters = self.stats.by_dir[self.tops.of_file(inode)]
         counters["reads"] += 1

@@ -33,7 +33,7 @@ from typing import Any
 
 from mithrilfs.cache.writepath import Staged
 from mithrilfs.observe.events import EventLog
-from mithrilfs.observe.stats import ROOT_KEY, Stats
+from mithrilfs.observe.stats import Stats
 from mithrilfs.observe.tops import TopDirs
 from mithrilfs.store.namespace import DirPaths, Namespace
 
@@ -152,8 +152,7 @@ class Recompiles:
         other_entry = entry_of(other_path) if other_path else None
         if other_entry == entry:
             return  # the same entry compiled on two nodes at once: a race, not a changed key
-        top = path.split("/", 1)[0] if "/" in path else ROOT_KEY
-        self.stats.add(top, "fleet_identical_recompiles")
+        self.stats.add(self.tops.of_file(here[0]), "fleet_identical_recompiles")
         fields: dict[str, Any] = {"path": path, "entry": entry, "bytes": size, "blob": digest.hex()}
         if other_entry is not None:
             fields.update(other_path=other_path, other_entry=other_entry)

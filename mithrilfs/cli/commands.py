@@ -357,9 +357,9 @@ def _cmd_why(args: argparse.Namespace) -> int:
         store = _existing_store(args.store)
     under = None
     if args.path is not None:
-        p = args.path if args.path.is_absolute() or mount is None else mount / args.path
-        under = os.path.relpath(p.absolute(), mount) if mount is not None and p.is_absolute() else str(args.path)
-        if under.startswith(".."):
+        # through a mount, PATH is relative to it or absolute inside it; with --store, relative to the store's root
+        under = str(args.path) if mount is None else os.path.relpath(mount / args.path, mount)
+        if under == ".." or under.startswith("../"):
             raise UsageError(f"{args.path} is not inside {mount}")
         under = "" if under == "." else under
     if not os.access(store, os.R_OK | os.X_OK):

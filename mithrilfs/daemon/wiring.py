@@ -91,8 +91,8 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     tier: Tier = NullTier()
     if tier_options.remote is not None:
         tier = RemoteTier(ns, blobs, paths, events, lifetimes, tier_options.remote, policy, writes.physical,
-                         owner=tier_options.owner, requeue=after_crash, startup_set=tier_options.startup_set,
-                         prefetch_at_start=tier_options.prefetch, recompiles=recompiles)
+                         recompiles, owner=tier_options.owner, requeue=after_crash,
+                         startup_set=tier_options.startup_set, prefetch_at_start=tier_options.prefetch)
     budget = Budget(store, policy, writes, lifetimes, recency, stats, events, tops, evicted=tier)
     commit_listeners += [tier, budget, recompiles]
     integrity = Integrity(store, lifetimes, budget, tier, stats, events, tops, limiter)

@@ -124,7 +124,8 @@ class Notifier:
 
     def _store(self, inode: int, data: bytes | memoryview, state: list[int]) -> None:
         """Write one store unless withdrawn.  The kernel may not hold the inode yet (the process that
-        looked it up makes it after our reply), so a refused store is tried again, twice, a moment later."""
+        looked it up makes it after our reply), so a refused store is tried again after each pause of
+        ``STORE_RETRY_SECONDS``."""
         try:
             parts = [abi.OUT_HEADER.pack(16 + abi.NOTIFY_STORE_OUT.size + len(data), abi.NOTIFY_STORE, 0),
                      abi.NOTIFY_STORE_OUT.pack(inode, 0, len(data), 0), data]
@@ -177,4 +178,3 @@ class Notifier:
                 # ENOENT: the kernel had nothing cached for it; EBADF/ENODEV: the session ended
                 if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ENODEV):
                     log.warning("notification %d failed: %s", code, e)
-

@@ -80,9 +80,9 @@ class RemoteTier(Tier):
     slow = True
 
     def __init__(self, ns: Namespace, blobs: Blobs, paths: DirPaths, events: EventLog, lifetimes: Lifetimes,
-                 remote: RemoteStore, policy: EvictionPolicy, physical: Callable[[], int], *,
+                 remote: RemoteStore, policy: EvictionPolicy, physical: Callable[[], int], recompiles: Recompiles, *,
                  owner: tuple[int, int] | None = None, requeue: bool = False, startup_set: str = "default",
-                 prefetch_at_start: str | None = None, recompiles: Recompiles | None = None) -> None:
+                 prefetch_at_start: str | None = None) -> None:
         self.ns = ns
         self.queue = TierQueue(ns)
         self.blobs = blobs

@@ -221,13 +221,12 @@ class WriteBehind:
         except RemoteError as err:
             log.debug("where blobs were first published: %s", err)
             others = {}
-        if self.tier.recompiles is not None:
-            for path, entry in seen:
-                assert entry.hash is not None and entry.size is not None
-                node, _, other_path = others.get(entry.hash, "").partition("\t")
-                if node == self.tier.node:
-                    continue  # this node uploaded those bytes itself, under a name it has since changed
-                self.tier.recompiles.fleet(path, bytes.fromhex(entry.hash), entry.size, other_path or None)
+        for path, entry in seen:
+            assert entry.hash is not None and entry.size is not None
+            node, _, other_path = others.get(entry.hash, "").partition("\t")
+            if node == self.tier.node:
+                continue  # this node uploaded those bytes itself, under a name it has since changed
+            self.tier.recompiles.fleet(path, bytes.fromhex(entry.hash), entry.size, other_path or None)
 
     async def _send_blobs(self, blobs: dict[str, tuple[str, int]]) -> tuple[set[str], set[str]]:
         """Upload the blobs the tier lacks (blobs first, names after): the hashes whose files were gone, and
