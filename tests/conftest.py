@@ -129,10 +129,16 @@ MITHRILFS_BIN = str(Path(sys.executable).parent / "mithrilfs")
 @contextmanager
 def running_entrypoint(env: dict[str, str], mountpoint: Path, store: Path) -> Iterator[subprocess.Popen]:
     """The container entrypoint started with *env*; its mount is always cleaned up and the process ended."""
-    proc = subprocess.Popen(["sh", str(ENTRYPOINT)], env=env, stderr=subprocess.DEVNULL)
+    log = mountpoint.parent / f"{mountpoint.name}-entrypoint.log"
+    with open(log, "ab") as err:
+        proc = subprocess.Popen(["sh", str(ENTRYPOINT)], env=env, stderr=err)
     m = Mount(mountpoint, store, pid=proc.pid)
     try:
         yield proc
+    except BaseException:  # what the entrypoint, its daemons and supervisor said: shown with the failure
+        print(f"--- {log} (last 40 lines)")
+        print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+        raise
     finally:
         m.force_cleanup()
         if proc.poll() is None:

@@ -85,7 +85,10 @@ class Supervisor(WriteWatcher, Protocol):
     """The daemon's line to whoever keeps the mount alive across its death (see the module doc):
     told what is being written (``WriteWatcher``), when the daemon serves, and when it hands over."""
 
-    def serving(self, params: SessionParameters) -> None: ...
+    def connected(self, params: SessionParameters) -> None:
+        """INIT is answered: from now on a successor can take the connection over, so say how."""
+
+    def serving(self) -> None: ...
 
     def handing_over(self) -> None: ...
 
@@ -95,7 +98,10 @@ class Supervisor(WriteWatcher, Protocol):
 class NoSupervisor(NoWriteWatcher):
     """No successor will come (its supervisor could not be started): nothing to tell."""
 
-    def serving(self, params: SessionParameters) -> None:
+    def connected(self, params: SessionParameters) -> None:
+        pass
+
+    def serving(self) -> None:
         pass
 
     def handing_over(self) -> None:
@@ -142,8 +148,10 @@ class SupervisorLink:
     def settled(self, ino: int) -> None:
         self._send(f"c {ino}")
 
-    def serving(self, params: SessionParameters) -> None:
+    def connected(self, params: SessionParameters) -> None:
         self._send(f"session {params.proto_minor} {params.capabilities} {params.max_write}")
+
+    def serving(self) -> None:
         self._send(f"ready {os.getpid()}")
 
     def handing_over(self) -> None:

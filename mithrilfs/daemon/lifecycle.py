@@ -275,8 +275,33 @@ def mount(opts: MountOptions) -> int:
     if msg is None:
         os.kill(pid, signal.SIGTERM)
         raise MountError(f"the mount did not answer within {READY_TIMEOUT:.0f} s")
+    if not msg and _successor_serves(opts.mountpoint, pid):
+        if opts.foreground:
+            print(f"mithrilfs: mounted {opts.mountpoint} (store {opts.store}; its first daemon died at start, "
+                  "a successor serves)", file=sys.stderr, flush=True)
+        return _stay_in_foreground(opts, pid, asked) if opts.foreground else 0
     os.waitpid(pid, 0)
-    raise MountError(msg or "the daemon exited before the mount was ready")
+    raise MountError(msg or ended.read(os.path.realpath(opts.mountpoint))
+                     or "the daemon exited before the mount was ready")
+
+
+def _successor_serves(mountpoint: Path, first: int) -> bool:
+    """The first daemon died without announcing: True once a successor serves the mount, False when the
+    mount is gone (its supervisor gave it up, or none was started) or none serves within READY_TIMEOUT.
+
+    A daemon that dies after INIT leaves a mount that programs may already use; its supervisor
+    takes it over like any other crash, so the mount command succeeds too.
+    """
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        state = probe_mount(mountpoint, timeout=1.0)  # 'hung' while the kernel holds requests for a successor
+        if state in ("unmounted", "dead"):  # given up, or no supervisor held the connection
+            return False
+        serving = call_within(lambda: daemon_pid(mountpoint), 1.0) if state == "live" else None
+        if serving is not None and serving != first:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _stay_in_foreground(opts: MountOptions, first: int, asked: list[int]) -> int:
@@ -634,7 +659,12 @@ async def _stop_on_signal(session: kernel.Session) -> None:
 async def _announce_when_live(session: kernel.Session, mounted: wiring.Mounted, mountpoint: Path,
                               announce: Callable[[str], None], supervisor: Supervisor,
                               handover: Handover | None, dev: str | None) -> None:
+    # from the moment the kernel has INIT's answer, programs may use the mount: a death of this
+    # daemon during the probe below must find its supervisor able to start a successor
+    await session.initialized.wait()
+    supervisor.connected(session.parameters)
     if handover is None:
+        crash_point("before_announce")
         # a read of a control file goes through the kernel to our own handlers: proof that we
         # answer; and the first OPEN and FLUSH are answered ENOSYS, after which the kernel opens
         # and closes every file itself, so even a workload that only creates files is spared
@@ -650,7 +680,7 @@ async def _announce_when_live(session: kernel.Session, mounted: wiring.Mounted, 
         if dev is not None:
             _raise_readahead(dev)
     ops = mounted.ops
-    supervisor.serving(session.parameters)
+    supervisor.serving()
     if handover is not None:
         mounted.events.emit("daemon_restarted", mountpoint=str(mountpoint), pid=os.getpid(),
                             cause=handover.restarts.cause, restarts=handover.restarts.count,

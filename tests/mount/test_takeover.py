@@ -294,6 +294,19 @@ def test_a_daemon_that_dies_at_every_start_is_given_up_and_status_says_why(mount
     assert "detached" not in run_cli("status", str(m.mountpoint)).stdout
 
 
+@pytest.mark.timeout(60)
+def test_a_daemon_killed_between_init_and_its_announcement_is_taken_over(mount_factory: MountFactory):
+    """Once INIT is answered programs may use the mount (CI found one that did): the first daemon dying
+    before it said it serves must neither detach the mount nor fail the mount command."""
+    m = mount_factory("early", env={"MITHRILFS_TEST_CRASH_AT": "before_announce"})  # the CLI exits 0
+    stats = m.stats()
+    assert stats["restarts"] == 1 and stats["last_restart_cause"] == "crash"
+    (m.mountpoint / "after").write_bytes(b"served by the successor")
+    assert (m.mountpoint / "after").read_bytes() == b"served by the successor"
+    assert [e["event"] for e in _events(m)].count("daemon_given_up") == 0
+    _unmount_and_check(m)
+
+
 @pytest.mark.timeout(120)
 def test_a_kill_inside_a_commit_never_lets_the_successor_write_into_a_blob(mount_factory: MountFactory):
     """The commit of a file staged on disk links the staging file into objects/; killed right after, the
