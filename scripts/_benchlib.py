@@ -36,6 +36,26 @@ def temp_mount(*extra: str, base: str | None = None) -> Iterator[tuple[Path, Pat
         subprocess.run(["rm", "-rf", str(root)])
 
 
+def cpu_wakeup_note() -> str:
+    """How this machine's idle CPUs wake, which sets the price of every FUSE round trip.
+
+    A request wakes the daemon and its reply wakes the client; an idle vCPU
+    that halted wakes slowly.  With the guest's halt polling on
+    (``guest_halt_poll_ns``), the same code ran the Triton second load in
+    half the time on the development VM: figures are comparable only
+    between machines that wake alike.
+    """
+    driver = Path("/sys/devices/system/cpu/cpuidle/current_driver")
+    poll = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+    try:
+        name = driver.read_text().strip()
+    except OSError:
+        return "cpuidle: unknown"
+    if name == "haltpoll" and poll.exists():
+        return f"cpuidle: haltpoll, guest_halt_poll_ns={poll.read_text().strip()}"
+    return f"cpuidle: {name}"
+
+
 def abba(reps: int) -> list[tuple[str, str]]:
     """Alternating order: AB, BA, AB, ... so neither side always goes first."""
     return [("plain", "mount") if i % 2 == 0 else ("mount", "plain") for i in range(reps)]

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _benchlib import CLI, abba, ratios, temp_mount
+from _benchlib import CLI, abba, cpu_wakeup_note, ratios, temp_mount
 
 SUFFIXES = ("source", "ttir", "ttgir", "llir", "ptx", "cubin")
 
@@ -151,9 +151,9 @@ def main() -> int:
     result = ratios(times, ("first", "second"))
     per_op = {phase: median_requests(runs) for phase, runs in daemon.items()}
     if args.json:
-        print(json.dumps({"kernels": args.kernels, **result, "daemon": per_op}))
+        print(json.dumps({"kernels": args.kernels, "cpuidle": cpu_wakeup_note(), **result, "daemon": per_op}))
         return 0
-    print(f"\n{args.kernels} kernels, {args.kernels * 8} files")
+    print(f"\n{args.kernels} kernels, {args.kernels * 8} files ({cpu_wakeup_note()})")
     print(f"{'load':22s} {'runs':>4s} {'plain (s)':>10s} {'mount (s)':>10s} {'mount/plain':>12s}   quartiles plain | mount")
     for phase, label in (("first", "first after remount"), ("second", "second")):
         r = result[phase]
