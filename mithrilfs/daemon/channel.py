@@ -83,7 +83,8 @@ class Handover:
 
 class Supervisor(WriteWatcher, Protocol):
     """The daemon's line to whoever keeps the mount alive across its death (see the module doc):
-    told what is being written (``WriteWatcher``), when the daemon serves, and when it hands over."""
+    told what is being written (``WriteWatcher``), the session once INIT is answered (``connected``),
+    when the daemon serves, and when it hands over."""
 
     def connected(self, params: SessionParameters) -> None:
         """INIT is answered: from now on a successor can take the connection over, so say how."""

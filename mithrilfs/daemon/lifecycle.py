@@ -2,10 +2,13 @@
 
 ``mount`` forks before any trio or FUSE state exists.  The child mounts,
 starts its supervisor (``daemon.supervisor``: it holds a copy of the fd
-and replaces a daemon that dies), proves the mount answers by
-``stat``-ing it from a worker thread (which goes through the kernel to our
-own handlers), and only then writes ``ok`` down a pipe; the parent exits 0
-on ``ok`` and prints the child's one-line error otherwise.  With
+and replaces a daemon that dies; it learns the session as soon as INIT is
+answered), proves the mount answers by reading a control file from a
+process of its own (which goes through the kernel to our own handlers),
+and only then writes ``ok`` down a pipe; the parent exits 0 on ``ok``,
+also when the pipe closes without it but a successor took the mount over
+(the first daemon died after INIT), and prints the child's one-line error
+otherwise.  With
 ``--foreground`` the parent stays instead, until the mount is gone,
 passing SIGTERM/SIGINT to whichever daemon serves then: so a container or
 a systemd unit sees one process whatever the daemons underneath do.
@@ -237,7 +240,9 @@ def check_mountpoint(mountpoint: Path, store: Path, *, nonempty: bool = False) -
 def mount(opts: MountOptions) -> int:
     """Mount and return the exit status for the CLI (0 once the mount answers)."""
     check_mountpoint(opts.mountpoint, opts.store, nonempty=opts.nonempty)
-    ended.clear(os.path.realpath(opts.mountpoint))
+    # resolved before anything is mounted there: a path through a mount whose daemon is gone would wait
+    target = os.path.realpath(opts.mountpoint)
+    ended.clear(target)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the daemon
@@ -267,41 +272,63 @@ def mount(opts: MountOptions) -> int:
     msg = _read_line(r, READY_TIMEOUT)
     os.close(r)
     if msg is not None and msg.startswith("ok"):
-        if opts.foreground:
-            print(f"mithrilfs: mounted {opts.mountpoint} (store {opts.store})", file=sys.stderr, flush=True)
-        if msg == READY_READ_ONLY:
-            print(read_only_notice(opts.store), file=sys.stderr, flush=True)
-        return _stay_in_foreground(opts, pid, asked) if opts.foreground else 0
+        return _mounted(opts, pid, asked, read_only=msg == READY_READ_ONLY)
     if msg is None:
         os.kill(pid, signal.SIGTERM)
         raise MountError(f"the mount did not answer within {READY_TIMEOUT:.0f} s")
-    if not msg and _successor_serves(opts.mountpoint, pid):
-        if opts.foreground:
-            print(f"mithrilfs: mounted {opts.mountpoint} (store {opts.store}; its first daemon died at start, "
-                  "a successor serves)", file=sys.stderr, flush=True)
-        return _stay_in_foreground(opts, pid, asked) if opts.foreground else 0
+    successor = _successor_serving(target, opts.store, pid) if not msg else None
+    if successor is not None:
+        return _mounted(opts, pid, asked, read_only=bool(successor.get("read_only")),
+                        note="its first daemon died at start; daemon "
+                             f"{successor['pid']} took the mount over")
     os.waitpid(pid, 0)
-    raise MountError(msg or ended.read(os.path.realpath(opts.mountpoint))
-                     or "the daemon exited before the mount was ready")
+    raise MountError(msg or ended.read(target) or "the daemon exited before the mount was ready")
 
 
-def _successor_serves(mountpoint: Path, first: int) -> bool:
-    """The first daemon died without announcing: True once a successor serves the mount, False when the
-    mount is gone (its supervisor gave it up, or none was started) or none serves within READY_TIMEOUT.
+def _mounted(opts: MountOptions, first: int, asked: list[int], *, read_only: bool, note: str = "") -> int:
+    """The mount serves: say so (always in the foreground; a note or the read-only notice always)."""
+    if opts.foreground or note:
+        print(f"mithrilfs: mounted {opts.mountpoint} (store {opts.store}{'; ' + note if note else ''})",
+              file=sys.stderr, flush=True)
+    if read_only:
+        print(read_only_notice(opts.store), file=sys.stderr, flush=True)
+    return _stay_in_foreground(opts, first, asked) if opts.foreground else 0
+
+
+def _successor_serving(target: str, store: Path, first: int) -> dict[str, Any] | None:
+    """The first daemon died without announcing: the stats of the successor once one serves the mount
+    of *store*; None when the mount is gone (its supervisor gave it up), dead (none was started) or
+    unserved for READY_TIMEOUT.
 
     A daemon that dies after INIT leaves a mount that programs may already use; its supervisor
-    takes it over like any other crash, so the mount command succeeds too.
+    takes it over like any other crash, so the mount command succeeds too.  Nothing here waits on
+    the mount outside ``call_within``: until a successor reads, every request to it waits.
     """
+    want = os.path.realpath(store)
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
-        state = probe_mount(mountpoint, timeout=1.0)  # 'hung' while the kernel holds requests for a successor
-        if state in ("unmounted", "dead"):  # given up, or no supervisor held the connection
-            return False
-        serving = call_within(lambda: daemon_pid(mountpoint), 1.0) if state == "live" else None
-        if serving is not None and serving != first:
-            return True
+        if not any(fstype == FSTYPE for _, _, fstype in mount_entries(target)):
+            return None
+        answer = call_within(lambda: _serving_stats(target), 1.0)
+        if answer == "dead":
+            return None
+        if (isinstance(answer, dict) and answer.get("pid") not in (first, None)
+                and os.path.realpath(str(answer.get("store"))) == want):
+            return answer
         time.sleep(0.05)
-    return False
+    return None
+
+
+def _serving_stats(target: str) -> dict[str, Any] | str | None:
+    """The stats of the daemon serving the mount at *target*; 'dead' when none ever will; None: not yet."""
+    try:
+        stats = json.loads((Path(target) / CONTROL_NAME.decode() / "stats.json").read_text())
+    except OSError as e:
+        # ENOTCONN: nobody holds the connection; ECONNABORTED: a request queued as it was lost
+        return "dead" if e.errno in (errno.ENOTCONN, errno.ECONNABORTED) else None
+    except ValueError:
+        return None
+    return stats if isinstance(stats, dict) else None
 
 
 def _stay_in_foreground(opts: MountOptions, first: int, asked: list[int]) -> int:
@@ -480,6 +507,8 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
             mounted.control.add_command(b"restart", functools.partial(_restart, session, restart))
         try:
             entry = fuse.mount_entry()
+            if handover is None:
+                crash_point("before_init")
             trio.run(_run, session, mounted, opts.mountpoint, announce, supervisor, handover, restart,
                      entry[1] if entry is not None else None, removed)
         except kernel.ProtocolError as e:
@@ -677,8 +706,8 @@ async def _announce_when_live(session: kernel.Session, mounted: wiring.Mounted, 
             announce(f"the new mount at {mountpoint} does not answer: {failed}")
             session.stop()
             return
-        if dev is not None:
-            _raise_readahead(dev)
+    if dev is not None:  # a successor too: the first daemon may have died before it did this
+        _raise_readahead(dev)
     ops = mounted.ops
     supervisor.serving()
     if handover is not None:

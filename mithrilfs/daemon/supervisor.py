@@ -293,7 +293,7 @@ class Supervisor:
                     self.quick_deaths = self.quick_deaths + 1 if served < QUICK_DEATH_SECONDS else 0
                 log.warning("%s without unmounting %s", how, self.mountpoint)
                 if self.options is None or self.session is None:
-                    return self.give_up(f"{how} before it served the mount")
+                    return self.give_up(f"{how} before INIT was answered (nothing to take over)")
                 if self.options.get("on_crash") == "detach":
                     return self.give_up(f"{how} (mounted with --on-crash detach)")
                 if self.quick_deaths >= CRASH_LOOP_LIMIT:

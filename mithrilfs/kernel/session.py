@@ -406,6 +406,8 @@ class Session:
                  abi.KERNEL_VERSION, self.proto_minor, major, minor, self.max_write,
                  bool(caps & abi.PARALLEL_DIROPS), bool(caps & abi.DO_READDIRPLUS))
         await self.ops.init()
+        # no await from here to the reply's write in _handle: whoever waits on ``initialized`` (the
+        # supervisor's line, told a successor may take over) runs only once the kernel has the reply
         self.initialized.set()
         self.notifier.open()
         return abi.INIT_OUT.pack(

@@ -307,6 +307,18 @@ def test_a_daemon_killed_between_init_and_its_announcement_is_taken_over(mount_f
     _unmount_and_check(m)
 
 
+@pytest.mark.timeout(60)
+def test_a_daemon_killed_before_init_fails_the_mount_at_once_with_the_reason(tmp_path: Path):
+    """Nothing to take over: mount says why in one line, without waiting for a successor that never comes."""
+    mp, store = tmp_path / "mnt", tmp_path / "store"
+    mp.mkdir()
+    start = time.monotonic()
+    res = run_cli("mount", str(mp), "--store", str(store), env=dict(os.environ, MITHRILFS_TEST_CRASH_AT="before_init"))
+    assert res.returncode == 1 and time.monotonic() - start < 30
+    assert "before INIT was answered" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    wait_unmounted(mp)
+
+
 @pytest.mark.timeout(120)
 def test_a_kill_inside_a_commit_never_lets_the_successor_write_into_a_blob(mount_factory: MountFactory):
     """The commit of a file staged on disk links the staging file into objects/; killed right after, the
