@@ -64,6 +64,30 @@ def traversable(path: Path) -> None:
         os.chmod(p, p.stat().st_mode | 0o011)
 
 
+@contextmanager
+def still_writing(fd: int, first_byte: bytes) -> Iterator[None]:
+    """Keep a file being written, its content unchanged, for as long as the block runs.
+
+    The daemon's idle timer commits a file after a second without a write
+    (``IDLE_COMMIT_SECONDS``); a test that needs it uncommitted across CLI
+    runs that a loaded machine makes slow rewrites its first byte, with the
+    same value, every 0.2 s.
+    """
+    stop = threading.Event()
+
+    def keep() -> None:
+        while not stop.wait(0.2):
+            os.pwrite(fd, first_byte, 0)
+
+    keeper = threading.Thread(target=keep, daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        keeper.join()
+
+
 def write_committed(p: Path, data: bytes) -> None:
     """Write a file and fsync it, a commit point: the kernel tells the daemon nothing at close."""
     with open(p, "wb") as f:

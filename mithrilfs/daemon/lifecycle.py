@@ -78,6 +78,8 @@ from mithrilfs.store.open import (
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 60.0
+#: How long ``--foreground`` waits, once the mount is gone, for its daemon and supervisor to close the store.
+SHUTDOWN_TIMEOUT = 120.0
 LOG_FILE = "mithrilfs.log"
 
 
@@ -272,27 +274,28 @@ def mount(opts: MountOptions) -> int:
     msg = _read_line(r, READY_TIMEOUT)
     os.close(r)
     if msg is not None and msg.startswith("ok"):
-        return _mounted(opts, pid, asked, read_only=msg == READY_READ_ONLY)
+        return _mounted(opts, target, pid, asked, read_only=msg == READY_READ_ONLY)
     if msg is None:
         os.kill(pid, signal.SIGTERM)
         raise MountError(f"the mount did not answer within {READY_TIMEOUT:.0f} s")
     successor = _successor_serving(target, opts.store, pid) if not msg else None
     if successor is not None:
-        return _mounted(opts, pid, asked, read_only=bool(successor.get("read_only")),
+        return _mounted(opts, target, pid, asked, read_only=bool(successor.get("read_only")),
                         note="its first daemon died at start; daemon "
                              f"{successor['pid']} took the mount over")
     os.waitpid(pid, 0)
     raise MountError(msg or ended.read(target) or "the daemon exited before the mount was ready")
 
 
-def _mounted(opts: MountOptions, first: int, asked: list[int], *, read_only: bool, note: str = "") -> int:
+def _mounted(opts: MountOptions, target: str, first: int, asked: list[int], *, read_only: bool,
+             note: str = "") -> int:
     """The mount serves: say so (always in the foreground; a note or the read-only notice always)."""
     if opts.foreground or note:
         print(f"mithrilfs: mounted {opts.mountpoint} (store {opts.store}{'; ' + note if note else ''})",
               file=sys.stderr, flush=True)
     if read_only:
         print(read_only_notice(opts.store), file=sys.stderr, flush=True)
-    return _stay_in_foreground(opts, first, asked) if opts.foreground else 0
+    return _stay_in_foreground(opts, target, first, asked) if opts.foreground else 0
 
 
 def _successor_serving(target: str, store: Path, first: int) -> dict[str, Any] | None:
@@ -331,19 +334,19 @@ def _serving_stats(target: str) -> dict[str, Any] | str | None:
     return stats if isinstance(stats, dict) else None
 
 
-def _stay_in_foreground(opts: MountOptions, first: int, asked: list[int]) -> int:
-    """``--foreground``: wait until the mount is gone; SIGTERM/SIGINT/SIGHUP (*asked*) go to the daemon
-    serving then.
+def _stay_in_foreground(opts: MountOptions, target: str, first: int, asked: list[int]) -> int:
+    """``--foreground``: wait until the mount is gone and its store closed; SIGTERM/SIGINT/SIGHUP (*asked*)
+    go to the daemon serving then.
 
     0 after an unmount, 1 when the supervisor gave the mount up (``status`` says why).
     """
-    target = os.path.realpath(opts.mountpoint)  # resolved once: a path through a dead daemon's mount would wait
     while True:
         try:
             os.waitpid(first, os.WNOHANG)  # the first daemon is our child: no zombie
         except ChildProcessError:
             pass
         if not any(fstype == FSTYPE for _, _, fstype in mount_entries(target)):
+            _wait_store_closed(opts.store)
             return 1 if ended.read(target) else 0
         if asked:
             held = holder_record(opts.store)
@@ -357,6 +360,20 @@ def _stay_in_foreground(opts: MountOptions, first: int, asked: list[int]) -> int
                 except OSError:
                     pass
         time.sleep(0.1)
+
+
+def _wait_store_closed(store: Path) -> None:
+    """The mount is gone, but its daemon is still closing the store (the last commits, recency, marked
+    clean) and the supervisor holds its lock: wait for both.  A container's main process that exited
+    now would have the runtime kill them half-way, and the next start would recover as after a crash,
+    dropping names an unmount had confirmed."""
+    deadline = time.monotonic() + SHUTDOWN_TIMEOUT
+    while not store_free(store):
+        if time.monotonic() > deadline:
+            print(f"mithrilfs: warning: the store {store} is still locked {SHUTDOWN_TIMEOUT:.0f} s after the "
+                  "unmount; exiting anyway", file=sys.stderr, flush=True)
+            return
+        time.sleep(0.02)
 
 
 #: What the daemon announces once its mount answers; the read-only store's variant makes the CLI say so.

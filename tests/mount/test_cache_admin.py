@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 
-from conftest import CLI, MountFactory, blob_files, run_cli, wait_for, write_committed
+from conftest import CLI, MountFactory, blob_files, run_cli, still_writing, wait_for, write_committed
 
 KiB = 1024
 
@@ -50,7 +50,8 @@ def test_clear_evicts_everything_not_being_written(mount_factory: MountFactory):
     try:
         writer.write(b"w" * 10_000)
         writer.flush()
-        res = run_cli("clear", "--json", str(m.mountpoint), check=True)
+        with still_writing(writer.fileno(), b"w"):
+            res = run_cli("clear", "--json", str(m.mountpoint), check=True)
         answer = json.loads(res.stdout)
         assert answer["files"] == 20 and answer["bytes"] >= 20 * 50 * KiB
         assert not list((m.mountpoint / "inductor").iterdir())

@@ -16,7 +16,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MountFactory, RedisServer, as_user, run_cli, traversable, wait_for, wait_uploaded, write_committed
+from conftest import (
+    MountFactory,
+    RedisServer,
+    as_user,
+    run_cli,
+    traversable,
+    wait_for,
+    wait_unmounted,
+    wait_uploaded,
+    write_committed,
+)
 from test_shared_tier import _remote, blob_key, entry
 
 ROOT_DIR = "mfs:default:d:"
@@ -163,7 +173,7 @@ def test_upload_queue_survives_unmount_and_crash(mount_factory: MountFactory, re
     wait_for(lambda: a.stats()["upload_queue"] >= 31, 10, "the queue to hold the new file")
     os.kill(a.pid, 9)
     subprocess.run(["fusermount3", "-u", "-z", str(a.mountpoint)], capture_output=True)
-    time.sleep(0.5)
+    wait_unmounted(a.mountpoint, timeout=30)  # the supervisor, last to hold the store's lock, is gone too
     redis_server.start()
     a.mount()
     wait_for(lambda: redis_server.cli("HLEN", ROOT_DIR).stdout.strip() == "32", 30, "the queued uploads")
