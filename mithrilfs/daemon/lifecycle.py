@@ -289,7 +289,7 @@ def mount(opts: MountOptions) -> int:
 
 def _mounted(opts: MountOptions, target: str, first: int, asked: list[int], *, read_only: bool,
              note: str = "") -> int:
-    """The mount serves: say so (always in the foreground; a note or the read-only notice always)."""
+    """The mount serves: say so (in the foreground, or with a *note*) and, in the foreground, stay."""
     if opts.foreground or note:
         print(f"mithrilfs: mounted {opts.mountpoint} (store {opts.store}{'; ' + note if note else ''})",
               file=sys.stderr, flush=True)
@@ -346,7 +346,12 @@ def _stay_in_foreground(opts: MountOptions, target: str, first: int, asked: list
         except ChildProcessError:
             pass
         if not any(fstype == FSTYPE for _, _, fstype in mount_entries(target)):
-            _wait_store_closed(opts.store)
+            # the daemon goes on closing the store (the last commits, recency, marked clean) and the
+            # supervisor holds its lock a moment longer: a container's main process exiting now would
+            # have the runtime kill them half-way, and the next start recover as after a crash
+            if not _wait_store_free(opts.store, time.monotonic() + SHUTDOWN_TIMEOUT):
+                print(f"mithrilfs: warning: the store {opts.store} is still locked {SHUTDOWN_TIMEOUT:.0f} s "
+                      "after the unmount; exiting anyway", file=sys.stderr, flush=True)
             return 1 if ended.read(target) else 0
         if asked:
             held = holder_record(opts.store)
@@ -360,20 +365,6 @@ def _stay_in_foreground(opts: MountOptions, target: str, first: int, asked: list
                 except OSError:
                     pass
         time.sleep(0.1)
-
-
-def _wait_store_closed(store: Path) -> None:
-    """The mount is gone, but its daemon is still closing the store (the last commits, recency, marked
-    clean) and the supervisor holds its lock: wait for both.  A container's main process that exited
-    now would have the runtime kill them half-way, and the next start would recover as after a crash,
-    dropping names an unmount had confirmed."""
-    deadline = time.monotonic() + SHUTDOWN_TIMEOUT
-    while not store_free(store):
-        if time.monotonic() > deadline:
-            print(f"mithrilfs: warning: the store {store} is still locked {SHUTDOWN_TIMEOUT:.0f} s after the "
-                  "unmount; exiting anyway", file=sys.stderr, flush=True)
-            return
-        time.sleep(0.02)
 
 
 #: What the daemon announces once its mount answers; the read-only store's variant makes the CLI say so.
@@ -812,10 +803,17 @@ def umount(mountpoint: Path, timeout: float = 60.0, *, lazy: bool = False) -> No
             raise MountError(f"unmounted {mountpoint}, but daemon {pid} did not exit within {timeout:.0f} s")
         time.sleep(0.02)
     # and its supervisor, which holds the store's lock: the store is free when this returns
-    while store is not None and not store_free(store):
+    if store is not None and not _wait_store_free(store, deadline):
+        raise MountError(f"unmounted {mountpoint}, but its store {store} is still locked after {timeout:.0f} s")
+
+
+def _wait_store_free(store: Path, deadline: float) -> bool:
+    """Wait until no process holds *store*'s lock (``store_free``); False if one still does at *deadline*."""
+    while not store_free(store):
         if time.monotonic() > deadline:
-            raise MountError(f"unmounted {mountpoint}, but its store {store} is still locked after {timeout:.0f} s")
+            return False
         time.sleep(0.02)
+    return True
 
 
 def store_free(store: Path) -> bool:
