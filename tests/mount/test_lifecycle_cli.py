@@ -47,6 +47,7 @@ def test_signal_unmounts_cleanly_and_keeps_data(mnt: Mount, sig):
     write_committed(mnt.mountpoint / "kept", b"data")
     os.kill(mnt.pid, sig)
     assert _wait_gone(mnt.pid)
+    assert not is_mounted(mnt.mountpoint)
     wait_unmounted(mnt.mountpoint)  # and its supervisor, which holds the store's lock a moment longer
     mnt.pid = None
     mnt.mount()
