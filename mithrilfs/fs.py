@@ -164,6 +164,8 @@ class Parts:
     tops: TopDirs
     names: Names
     recompiles: Recompiles
+    #: Head starts for the next request, run once a reply is written (``lookup``).
+    after_reply: kernel.AfterReply
     #: Files up to this size are pushed into the page cache at their first lookup (0: none; ``_push``).
     push_max_bytes: int = 0
 
@@ -189,6 +191,7 @@ class Operations(kernel.Operations):
         self.names = parts.names
         self.recompiles = parts.recompiles
         self.push_max_bytes = parts.push_max_bytes
+        self.after_reply = parts.after_reply
         #: An inode by number, ENOENT when gone (``Names.inode``); bound once: every request asks.
         self._inode = parts.names.inode
         #: The kernel's caches, told of content pushed into them and of content about to change.
@@ -254,8 +257,15 @@ class Operations(kernel.Operations):
             top = self.tops.of_child(parent_inode, False, name)
             self.tops.remember(ino, top)
             self.stats.add(top, "hits")
-            if 0 < inode.size <= self.push_max_bytes and not self.lifetimes.referenced(ino):
-                self._push(inode)
+            if not self.lifetimes.referenced(ino) and inode.is_reg and ino not in self.writes.staged:
+                # the kernel meets the file for the first time: its READ is coming
+                if 0 < inode.size <= self.push_max_bytes:
+                    self._push(inode)
+                else:
+                    self.after_reply.defer(functools.partial(self.integrity.read_ahead.after_lookup, inode, top))
+        else:
+            # a program entering a directory (a compiled kernel's) opens its files next
+            self.after_reply.defer(functools.partial(self.ns.preload_dir, ino))
         attr = self._attr(inode)
         self.lifetimes.ref(ino)
         return attr

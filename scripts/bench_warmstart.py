@@ -16,7 +16,11 @@ a fresh process, the same way, on both sides:
 Prints the median seconds per side, the ratio mount/plain and the spread;
 then, for the mount, the requests that reached the daemon in each load by
 opcode and the daemon's time on them (from ``stats.json`` before and after
-each load), so a regression shows where it is.
+each load), so a regression shows where it is; then the protocol floor:
+one bare round trip on this machine (a tight loop of the TCGETS ioctl
+Python's ``open()`` sends, answered ENOSYS from the daemon's dispatch table,
+minus the same loop on the plain side) times the requests a load sends,
+plus the plain side's time: no daemon doing no work at all could do better.
 
     .venv/bin/python scripts/bench_warmstart.py [--kernels 1500] [--reps 3] [--push] [--json]
 """
@@ -24,12 +28,15 @@ each load), so a regression shows where it is.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import random
 import statistics
 import subprocess
 import sys
+import termios
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -108,6 +115,32 @@ def requests_between(before: dict[str, dict[str, float]], after: dict[str, dict[
     return out
 
 
+def ioctl_us(path: Path, n: int = 4000) -> float:
+    """Microseconds per TCGETS ioctl on an open file (what ``isatty()`` asks): one round trip on the mount."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t = time.perf_counter()
+        for _ in range(n):
+            try:
+                fcntl.ioctl(fd, termios.TCGETS, bytes(64))
+            except OSError:
+                pass  # ENOTTY: the answer for a regular file
+        return (time.perf_counter() - t) / n * 1e6
+    finally:
+        os.close(fd)
+
+
+def round_trip_us(mount_file: Path, plain_file: Path) -> list[float]:
+    """A bare round trip, three times (ABBA-like: mount, plain, plain, mount...): mount minus plain per call."""
+    out = []
+    for _ in range(3):
+        m1 = ioctl_us(mount_file)
+        p = ioctl_us(plain_file)
+        m2 = ioctl_us(mount_file)
+        out.append((m1 + m2) / 2 - p)
+    return sorted(out)
+
+
 def remount(mp: Path, extra: list[str]) -> None:
     """Unmount and mount again (``temp_mount`` keeps the store beside the mount point)."""
     subprocess.run([*CLI, "umount", str(mp)], check=True)
@@ -148,10 +181,20 @@ def main() -> int:
                         daemon[phase].append(requests_between(before, request_times(mp)))
                     if not args.json:
                         print(f"rep {rep} {side:5s} {phase:6s} load {run['seconds']:7.3f} s", flush=True)
+        some_file = next(p for p in sorted(caches["mount"].rglob("*")) if p.is_file())
+        trips = round_trip_us(some_file, caches["plain"] / some_file.relative_to(caches["mount"]))
     result = ratios(times, ("first", "second"))
     per_op = {phase: median_requests(runs) for phase, runs in daemon.items()}
+    rt = statistics.median(trips)
+    floor = {}
+    for phase, ops in per_op.items():
+        sent = sum(n for op, (n, _) in ops.items() if op != "AFTER_REPLY")
+        plain_s = result[phase]["plain_s"]
+        floor[phase] = {"requests": sent, "seconds": plain_s + sent * rt / 1e6,
+                        "ratio": (plain_s + sent * rt / 1e6) / plain_s}
     if args.json:
-        print(json.dumps({"kernels": args.kernels, "cpuidle": cpu_wakeup_note(), **result, "daemon": per_op}))
+        print(json.dumps({"kernels": args.kernels, "cpuidle": cpu_wakeup_note(), **result, "daemon": per_op,
+                          "round_trip_us": trips, "floor": floor}))
         return 0
     print(f"\n{args.kernels} kernels, {args.kernels * 8} files ({cpu_wakeup_note()})")
     print(f"{'load':22s} {'runs':>4s} {'plain (s)':>10s} {'mount (s)':>10s} {'mount/plain':>12s}   quartiles plain | mount")
@@ -168,6 +211,11 @@ def main() -> int:
         total_n = sum(n for n, _ in ops.values())
         total_s = sum(s for _, s in ops.values())
         print(f"{phase:8s} {'all':12s} {total_n:9.0f} {total_s:11.3f}")
+    print(f"\nprotocol floor: a bare round trip (TCGETS ioctl, mount minus plain) {rt:.1f} us "
+          f"(runs {', '.join(f'{t:.1f}' for t in trips)}); plain + requests x round trip:")
+    for phase, f in floor.items():
+        print(f"{phase:8s} {f['requests']:6.0f} requests  floor {f['seconds']:.3f} s = {f['ratio']:.2f}x plain"
+              f"   (measured {result[phase]['ratio']:.2f}x)")
     return 0
 
 

@@ -22,6 +22,7 @@ import trio
 
 from mithrilfs.cache.budget import Budget
 from mithrilfs.cache.lifetime import Lifetimes
+from mithrilfs.cache.readahead import ReadAhead
 from mithrilfs.cache.writepath import OFFLOAD_MIN
 from mithrilfs.kernel import FUSEError
 from mithrilfs.observe.events import EventLog
@@ -52,7 +53,7 @@ class BlobSource(Protocol):
 
 class Integrity:
     def __init__(self, store: Store, lifetimes: Lifetimes, budget: Budget, source: BlobSource, stats: Stats,
-                 events: EventLog, tops: TopDirs, limiter: trio.CapacityLimiter) -> None:
+                 events: EventLog, tops: TopDirs, limiter: trio.CapacityLimiter, read_ahead: ReadAhead) -> None:
         self.store = store
         self.ns = store.ns
         self.blobs = store.blobs
@@ -64,6 +65,7 @@ class Integrity:
         self.events = events
         self.tops = tops
         self._limiter = limiter
+        self.read_ahead = read_ahead
 
     async def verify(self, ino: Inode) -> bool:
         """The blob *ino* names may be served (verified in this mount, or fetched now); False: it must not."""
@@ -139,13 +141,16 @@ class Integrity:
         self.blobs.quarantine(digest)
         self.lifetimes.forget_content(digest, inodes)
 
-    def read(self, inode: int, digest: bytes, off: int, size: int) -> bytes:
-        """Bytes of a verified blob.
+    def read(self, inode: int, digest: bytes, off: int, size: int) -> bytes | memoryview:
+        """Bytes of a verified blob: read ahead after its lookup (``ReadAhead``), or from its file.
 
         Only the first read of a page reaches the daemon (the kernel keeps
         the pages), so an fd per read costs little, and no cached fd keeps
         an evicted blob's disk space.
         """
+        ready = self.read_ahead.take(digest, off, size)
+        if ready is not None:
+            return ready
         try:
             fd = self.cas.open(digest)
         except FileNotFoundError:

@@ -20,6 +20,7 @@ from mithrilfs.cache.integrity import Integrity
 from mithrilfs.cache.lifetime import KernelCaches, Lifetimes
 from mithrilfs.cache.lookups import LookupCounts
 from mithrilfs.cache.names import Names
+from mithrilfs.cache.readahead import ReadAhead
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.cache.writepath import CommitListener, WritePath
@@ -29,7 +30,7 @@ from mithrilfs.control.node import ControlNode
 from mithrilfs.daemon.channel import NoSupervisor, Restarts, Supervisor
 from mithrilfs.daemon.duties import Duties
 from mithrilfs.fs import PUSH_MAX_BYTES, Operations, Parts
-from mithrilfs.kernel import RequestTimes
+from mithrilfs.kernel import AfterReply, RequestTimes
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import KeptCounters
 from mithrilfs.observe.tops import TopDirs
@@ -65,6 +66,8 @@ class Mounted:
     control: ControlFiles
     #: Where the session counts its requests (``stats`` shows them).
     request_times: RequestTimes
+    #: What the handlers leave for the session to run after their reply.
+    after_reply: AfterReply
 
 
 def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_options: TierOptions | None = None, *,
@@ -95,7 +98,8 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
                          startup_set=tier_options.startup_set, prefetch_at_start=tier_options.prefetch)
     budget = Budget(store, policy, writes, lifetimes, recency, stats, events, tops, evicted=tier)
     commit_listeners += [tier, budget, recompiles]
-    integrity = Integrity(store, lifetimes, budget, tier, stats, events, tops, limiter)
+    integrity = Integrity(store, lifetimes, budget, tier, stats, events, tops, limiter, ReadAhead(blobs, stats))
+    after_reply = AfterReply()
     control = ControlFiles()
     duties = Duties(store, budget, writes, lifetimes, recency, tier, kept, events, limiter, restarts or Restarts(),
                     recompiles)
@@ -104,5 +108,6 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     ops = Operations(Parts(store=store, writes=writes, lifetimes=lifetimes, recency=recency, budget=budget,
                            integrity=integrity, tier=tier, control=ControlNode(control), stats=stats, events=events,
                            tops=tops, names=Names(ns, writes, lifetimes, tops, tier), recompiles=recompiles,
-                           push_max_bytes=PUSH_MAX_BYTES if push_on_lookup else 0))
-    return Mounted(ops=ops, duties=duties, tier=tier, events=events, control=control, request_times=request_times)
+                           after_reply=after_reply, push_max_bytes=PUSH_MAX_BYTES if push_on_lookup else 0))
+    return Mounted(ops=ops, duties=duties, tier=tier, events=events, control=control, request_times=request_times,
+                   after_reply=after_reply)

@@ -6,6 +6,7 @@ Nothing here knows about the store: it is the layer go-fuse and fuser call
 the raw bridge.
 """
 
+from .after_reply import AfterReply
 from .api import (
                   RENAME_EXCHANGE,
                   RENAME_NOREPLACE,
@@ -22,6 +23,6 @@ from .mount import FuseMount, MountError, mount
 from .notify import Notifier
 from .session import ProtocolError, RequestTimes, Session, SessionParameters
 
-__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "DirBuffer", "EntryAttributes", "FileInfo", "FUSEError",
+__all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "AfterReply", "DirBuffer", "EntryAttributes", "FileInfo", "FUSEError",
            "FuseMount", "MountError", "Notifier", "Operations", "ProtocolError", "RequestContext", "RequestTimes", "Session", "SessionParameters", "SetattrFields",
            "StatvfsData", "mount"]

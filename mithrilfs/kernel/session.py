@@ -29,6 +29,11 @@ work done is answered as done: a resent create, mkdir, mknod, symlink or
 link that meets EEXIST with the entry that is there, a resent unlink,
 rmdir or rename that meets ENOENT with success.
 
+Work after the reply (``AfterReply``): a handler may leave a head start
+for the request it expects next (the blob of a file just looked up); the
+session runs it once the reply is written, before it reads on, while the
+client wakes up.
+
 Notifications (invalidate an entry, an inode, tell of a deletion) are
 written by a thread of their own: the kernel takes the directory's lock to
 apply them, so writing one from the event loop while a request in that
@@ -49,6 +54,7 @@ from typing import Any
 import trio
 
 from . import abi
+from .after_reply import AfterReply
 from .api import DirBuffer, EntryAttributes, FUSEError, Operations, RequestContext, SetattrFields, pack_attr, pack_entry
 from .notify import Notifier
 
@@ -75,6 +81,9 @@ UNIQUE_RESEND = 1 << 63
 _GONE_WHEN_DONE = frozenset({abi.UNLINK, abi.RMDIR, abi.RENAME, abi.RENAME2})
 #: NOTIFY_RESEND came with protocol 7.40.
 RESEND_MINOR = 40
+#: Where ``RequestTimes`` counts the work handlers left for after their reply (no opcode is negative).
+AFTER_REPLY = -1
+_NAMES = {**abi.OPCODE_NAMES, AFTER_REPLY: "AFTER_REPLY"}
 
 
 class RequestTimes:
@@ -101,7 +110,7 @@ class RequestTimes:
 
     def by_name(self) -> dict[str, dict[str, float]]:
         """Most time first: ``{"LOOKUP": {"count": n, "seconds": s, "us_each": u}, ...}``."""
-        return {abi.OPCODE_NAMES.get(op, str(op)):
+        return {_NAMES.get(op, str(op)):
                 {"count": n, "seconds": round(ns / 1e9, 6), "us_each": round(ns / n / 1000, 2) if n else 0.0}
                 for op, (n, ns) in sorted(self.by_opcode.items(), key=lambda kv: -kv[1][1])}
 
@@ -158,7 +167,8 @@ class Session:
 
     def __init__(self, fd: int, ops: Operations, *, max_write: int = 1 << 20, max_readahead: int = 1 << 20,
                  readdirplus: bool = True, interruptible: bool = False, debug: bool = False,
-                 notifier: Notifier | None = None, request_times: RequestTimes | None = None) -> None:
+                 notifier: Notifier | None = None, request_times: RequestTimes | None = None,
+                 after_reply: AfterReply | None = None) -> None:
         self.fd = fd
         self.ops = ops
         self.max_write = max_write
@@ -184,6 +194,8 @@ class Session:
         self.error: ProtocolError | None = None
         #: Requests and the daemon's time on them, by opcode name (``stats`` shows them).
         self.request_times: RequestTimes = request_times if request_times is not None else RequestTimes()
+        #: Head starts the filesystem's handlers leave, run after each reply (the filesystem's, when it has one).
+        self.after_reply = after_reply if after_reply is not None else AfterReply()
         self._handlers: dict[int, Callable[..., Awaitable[bytes | None]]] = {
             opcode: getattr(self, name) for opcode, name in _HANDLERS.items()}
 
@@ -273,14 +285,20 @@ class Session:
     async def _next_request(self, buf: bytearray) -> int | None:
         """Read one request into *buf*; None once the session is over."""
         spin_until = time.perf_counter() + self.spin
+        if self.after_reply.overdue:
+            self._run_after_reply(everything=True)
         while not self._stopping:
             try:
                 n = os.readv(self.fd, [buf])
                 if n == 0:  # end of file: the other side is gone (never happens on /dev/fuse)
                     self.stop()
                     return None
+                self.after_reply.overtaken()
                 return n
             except BlockingIOError:
+                if self.after_reply.pending:  # nothing to answer: time for a head start
+                    self._run_after_reply(everything=False)
+                    continue
                 if time.perf_counter() < spin_until:
                     continue
             except OSError as e:
@@ -296,6 +314,11 @@ class Session:
             except trio.ClosedResourceError:
                 return None  # stop()
         return None
+
+    def _run_after_reply(self, *, everything: bool) -> None:
+        begun = time.perf_counter_ns()
+        self.after_reply.run(everything=everything)
+        self.request_times.record(AFTER_REPLY, time.perf_counter_ns() - begun)
 
     async def _handle(self, buf: bytearray, view: memoryview, n: int) -> None:
         start = time.perf_counter_ns()

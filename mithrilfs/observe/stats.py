@@ -24,6 +24,8 @@ COUNTERS = (
     "evictions", "evicted_bytes", "corrupt_blobs",
     # the same output written again under a new cache entry: here, and by another node (``cache.recompiles``)
     "identical_recompiles", "identical_recompile_bytes", "fleet_identical_recompiles",
+    # small blobs read and verified right after their file's lookup, and READs answered from them (``cache.readahead``)
+    "read_ahead", "read_ahead_served",
 )
 TIMED_OPS = ("lookup", "getattr", "read")
 ROOT_KEY = "/"

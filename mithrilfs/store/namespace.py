@@ -80,6 +80,8 @@ CREATE TABLE IF NOT EXISTS tombstone_queue (path TEXT PRIMARY KEY, version INTEG
 INODE_CACHE_SIZE = 65536
 #: Names found by ``lookup`` kept in memory (about 120 bytes each); past this many they start over.
 NAME_CACHE_SIZE = 1 << 18
+#: A directory of at most this many names is read whole when it is entered (``preload_dir``).
+PRELOAD_MAX = 64
 
 _INODE_COLS = "id, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, hash, target, rdev"
 _INODE_COLS_OF_I = ", ".join(f"i.{c}" for c in _INODE_COLS.split(", "))
@@ -151,6 +153,8 @@ class Namespace:
         #: reader of an index another connection changes (``reader``).
         self._names: dict[tuple[int, bytes], int] = {}
         self._names_kept = not read_only or immutable
+        #: Directories ``preload_dir`` read (whole, or found too large), since the names were last emptied.
+        self._preloaded: set[int] = set()
         if read_only:
             # immutable (a read-only filesystem: nothing can change it under
             # us) needs neither locks nor a writable -shm
@@ -225,7 +229,7 @@ class Namespace:
                     setattr(ino, name, value)
             for ino_id in self._created:  # the id will be handed out again
                 self._inodes.pop(ino_id, None)
-            self._names.clear()
+            self._forget_names()
             self.unconfirmed = self._load_unconfirmed()
             raise
         finally:
@@ -265,7 +269,11 @@ class Namespace:
         """Drop the in-memory inodes (after changes made by SQL alone, such as ``recover``)."""
         self._inodes = weakref.WeakValueDictionary()
         self._recent.clear()
+        self._forget_names()
+
+    def _forget_names(self) -> None:
         self._names.clear()
+        self._preloaded.clear()
 
     def create_inode(
         self, mode: int, uid: int, gid: int, *, target: bytes | None = None, nlink: int = 1, rdev: int = 0
@@ -421,10 +429,36 @@ class Namespace:
         node = self._inodes.get(row[0])  # the object callers hold, when there is one
         return node if node is not None else self._remember(Inode(*row))
 
+    def preload_dir(self, parent: int) -> None:
+        """Keep every name of a small directory in memory, with its inode, from one query.
+
+        For after the LOOKUP of the directory is answered (``kernel.AfterReply``):
+        a program entering a compiled kernel's directory opens its files next, and
+        their LOOKUPs then find them here instead of in SQLite (measured on 1,500
+        Triton kernels: 64-74 → 45-57 µs of the daemon's time per LOOKUP of the
+        first load after a remount).  A directory of more than ``PRELOAD_MAX`` names
+        is left to its lookups: most of it would be names nobody asks for.  Names
+        are kept exactly as ``lookup_inode`` keeps them, so the rules that keep
+        those right (every change goes through ``link``, ``unlink``, ``retarget``)
+        keep these right too.
+        """
+        if not self._names_kept or self._depth or parent in self._preloaded:
+            return
+        self._preloaded.add(parent)
+        rows = self.db.execute(
+            f"SELECT d.name, {_INODE_COLS_OF_I} FROM dentries d JOIN inodes i ON i.id = d.inode"
+            " WHERE d.parent = ? LIMIT ?", (parent, PRELOAD_MAX + 1)).fetchall()
+        if len(rows) > PRELOAD_MAX:
+            return
+        for name, *cols in rows:
+            self._keep_name((parent, name), cols[0])
+            if cols[0] not in self._inodes:
+                self._remember(Inode(*cols))
+
     def _keep_name(self, key: tuple[int, bytes], ino: int) -> None:
         if self._names_kept:
             if len(self._names) >= NAME_CACHE_SIZE:
-                self._names.clear()
+                self._forget_names()
             self._names[key] = ino
 
     def link(self, parent: int, name: bytes, ino: int, *, published: bool = False) -> None:

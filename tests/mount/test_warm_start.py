@@ -1,9 +1,11 @@
-"""Warm start at the protocol floor (issue 17): small files pushed into the page cache at lookup.
+"""Warm start at the protocol floor (issue 17): work done before the client asks for it.
 
-With ``--push-on-lookup`` the daemon puts a small file's verified content
-into the kernel's page cache right after the kernel first looks it up
-(NOTIFY_STORE), so the file's read needs no READ.  Without it nothing is
-pushed.
+By default, a small file's blob is read and verified right after the
+LOOKUP's reply is written, and its READ is answered from those bytes
+(``cache.readahead``).  With ``--push-on-lookup`` the daemon puts a small
+file's verified content into the kernel's page cache right after the
+kernel first looks it up (NOTIFY_STORE), so the file's read needs no READ.
+Without it nothing is pushed.
 """
 
 from __future__ import annotations
@@ -75,6 +77,65 @@ def test_a_corrupt_blob_is_not_pushed(mount_factory: MountFactory):
     with pytest.raises(OSError) as e:
         (m.mountpoint / "victim.so").read_bytes()
     assert e.value.errno == errno.EIO
+
+
+def test_a_small_files_blob_is_read_ahead_after_its_lookup_and_serves_its_read(mount_factory: MountFactory):
+    """The default mount after a remount: each file's blob is hashed once, between the LOOKUP's reply and
+    the READ, and the READ is answered from those verified bytes, exactly the file's."""
+    m = mount_factory()
+    rnd = random.Random(11)
+    contents = {f"k{i}.cubin": rnd.randbytes(rnd.randrange(1, 70_000)) for i in range(FILES)}
+    (m.mountpoint / "w").mkdir()
+    for name, data in contents.items():
+        write_committed(m.mountpoint / "w" / name, data)
+    m.remount()
+    for name, data in contents.items():
+        assert (m.mountpoint / "w" / name).read_bytes() == data
+    s = m.stats()["by_dir"]["w"]
+    assert s["reads"] == FILES
+    # a READ that arrives before the daemon had a moment to spare is served the old way (a loaded machine)
+    assert s["read_ahead"] >= FILES // 2
+    assert s["read_ahead_served"] == s["read_ahead"]
+    assert m.stats()["requests"]["AFTER_REPLY"]["count"] >= FILES
+
+
+def test_a_corrupt_blob_is_not_read_ahead_and_its_read_fails(mount_factory: MountFactory):
+    m = mount_factory()
+    write_committed(m.mountpoint / "victim.so", b"original kernel bytes")
+    m.umount()
+    from mithrilfs.store.cas import hash_bytes
+
+    digest = hash_bytes(b"original kernel bytes").hex()
+    blob = m.store / "objects" / digest[:2] / digest
+    os.chmod(blob, 0o644)
+    blob.write_bytes(b"evil kernel bytes!!!!")  # same length, wrong content
+    m.mount()
+    (m.mountpoint / "victim.so").stat()  # the lookup: its read-ahead finds the blob wrong and keeps nothing
+    wait_for(lambda: m.stats()["requests"].get("AFTER_REPLY", {}).get("count", 0) >= 1, 10, "the read-ahead to run")
+    with pytest.raises(OSError) as e:
+        (m.mountpoint / "victim.so").read_bytes()
+    assert e.value.errno == errno.EIO
+    s = m.stats()
+    assert s["read_ahead"] == 0 and s["corrupt_blobs"] == 1
+
+
+def test_a_file_written_in_place_after_its_read_ahead_reads_its_new_bytes(mount_factory: MountFactory):
+    """Bytes read ahead are the committed blob's: a file written in place after its lookup is served its
+    uncommitted content, not them."""
+    m = mount_factory()
+    path = m.mountpoint / "k.ptx"
+    write_committed(path, b"a" * 10_000)
+    m.remount()
+    path.stat()
+    wait_for(lambda: m.stats()["read_ahead"] == 1, 10, "the read-ahead")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, b"NEW", 5000)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the kernel asks the daemon for every page again
+        assert os.pread(fd, 10_000, 0) == b"a" * 5000 + b"NEW" + b"a" * 4997
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"a" * 5000 + b"NEW" + b"a" * 4997
 
 
 def test_requests_are_counted_by_opcode(mount_factory: MountFactory):

@@ -22,8 +22,10 @@ from mithrilfs.cache.budget import Budget
 from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.integrity import BlobSource, Fetched, Integrity
 from mithrilfs.cache.lifetime import Lifetimes, NoKernelCaches
+from mithrilfs.cache.readahead import ReadAhead
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.writepath import WritePath
+from mithrilfs.kernel import FUSEError
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import Stats
 from mithrilfs.observe.tops import TopDirs
@@ -78,7 +80,7 @@ class Checked:
         budget = Budget(store, EvictionPolicy(max_bytes=POLICY_MAX), writes, self.lifetimes, Recency(store.ns),
                         self.stats, EventLog(None), tops, evicted=NullTier())
         return Integrity(store, self.lifetimes, budget, source, self.stats, EventLog(None), tops,
-                         trio.CapacityLimiter(2))
+                         trio.CapacityLimiter(2), ReadAhead(store.blobs, self.stats))
 
 
 @pytest.fixture
@@ -197,3 +199,61 @@ def test_a_small_blob_is_hashed_and_served_from_one_read(checked: Checked) -> No
     assert digest not in store.blobs.verified
     os.unlink(path)
     assert integrity.read_small(checked.ino, 0, 4096) is None  # missing: ``verify`` decides
+
+
+def test_a_blob_read_ahead_after_its_lookup_serves_its_read_from_memory(checked: Checked) -> None:
+    """``ReadAhead.after_lookup`` hashes the blob once and keeps the verified bytes; the READs that follow
+    are answered from them (the blob file is not read again: here it is gone), and once the end is read
+    they are let go."""
+    integrity = checked.integrity(NullTier())
+    digest = checked.ino.hash
+    assert digest is not None
+    integrity.read_ahead.after_lookup(checked.ino, "inductor")
+    assert digest in checked.store.blobs.verified
+    assert checked.stats.by_dir["inductor"]["read_ahead"] == 1
+    os.unlink(checked.store.cas.path(digest))  # only the bytes read ahead can answer now
+    assert bytes(integrity.read(checked.ino.id, digest, 0, 9)) == checked.data[:9]
+    assert bytes(integrity.read(checked.ino.id, digest, 9, 1 << 20)) == checked.data[9:]
+    assert checked.stats.by_dir["inductor"]["read_ahead_served"] == 2
+    with pytest.raises(FUSEError):  # its end was read: let go, and the file is missing
+        integrity.read(checked.ino.id, digest, 0, 9)
+
+
+def test_a_tampered_blob_is_not_read_ahead_and_its_read_still_finds_it(checked: Checked) -> None:
+    """Read-ahead keeps only bytes that hash to the blob's name; a wrong blob is left for the READ's
+    verification, which quarantines it as before."""
+    digest = checked.ino.hash
+    assert digest is not None
+    path = checked.store.cas.path(digest)
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:
+        f.write(b"X")
+    integrity = checked.integrity(NullTier())
+    integrity.read_ahead.after_lookup(checked.ino, "inductor")
+    assert checked.stats.by_dir["inductor"]["read_ahead"] == 0
+    assert digest not in checked.store.blobs.verified
+    assert integrity.read_ahead.take(digest, 0, 9) is None
+    assert trio.run(integrity.verify, checked.ino) is False
+    assert checked.stats.by_dir["inductor"]["corrupt_blobs"] == 1
+
+
+def test_read_ahead_keeps_at_most_its_bytes_oldest_dropped_first(checked: Checked) -> None:
+    store = checked.store
+    ahead = ReadAhead(store.blobs, checked.stats, max_bytes=700)
+    inodes = []
+    for i in range(3):
+        data = bytes([i]) * 300
+        digest, _ = store.blobs.add_bytes(data)
+        with store.ns.txn():
+            ino = store.ns.create_inode(stat.S_IFREG | 0o644, os.getuid(), os.getgid())
+            store.ns.link(checked.dir, f"f{i}".encode(), ino.id)
+            store.ns.set_content(ino, digest, len(data), ino.mtime_ns)
+        inodes.append(ino)
+    store.blobs.verified.clear()
+    for ino in inodes:
+        ahead.after_lookup(ino, "inductor")
+    assert checked.stats.by_dir["inductor"]["read_ahead"] == 3
+    assert ahead.take(inodes[0].hash, 0, 10) is None  # type: ignore[arg-type]
+    assert bytes(ahead.take(inodes[2].hash, 0, 10) or b"") == b"\2" * 10  # type: ignore[arg-type]
+    ahead.after_lookup(inodes[0], "inductor")  # verified now: not read again
+    assert checked.stats.by_dir["inductor"]["read_ahead"] == 3

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import socket
 import stat
 
 import trio
 
 from mithrilfs.kernel import abi
+from mithrilfs.kernel.after_reply import AfterReply
 from mithrilfs.kernel.api import EntryAttributes, FUSEError, Operations
 from mithrilfs.kernel.session import Session
 
@@ -184,3 +186,63 @@ def test_a_successor_asks_for_a_resend_first_and_answers_resent_requests_it_find
     assert replies[5][0] == -errno.ENOENT
     assert replies[6][0] != -errno.EIO
     assert ops.lookups == 2
+
+
+class _Deferring(_Names):
+    """``there`` looked up leaves two jobs for after the reply: one that fails, one that records what it saw."""
+
+    def __init__(self, after: AfterReply, kernel_side: socket.socket) -> None:
+        super().__init__()
+        self.after = after
+        self.kernel_side = kernel_side
+        self.seen: list[bool] = []
+
+    async def lookup(self, parent_inode, name, ctx):
+        entry = await super().lookup(parent_inode, name, ctx)
+
+        def failing() -> None:
+            raise RuntimeError("a bug in a job")
+
+        def recording() -> None:  # is the reply already there for the kernel to read?
+            self.seen.append(bool(select.select([self.kernel_side], [], [], 0)[0]))
+
+        self.after.defer(failing)
+        self.after.defer(recording)
+        return entry
+
+
+def test_work_left_for_after_the_reply_runs_after_it_and_a_failing_job_ends_nothing(caplog):
+    """``AfterReply``: a job a handler defers runs once its reply is written (the kernel can already read
+    it), is counted as AFTER_REPLY, and one that raises is logged while the next job and request go on."""
+    ours, kernel_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    after = AfterReply()
+    ops = _Deferring(after, kernel_side)
+    session = Session(ours.fileno(), ops, after_reply=after)
+    replies: dict[int, int] = {}
+
+    async def ask(message: bytes) -> None:
+        kernel_side.send(message)
+        with trio.fail_after(5):
+            data = await trio.to_thread.run_sync(kernel_side.recv, 1 << 16)
+        _, error, unique = abi.OUT_HEADER.unpack_from(data)
+        replies[unique] = error
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.serve)
+            await ask(_request(abi.INIT, 1, abi.INIT_IN.pack(7, 45, 1 << 20, abi.INIT_EXT, 0) + b"\0" * 44))
+            for unique in (2, 3):
+                kernel_side.send(_request(abi.LOOKUP, unique, b"there\0"))
+                with trio.fail_after(5):  # nobody reads the reply until the jobs have run
+                    while len(ops.seen) < unique - 1:
+                        await trio.sleep(0.01)
+                replies[unique] = abi.OUT_HEADER.unpack_from(kernel_side.recv(1 << 16))[1]
+            kernel_side.close()
+
+    trio.run(main)
+    session.close()
+    ours.close()
+    assert replies == {1: 0, 2: 0, 3: 0}
+    assert ops.seen == [True, True]  # each ran with its lookup's reply already written
+    assert sum("a bug in a job" in r.getMessage() or "a bug in a job" in str(r.exc_info) for r in caplog.records) == 2
+    assert session.request_times.by_name()["AFTER_REPLY"]["count"] == 4

@@ -197,3 +197,49 @@ def test_names_kept_in_memory_follow_every_change(ns, tmp_path):
         assert reader.lookup(ROOT_INODE, b"b") is None
     finally:
         reader.close()
+
+
+def test_a_small_directory_preloaded_answers_its_lookups_from_memory_and_follows_changes(ns):
+    """``preload_dir`` (run after a directory's LOOKUP is answered): one query keeps every name of a
+    directory of at most PRELOAD_MAX; its lookups then run no SQL, and changes show as for any kept name.
+    A larger directory is left to its lookups."""
+    from mithrilfs.store.namespace import PRELOAD_MAX
+
+    with ns.txn():
+        small = ns.create_inode(stat.S_IFDIR | 0o755, 0, 0, nlink=2)
+        ns.link(ROOT_INODE, b"small", small.id)
+        big = ns.create_inode(stat.S_IFDIR | 0o755, 0, 0, nlink=2)
+        ns.link(ROOT_INODE, b"big", big.id)
+    files = {f"k{i}".encode(): _file(ns, small.id, f"k{i}".encode()).id for i in range(8)}
+    for i in range(PRELOAD_MAX + 1):
+        _file(ns, big.id, f"f{i}".encode())
+    ns.forget_cached()  # as after a remount: nothing kept
+    queries: list[str] = []
+    ns.db.set_trace_callback(queries.append)
+    ns.preload_dir(small.id)
+    assert len(queries) == 1
+    for name, ino in files.items():
+        found = ns.lookup_inode(small.id, name)
+        assert found is not None and found.id == ino
+    assert len(queries) == 1  # every lookup answered from memory
+    assert ns.lookup_inode(small.id, b"absent") is None  # a name not there still asks the index
+    ns.preload_dir(small.id)  # once is enough
+    assert len(queries) == 2
+    # changes made afterwards show
+    with ns.txn():
+        ns.unlink(small.id, b"k0")
+    assert ns.lookup_inode(small.id, b"k0") is None
+    with ns.txn():
+        ns.move(small.id, b"k1", small.id, b"renamed")
+    assert ns.lookup_inode(small.id, b"k1") is None and ns.lookup_inode(small.id, b"renamed").id == files[b"k1"]
+    # a large directory keeps nothing: each of its lookups asks the index
+    ns.preload_dir(big.id)
+    before = len(queries)
+    assert ns.lookup_inode(big.id, b"f1") is not None and len(queries) > before
+    # emptied names (a rollback, recover) may be preloaded again
+    ns.forget_cached()
+    before = len(queries)
+    ns.preload_dir(small.id)
+    assert len(queries) == before + 1 and ns.lookup_inode(small.id, b"k2").id == files[b"k2"]
+    assert len(queries) == before + 1
+    ns.db.set_trace_callback(None)
