@@ -51,8 +51,10 @@ class ReadAhead:
         """Read and verify the blob of *ino*, just looked up, unless there is no use in it (a job for after the reply)."""
         digest = ino.hash
         if (digest is None or not 0 < ino.size < OFFLOAD_MIN or digest in self.blobs.verified
-                or digest in self._ready):
-            return  # large blobs are hashed in a worker thread at their READ; verified ones are read directly
+                or digest in self._ready or ino.nlink == 0):
+            # large blobs are hashed in a worker thread at their READ, verified ones are read directly, and a
+            # file unlinked meanwhile (``rm`` looks a name up and then removes it) will not be read
+            return
         try:
             data = self.blobs.read_verifying(digest, 0, ino.size, ino.size)
         except OSError as e:  # the READ will meet it, and say so

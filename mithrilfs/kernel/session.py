@@ -285,7 +285,7 @@ class Session:
     async def _next_request(self, buf: bytearray) -> int | None:
         """Read one request into *buf*; None once the session is over."""
         spin_until = time.perf_counter() + self.spin
-        if self.after_reply.overdue:
+        if self.after_reply.overdue and not self._stopping:
             self._run_after_reply(everything=True)
         while not self._stopping:
             try:

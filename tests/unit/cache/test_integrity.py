@@ -253,7 +253,10 @@ def test_read_ahead_keeps_at_most_its_bytes_oldest_dropped_first(checked: Checke
     for ino in inodes:
         ahead.after_lookup(ino, "inductor")
     assert checked.stats.by_dir["inductor"]["read_ahead"] == 3
+    assert ahead._bytes == 600  # two of 300 kept, the oldest dropped
     assert ahead.take(inodes[0].hash, 0, 10) is None  # type: ignore[arg-type]
     assert bytes(ahead.take(inodes[2].hash, 0, 10) or b"") == b"\2" * 10  # type: ignore[arg-type]
+    assert bytes(ahead.take(inodes[2].hash, 290, 100) or b"") == b"\2" * 10  # type: ignore[arg-type]
+    assert ahead._bytes == 300  # its end was read: let go
     ahead.after_lookup(inodes[0], "inductor")  # verified now: not read again
     assert checked.stats.by_dir["inductor"]["read_ahead"] == 3

@@ -246,3 +246,52 @@ def test_work_left_for_after_the_reply_runs_after_it_and_a_failing_job_ends_noth
     assert ops.seen == [True, True]  # each ran with its lookup's reply already written
     assert sum("a bug in a job" in r.getMessage() or "a bug in a job" in str(r.exc_info) for r in caplog.records) == 2
     assert session.request_times.by_name()["AFTER_REPLY"]["count"] == 4
+
+
+class _Ordered(_Root):
+    """Every request and job noted in the order they ran; a LOOKUP leaves a job for after its reply."""
+
+    def __init__(self, after: AfterReply) -> None:
+        self.after = after
+        self.order: list[str] = []
+
+    async def lookup(self, parent_inode, name, ctx):
+        self.order.append("lookup")
+        self.after.defer(lambda: self.order.append("job"))
+        a = EntryAttributes()
+        a.st_ino, a.st_mode, a.st_nlink = 2, stat.S_IFREG | 0o644, 1
+        return a
+
+    async def getattr(self, inode, ctx):
+        self.order.append(f"getattr {inode}")
+        return await super().getattr(1, ctx)
+
+
+def test_a_request_already_waiting_goes_before_the_jobs_but_only_one():
+    """A LOOKUP and two GETATTRs queued at once: the first GETATTR was waiting when the LOOKUP's reply went,
+    so it goes first; the job runs before the second is read (a client on the daemon's CPU always has its
+    next request queued by then, and jobs waiting for an idle moment would come after their READ)."""
+    ours, kernel_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    after = AfterReply()
+    ops = _Ordered(after)
+    session = Session(ours.fileno(), ops, after_reply=after)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.serve)
+            kernel_side.send(_request(abi.INIT, 1, abi.INIT_IN.pack(7, 45, 1 << 20, abi.INIT_EXT, 0) + b"\0" * 44))
+            with trio.fail_after(5):
+                await trio.to_thread.run_sync(kernel_side.recv, 1 << 16)
+            # all three queued before the session (this same trio thread) reads any of them
+            kernel_side.send(_request(abi.LOOKUP, 2, b"file\0"))
+            kernel_side.send(_request(abi.GETATTR, 3, abi.GETATTR_IN.pack(0, 0, 0), nodeid=3))
+            kernel_side.send(_request(abi.GETATTR, 4, abi.GETATTR_IN.pack(0, 0, 0), nodeid=4))
+            with trio.fail_after(5):
+                for _ in range(3):
+                    await trio.to_thread.run_sync(kernel_side.recv, 1 << 16)
+            kernel_side.close()
+
+    trio.run(main)
+    session.close()
+    ours.close()
+    assert ops.order == ["lookup", "getattr 3", "job", "getattr 4"]

@@ -236,6 +236,17 @@ def test_a_small_directory_preloaded_answers_its_lookups_from_memory_and_follows
     ns.preload_dir(big.id)
     before = len(queries)
     assert ns.lookup_inode(big.id, b"f1") is not None and len(queries) > before
+    # an inode object someone holds stays the one object for its id (callers keep them across requests)
+    ns.forget_cached()
+    held = ns.get(files[b"k2"])
+    ns.preload_dir(small.id)
+    assert ns.lookup_inode(small.id, b"k2") is held
+    # never inside a transaction (its rollback restores the objects it changed and forgets what it made)
+    ns.forget_cached()
+    before = len(queries)
+    with ns.txn():
+        ns.preload_dir(small.id)
+        assert not any("d.parent = ?" in q for q in queries[before:])
     # emptied names (a rollback, recover) may be preloaded again
     ns.forget_cached()
     before = len(queries)
