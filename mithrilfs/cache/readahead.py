@@ -19,8 +19,10 @@ unreadable inodes first, and the inode's current blob).  A blob missing or
 wrong is not kept: its READ finds that and quarantines it as before.
 Only files the kernel does not hold yet are read ahead (one it holds has
 its pages, or will say so with its own READ), only blobs not verified in
-this mount (each at most once), and at most ``MAX_BYTES`` wait at once, the
-oldest dropped first.
+this mount (each at most once), only what the page cache holds (a blob on
+disk is asked for in the background and left to its READ: a head start
+never holds the event loop on the disk), and at most ``MAX_BYTES`` wait at
+once, the oldest dropped first.
 """
 
 from __future__ import annotations
@@ -56,12 +58,12 @@ class ReadAhead:
             # file unlinked meanwhile (``rm`` looks a name up and then removes it) will not be read
             return
         try:
-            data = self.blobs.read_verifying(digest, 0, ino.size, ino.size)
+            data = self.blobs.read_verifying(digest, 0, ino.size, ino.size, cached_only=True)
         except OSError as e:  # the READ will meet it, and say so
             log.debug("no read-ahead of blob %s: %s", digest.hex(), e)
             return
         if data is None:
-            return  # missing or wrong: the READ quarantines it or asks the shared tier
+            return  # not in memory (now on its way), missing or wrong: the READ reads, or quarantines
         self._ready[digest] = (data, top)
         self._bytes += len(data)
         self.stats.add(top, "read_ahead")

@@ -102,7 +102,8 @@ class Blobs:
             self.verified.add(digest)
         return ok
 
-    def read_verifying(self, digest: bytes, off: int, size: int, expected: int) -> memoryview | None:
+    def read_verifying(self, digest: bytes, off: int, size: int, expected: int, *,
+                       cached_only: bool = False) -> memoryview | None:
         """Bytes *off*..*off+size* of a small blob not verified yet, hashed and served from one read.
 
         The blob is read whole, hashed, and the slice comes from the same
@@ -110,13 +111,32 @@ class Blobs:
         between a hash and a second read could not slip through).  None when
         it is missing or does not match; ``verify`` then says which and what
         to do.  *expected*: the blob's size; a file of another size is not read whole.
+
+        *cached_only*: read only what the page cache holds (``RWF_NOWAIT``), for a
+        head start that must never hold the event loop on the disk
+        (``cache.readahead``: measured, a cold 4 KiB blob read after each ``stat``
+        of a fresh mount took its p50 from 63 to 222 µs); a blob not all in
+        memory is asked of the disk in the background (``POSIX_FADV_WILLNEED``,
+        so its READ finds it there) and None is returned.
         """
         try:
             fd = self.cas.open(digest)
         except FileNotFoundError:
             return None
         try:
-            data = os.read(fd, expected + 1)  # one more: a file longer than it should be shows
+            data: bytes | memoryview
+            if cached_only:
+                buf = bytearray(expected + 1)
+                try:
+                    n = os.preadv(fd, [buf], 0, os.RWF_NOWAIT)
+                except BlockingIOError:
+                    n = 0
+                if n < expected:
+                    os.posix_fadvise(fd, 0, expected, os.POSIX_FADV_WILLNEED)
+                    return None
+                data = memoryview(buf)[:n]
+            else:
+                data = os.read(fd, expected + 1)  # one more: a file longer than it should be shows
         finally:
             os.close(fd)
         if len(data) != expected or hash_bytes(data) != digest:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,3 +261,29 @@ def test_read_ahead_keeps_at_most_its_bytes_oldest_dropped_first(checked: Checke
     assert ahead._bytes == 300  # its end was read: let go
     ahead.after_lookup(inodes[0], "inductor")  # verified now: not read again
     assert checked.stats.by_dir["inductor"]["read_ahead"] == 3
+
+
+def test_a_blob_not_in_memory_is_not_read_ahead_but_fetched_from_disk_in_the_background(checked: Checked) -> None:
+    """A head start never holds the event loop on the disk: a blob whose pages are not cached is left to
+    its READ (read with RWF_NOWAIT, nothing kept), and asked of the disk in the background, so that a
+    later attempt, or the READ, finds it in memory."""
+    digest = checked.ino.hash
+    assert digest is not None
+    path = checked.store.cas.path(digest)
+    os.sync()  # clean pages can be dropped
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    integrity = checked.integrity(NullTier())
+    integrity.read_ahead.after_lookup(checked.ino, "inductor")
+    assert checked.stats.by_dir["inductor"]["read_ahead"] == 0
+    assert digest not in checked.store.blobs.verified
+    # the background read brings the pages in; the next head start finds them
+    deadline = time.monotonic() + 10
+    while checked.stats.by_dir["inductor"]["read_ahead"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+        integrity.read_ahead.after_lookup(checked.ino, "inductor")
+    assert checked.stats.by_dir["inductor"]["read_ahead"] == 1
+    assert bytes(integrity.read(checked.ino.id, digest, 0, 1 << 20)) == checked.data
