@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 
 #: Bytes read ahead and not yet served, at most: a few hundred Triton kernel files.
 MAX_BYTES = 8 << 20
+#: Blobs read ahead and not (wholly) served, at most; past it the lookups are not followed by reads
+#: (``stat``, ``exists``, a listing by name): what waits is dropped and the next ``PAUSE`` lookups are
+#: not read ahead.  A client reading what it looks up keeps one or two waiting (one per thread).
+UNREAD_MAX = 32
+PAUSE = 256
 
 
 class ReadAhead:
@@ -48,10 +53,15 @@ class ReadAhead:
         #: Verified content by blob, oldest first, with the top-level directory to count its use in.
         self._ready: dict[bytes, tuple[memoryview, str]] = {}
         self._bytes = 0
+        #: Lookups left not to read ahead (after too many blobs read ahead went unread).
+        self._paused = 0
 
     def after_lookup(self, ino: Inode, top: str) -> None:
         """Read and verify the blob of *ino*, just looked up, unless there is no use in it (a job for after the reply)."""
         digest = ino.hash
+        if self._paused:
+            self._paused -= 1
+            return
         if (digest is None or not 0 < ino.size < OFFLOAD_MIN or digest in self.blobs.verified
                 or digest in self._ready or ino.nlink == 0):
             # large blobs are hashed in a worker thread at their READ, verified ones are read directly, and a
@@ -69,6 +79,10 @@ class ReadAhead:
         self.stats.add(top, "read_ahead")
         while self._bytes > self.max_bytes:
             self._drop(next(iter(self._ready)))
+        if len(self._ready) > UNREAD_MAX:  # nobody reads what it looks up: stop paying for it for a while
+            self._ready.clear()
+            self._bytes = 0
+            self._paused = PAUSE
 
     def take(self, digest: bytes, off: int, size: int) -> memoryview | None:
         """Bytes *off*..*off+size* of a blob read ahead, or None; a blob whose end is read is let go."""

@@ -287,3 +287,38 @@ def test_a_blob_not_in_memory_is_not_read_ahead_but_fetched_from_disk_in_the_bac
         integrity.read_ahead.after_lookup(checked.ino, "inductor")
     assert checked.stats.by_dir["inductor"]["read_ahead"] == 1
     assert bytes(integrity.read(checked.ino.id, digest, 0, 1 << 20)) == checked.data
+
+
+def test_read_ahead_pauses_when_what_it_reads_goes_unread(checked: Checked) -> None:
+    """Lookups that no read follows (``stat`` after ``stat``): past UNREAD_MAX blobs waiting, read-ahead
+    drops them and skips the next PAUSE lookups, so such a client pays for a few, not for every one."""
+    from mithrilfs.cache.readahead import PAUSE, UNREAD_MAX
+
+    store = checked.store
+    ahead = ReadAhead(store.blobs, checked.stats)
+    inodes = []
+    for i in range(UNREAD_MAX + PAUSE + 2):
+        data = i.to_bytes(4, "big") * 100
+        digest, _ = store.blobs.add_bytes(data)
+        with store.ns.txn():
+            ino = store.ns.create_inode(stat.S_IFREG | 0o644, os.getuid(), os.getgid())
+            store.ns.link(checked.dir, f"g{i}".encode(), ino.id)
+            store.ns.set_content(ino, digest, len(data), ino.mtime_ns)
+        inodes.append(ino)
+    store.blobs.verified.clear()
+    for ino in inodes[:UNREAD_MAX + 1]:
+        ahead.after_lookup(ino, "inductor")
+    assert checked.stats.by_dir["inductor"]["read_ahead"] == UNREAD_MAX + 1
+    assert ahead.take(inodes[0].hash, 0, 10) is None  # type: ignore[arg-type]  # dropped
+    assert ahead._bytes == 0
+    for ino in inodes[UNREAD_MAX + 1:UNREAD_MAX + 1 + PAUSE]:
+        ahead.after_lookup(ino, "inductor")
+    assert checked.stats.by_dir["inductor"]["read_ahead"] == UNREAD_MAX + 1  # paused
+    ahead.after_lookup(inodes[-1], "inductor")
+    assert checked.stats.by_dir["inductor"]["read_ahead"] == UNREAD_MAX + 2  # and on again
+    # a client that reads what it looks up never gets there
+    reader = ReadAhead(store.blobs, checked.stats)
+    store.blobs.verified.clear()
+    for ino in inodes[:UNREAD_MAX * 2]:
+        reader.after_lookup(ino, "inductor")
+        assert reader.take(ino.hash, 0, 1 << 20) is not None  # type: ignore[arg-type]
