@@ -8,8 +8,9 @@ reply is written (``kernel.AfterReply``), the daemon has the time the
 client spends waking up and asking its IOCTL, and spends it reading and
 hashing the blob.  The READ then only slices bytes already verified.
 Measured on 1,500 Triton kernels (12,000 files, first load after a
-remount): the daemon's time per READ 53-70 µs → 26-29 µs, the load
-2.95-3.69 s → 2.68-3.03 s (docs/design.md, "Work after the reply").
+remount, with the directories' names loaded the same way): the daemon's
+time per READ 44-54 µs → 22-27 µs, the load 2.48-2.88 s → 2.11-2.32 s
+(docs/design.md, "Work after the reply").
 
 Safe by construction: what is kept hashed to its name when it was read
 (``Blobs.read_verifying``), is keyed by that name (content-addressed:

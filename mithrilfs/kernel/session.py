@@ -31,8 +31,9 @@ rmdir or rename that meets ENOENT with success.
 
 Work after the reply (``AfterReply``): a handler may leave a head start
 for the request it expects next (the blob of a file just looked up); the
-session runs it once the reply is written, before it reads on, while the
-client wakes up.
+session runs it once the reply is written, when a read finds no request
+waiting (the client is waking up), or before the next read once a waiting
+request went first.
 
 Notifications (invalidate an entry, an inode, tell of a deletion) are
 written by a thread of their own: the kernel takes the directory's lock to
