@@ -81,6 +81,7 @@ def test_a_corrupt_blob_is_neither_read_ahead_nor_pushed_and_its_read_fails(moun
     with pytest.raises(OSError) as e:
         (m.mountpoint / "victim.so").read_bytes()
     assert e.value.errno == errno.EIO
+    time.sleep(0.01)  # past the control file's freshness (FRESH_SECONDS): not the production wait_for read
     s = m.stats()
     assert s["pushed_files"] == 0 and s["read_ahead"] == 0 and s["corrupt_blobs"] == 1
 
