@@ -73,6 +73,17 @@ class Checked:
     data: bytes
     dir: int
 
+    def add_file(self, name: bytes, data: bytes) -> Inode:
+        """One more committed file beside ``k.py``, its blob not verified yet."""
+        store = self.store
+        digest, _ = store.blobs.add_bytes(data)
+        with store.ns.txn():
+            ino = store.ns.create_inode(stat.S_IFREG | 0o644, os.getuid(), os.getgid())
+            store.ns.link(self.dir, name, ino.id)
+            store.ns.set_content(ino, digest, len(data), ino.mtime_ns)
+        store.blobs.verified.discard(digest)
+        return ino
+
     def integrity(self, source: BlobSource) -> Integrity:
         """Integrity wired as in a mount, asking *source* for missing blobs."""
         store = self.store
@@ -239,18 +250,8 @@ def test_a_tampered_blob_is_not_read_ahead_and_its_read_still_finds_it(checked: 
 
 
 def test_read_ahead_keeps_at_most_its_bytes_oldest_dropped_first(checked: Checked) -> None:
-    store = checked.store
-    ahead = ReadAhead(store.blobs, checked.stats, max_bytes=700)
-    inodes = []
-    for i in range(3):
-        data = bytes([i]) * 300
-        digest, _ = store.blobs.add_bytes(data)
-        with store.ns.txn():
-            ino = store.ns.create_inode(stat.S_IFREG | 0o644, os.getuid(), os.getgid())
-            store.ns.link(checked.dir, f"f{i}".encode(), ino.id)
-            store.ns.set_content(ino, digest, len(data), ino.mtime_ns)
-        inodes.append(ino)
-    store.blobs.verified.clear()
+    ahead = ReadAhead(checked.store.blobs, checked.stats, max_bytes=700)
+    inodes = [checked.add_file(f"f{i}".encode(), bytes([i]) * 300) for i in range(3)]
     for ino in inodes:
         ahead.after_lookup(ino, "inductor")
     assert checked.stats.by_dir["inductor"]["read_ahead"] == 3
@@ -296,16 +297,7 @@ def test_read_ahead_pauses_when_what_it_reads_goes_unread(checked: Checked) -> N
 
     store = checked.store
     ahead = ReadAhead(store.blobs, checked.stats)
-    inodes = []
-    for i in range(UNREAD_MAX + PAUSE + 2):
-        data = i.to_bytes(4, "big") * 100
-        digest, _ = store.blobs.add_bytes(data)
-        with store.ns.txn():
-            ino = store.ns.create_inode(stat.S_IFREG | 0o644, os.getuid(), os.getgid())
-            store.ns.link(checked.dir, f"g{i}".encode(), ino.id)
-            store.ns.set_content(ino, digest, len(data), ino.mtime_ns)
-        inodes.append(ino)
-    store.blobs.verified.clear()
+    inodes = [checked.add_file(f"g{i}".encode(), i.to_bytes(4, "big") * 100) for i in range(UNREAD_MAX + PAUSE + 2)]
     for ino in inodes[:UNREAD_MAX + 1]:
         ahead.after_lookup(ino, "inductor")
     assert checked.stats.by_dir["inductor"]["read_ahead"] == UNREAD_MAX + 1
