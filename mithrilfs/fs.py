@@ -273,9 +273,10 @@ class Operations(kernel.Operations):
     def _push(self, inode: Inode) -> None:
         """A small file the kernel is about to meet for the first time: its content goes into the page
         cache now (``Notifier.store``), so that its first read needs no READ (and, with no READ, the
-        kernel keeps its attributes instead of asking again for the atime a READ changes)."""
-        if (not inode.is_reg or inode.hash is None or inode.id in self.writes.staged
-                or inode.id in self.lifetimes.unreadable):
+        kernel keeps its attributes instead of asking again for the atime a READ changes).
+
+        ``lookup`` calls it only for a regular file the kernel does not hold and nothing is writing."""
+        if inode.hash is None or inode.id in self.lifetimes.unreadable:
             return
         try:
             # read (and hashed) here, not in the notifier's thread: it then only writes, and the store

@@ -426,7 +426,11 @@ class Namespace:
         if row is None:
             return None
         self._keep_name(key, row[0])
-        node = self._inodes.get(row[0])  # the object callers hold, when there is one
+        return self._held_or_new(row)
+
+    def _held_or_new(self, row: tuple | list) -> Inode:
+        """The Inode of an index row: the object callers hold when there is one (one object per id)."""
+        node = self._inodes.get(row[0])
         return node if node is not None else self._remember(Inode(*row))
 
     def preload_dir(self, parent: int) -> None:
@@ -452,8 +456,7 @@ class Namespace:
             return
         for name, *cols in rows:
             self._keep_name((parent, name), cols[0])
-            if cols[0] not in self._inodes:
-                self._remember(Inode(*cols))
+            self._held_or_new(cols)
 
     def _keep_name(self, key: tuple[int, bytes], ino: int) -> None:
         if self._names_kept:
