@@ -24,6 +24,10 @@ from mithrilfs.store.namespace import join_path, valid_name
 
 log = logging.getLogger(__name__)
 
+#: A directory holding more names than this in a store is refused as hostile (counted in
+#: ``remote_rejected``, read as empty): merging it would hold the mount, and compile caches hold a few
+#: thousand names per directory.  Writers add no new name past it (``s3_wire``).
+MAX_DIR_NAMES = 50_000
 #: Entries larger than this are not entries (a name, a hash and a few numbers fit in far less).
 MAX_ENTRY_BYTES = 8192
 #: Versions are microseconds: exact in the doubles Lua compares them as.

@@ -418,11 +418,11 @@ class RedisStore(RemoteStore):
             hasher.update(part)
             out.write(part)
             got += len(part)
+            self.level.moved(down=len(part), requests=0)  # as it arrives: the bound on a wait sees progress
             i += 1
             if got == size:
                 break
         self.counters["remote_fetched_bytes"] += got
-        self.level.moved(down=got, requests=0)
         return hasher.digest()
 
     def _get(self, client: Any, key: str) -> Any:

@@ -51,7 +51,7 @@ from urllib.parse import quote, unquote_to_bytes
 
 import blake3
 
-from mithrilfs.shared.entries import EntryCodec, RemoteEntry, RemoteError
+from mithrilfs.shared.entries import MAX_DIR_NAMES, EntryCodec, RemoteEntry, RemoteError
 from mithrilfs.shared.s3_settings import S3Location, S3Settings
 from mithrilfs.shared.wire import Level, RemoteStore, new_counters
 from mithrilfs.store.namespace import valid_name
@@ -60,8 +60,8 @@ from mithrilfs.store.namespace import valid_name
 
 log = logging.getLogger(__name__)
 
-#: A manifest larger than this is not one (200,000 signed entries fit in it).
-MAX_MANIFEST_BYTES = 64 << 20
+#: A manifest larger than this is refused as hostile, never read (``MAX_DIR_NAMES`` signed entries fit in it).
+MAX_MANIFEST_BYTES = 32 << 20
 #: A startup set chunk larger than this is ignored.
 MAX_SET_BYTES = 64 << 20
 #: A reader that finds more chunks than this writes their union as one and deletes them.
@@ -111,8 +111,12 @@ class S3Store(RemoteStore):
         self._clients: dict[timedelta, Any] = {}
         self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="s3")
         self._lock = threading.Lock()
-        #: Blobs found in the bucket at the wrong size (planted or cut short): written over, not if-absent.
+        #: Blobs found in the bucket at the wrong size (planted or cut short) or reported bad by a reader:
+        #: written over, not if-absent.
         self._bad_blobs: set[str] = set()
+        #: Of those, the ones reported bad: our copy is hashed before it replaces theirs (a planted report
+        #: must not let a corrupt local file replace a good object), and the report goes once replaced.
+        self._verify_first: set[str] = set()
 
     # -- clients and errors ---------------------------------------------------
     def _client(self, timeout: timedelta) -> Any:
@@ -224,9 +228,11 @@ class S3Store(RemoteStore):
         etag = result.meta.get("e_tag") or None
         if result.meta["size"] > limit:
             return None, etag
-        data = bytes(result.bytes())
-        self.level.moved(down=len(data), requests=0)
-        return data, etag
+        parts = []
+        for chunk in result.stream(min_chunk_size=1 << 20):
+            parts.append(bytes(chunk))
+            self.level.moved(down=len(parts[-1]), requests=0)  # as it arrives: the bound on a wait sees progress
+        return b"".join(parts), etag
 
     def _put(self, client: Any, key: str, data: Any, mode: Any, size: int) -> bool:
         """Put an object; False when the condition failed (someone else wrote it first)."""
@@ -297,6 +303,8 @@ class S3Store(RemoteStore):
             entries = doc["entries"]
             if not isinstance(entries, dict):
                 raise ValueError("entries are not an object")
+            if len(entries) > MAX_DIR_NAMES:
+                raise ValueError(f"{len(entries)} names, more than {MAX_DIR_NAMES}")
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             self._count("remote_rejected")
             log.warning("manifest of %r ignored: not a manifest (%s)", dir_path, e)
@@ -381,6 +389,11 @@ class S3Store(RemoteStore):
                 if cur is not None and cur.newer_than(entry.version, entry.node):
                     out.append((False, cur))
                     continue
+                if held is None and len(raw) >= MAX_DIR_NAMES:  # readers would refuse the manifest whole
+                    self._count("remote_rejected")
+                    log.warning("%r not published: directory %r holds %d names already", path, dir_path, len(raw))
+                    out.append((False, None))
+                    continue
                 new = self.codec.encode(path, entry)
                 if held != new:
                     raw[name] = new
@@ -414,11 +427,14 @@ class S3Store(RemoteStore):
             hasher.update(part)
             out.write(part)
             got += len(part)
+            self.level.moved(down=len(part), requests=0)  # as it arrives: the bound on a wait sees progress
         if got != size:
             return b""
         self._count("remote_fetched_bytes", got)
-        self.level.moved(down=got, requests=0)
-        return hasher.digest()
+        digest = hasher.digest()
+        if digest.hex() != hex_digest:
+            self._report_bad(hex_digest)
+        return digest
 
     def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
         def one(item: tuple[str, int]) -> bytes | None:
@@ -430,13 +446,43 @@ class S3Store(RemoteStore):
                 self._count("remote_verify_failures")
                 return None
             self._count("remote_fetched_bytes", size)
+            if blake3.blake3(got[0]).hexdigest() != h:  # the caller rejects it; the bucket learns it is bad
+                self._report_bad(h)
             return got[0]
 
         return self._call(lambda: self._parallel(one, blobs))
 
+    def _bad_key(self, hex_digest: str) -> str:
+        return f"bad/{hex_digest}"
+
+    def _report_bad(self, hex_digest: str) -> None:
+        """A blob whose bytes do not hash to its name (same size, other bytes): leave a marker
+        (``bad/HEX``, empty) so that a node holding the right bytes writes it over at its next push.
+        Best effort: the read fails either way, and the next reader reports it again."""
+        import obstore.exceptions
+
+        log.error("blob %s in %s does not match its hash: reported for repair", hex_digest, self.url)
+        try:
+            self._put(self.quick, self._bad_key(hex_digest), b"", "overwrite", 0)
+            self._count("remote_bad_blobs_reported")
+        except (obstore.exceptions.BaseError, OSError) as e:
+            log.warning("cannot report bad blob %s: %s", hex_digest, self._why(e))
+
+    def _reported_bad(self) -> set[str]:
+        """The blobs readers reported bad (one listing; its first page: more waits for the next push)."""
+        prefix = self.base + "bad/"
+        first: list[Any] = next(iter(_obstore().list(self.quick, prefix=prefix, chunk_size=1000)), [])
+        self.level.moved()
+        return {h for meta in first if len(h := meta["path"][len(prefix):]) == 64
+                and all(c in "0123456789abcdef" for c in h)}
+
     def missing_blobs(self, blobs: dict[str, int]) -> list[str]:
+        """What the bucket lacks in full, at the wrong size, or holds with bytes a reader reported bad
+        (a node holding verified bytes writes those over: ``upload_blobs``)."""
         def one(item: tuple[str, int]) -> str | None:
             h, size = item
+            if h in bad:
+                return h
             meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + self._blob_key(h)))
             if meta is None:
                 return h
@@ -448,7 +494,16 @@ class S3Store(RemoteStore):
 
         if not blobs:
             return []
-        return self._call(lambda: [h for h in self._parallel(one, blobs.items()) if h is not None])
+
+        def check() -> list[str]:
+            bad.update(h for h in self._reported_bad() if h in blobs)
+            with self._lock:
+                self._bad_blobs |= bad
+                self._verify_first.update(bad)
+            return [h for h in self._parallel(one, blobs.items()) if h is not None]
+
+        bad: set[str] = set()
+        return self._call(check)
 
     def upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
         gone: set[str] = set()
@@ -471,6 +526,13 @@ class S3Store(RemoteStore):
                 return
             with f:
                 size = os_size(f)
+                with self._lock:
+                    verify = h in self._verify_first
+                if verify and not _hashes_to(f, h):
+                    log.error("local copy of blob %s does not match its hash: not uploaded", h)
+                    with self._lock:
+                        gone.add(h)
+                    return
                 if size <= PART_BYTES:
                     written = self._put(self.blobs_for(size), self._blob_key(h), f.read(),
                                         "overwrite" if bad else "create", size)
@@ -478,8 +540,13 @@ class S3Store(RemoteStore):
                     written = self._put(self.blobs_for(size), self._blob_key(h), f, "overwrite", size)
                 if written:
                     self._count("remote_uploaded_bytes", size)
+            if verify:
+                _obstore().delete(self.quick, self.base + self._bad_key(h))
+                self._count("remote_blobs_repaired")
+                log.warning("blob %s in %s written over with verified bytes (a reader reported it bad)", h, self.url)
             with self._lock:
                 self._bad_blobs.discard(h)
+                self._verify_first.discard(h)
 
         self._call(lambda: self._parallel(one, files))
         return gone
@@ -558,6 +625,15 @@ def _obstore() -> Any:
     import obstore
 
     return obstore
+
+
+def _hashes_to(f: BinaryIO, hex_digest: str) -> bool:
+    """Whether an open file's bytes hash to *hex_digest* (read through, then rewound)."""
+    hasher = blake3.blake3()
+    while chunk := f.read(1 << 20):
+        hasher.update(chunk)
+    f.seek(0)
+    return hasher.hexdigest() == hex_digest
 
 
 def os_size(f: BinaryIO) -> int:

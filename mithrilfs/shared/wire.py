@@ -28,7 +28,8 @@ _MAX_BACKOFF = 30.0
 #: The counters every store adds to (one dict per mount, shared by the levels of a layered store).
 COUNTERS = ("remote_hits", "remote_misses", "remote_fetched_bytes", "remote_uploaded_bytes",
             "remote_uploaded_entries", "remote_tombstones", "remote_verify_failures", "remote_rejected",
-            "remote_errors", "remote_conflicts", "remote_adopted", "remote_data_lost")
+            "remote_errors", "remote_conflicts", "remote_adopted", "remote_data_lost", "remote_bad_blobs_reported",
+            "remote_blobs_repaired")
 
 
 def new_counters() -> dict[str, int]:
@@ -54,6 +55,8 @@ class Level:
         self.errors = 0
         self.bytes_in = 0
         self.bytes_out = 0
+        #: When a request last succeeded (``stalled`` spares a level that answered meanwhile).
+        self.last_ok = 0.0
 
     def available(self) -> bool:
         return time.monotonic() >= self._down_until
@@ -80,6 +83,7 @@ class Level:
         with self._lock:
             self._backoff = 0.0
             self.last_error = ""
+            self.last_ok = time.monotonic()
 
     def moved(self, *, down: int = 0, up: int = 0, requests: int = 1) -> None:
         with self._lock:
@@ -110,6 +114,19 @@ class RemoteStore(ABC):
 
     def available(self) -> bool:
         return any(lv.available() for lv in self.levels())
+
+    def received(self) -> int:
+        """Bytes received so far from every level: what the bound on a wait watches (``bounded``)."""
+        return sum(lv.bytes_in for lv in self.levels())
+
+    def stalled(self, why: str, log: Any = None, *, since: float) -> None:
+        """A request of the mount waited the bound for nothing: the levels that have not answered anything
+        since *since* back off, so the next requests answer at once instead of waiting again."""
+        import logging
+
+        for lv in self.levels():
+            if lv.last_ok < since and lv.available():
+                lv.failed(why, log or logging.getLogger(__name__))
 
     @abstractmethod
     def levels(self) -> list[Level]:

@@ -610,3 +610,114 @@ def test_sidecar_entrypoint_takes_the_bucket_from_the_environment(tmp_path: Path
         assert "mithrilfs_remote_sent_bytes_total" in metrics and shared_seaweedfs.secret_key not in metrics
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+# ----------------------------------------------------------------------
+# issue 19: a corrupted blob, a huge directory, a stalled endpoint
+# ----------------------------------------------------------------------
+def test_a_corrupted_blob_in_the_bucket_is_reported_and_repaired_by_push(mount_factory: MountFactory,
+                                                                         shared_seaweedfs: SeaweedFS, bucket: str):
+    """Same-size garbage over a blob: a reader gets EIO (never the garbage) and reports it; the push of a node
+    holding the right bytes writes them over (a HEAD alone sees the right size and skipped it), and a new node
+    reads them.  Both fetch paths: a small blob (read-ahead, batch GET) and a large one (streamed)."""
+    weed, env = shared_seaweedfs, shared_seaweedfs.env()
+    a = mount_factory("a", *_s3(bucket), env=env)
+    small, large = os.urandom(5000), os.urandom(3 << 20)
+    write_committed(a.mountpoint / "small.so", small)
+    write_committed(a.mountpoint / "large.bin", large)
+    wait_uploaded(a)
+    for data in (small, large):
+        put(weed, bucket, blob_key(data), os.urandom(len(data)))
+    b = mount_factory("b", *_s3(bucket), env=env)
+    for name in ("small.so", "large.bin"):
+        assert errno_of_read(b.mountpoint / name) == errno.EIO, name
+    s = b.stats()
+    assert s["remote_verify_failures"] >= 2 and s["physical_bytes"] == 0, s
+    reported = {p.rpartition("/")[2] for p in keys(weed, bucket, BASE + "bad/")}
+    assert reported == {hash_bytes(small).hex(), hash_bytes(large).hex()}
+    res = run_cli("push", str(a.mountpoint))
+    assert res.returncode == 0, res.stderr
+    for data in (small, large):
+        wait_for(lambda d=data: get(weed, bucket, blob_key(d)) == d, 30, "the push to write the right bytes over")
+    wait_for(lambda: keys(weed, bucket, BASE + "bad/") == [], 30, "the reports to go once repaired")
+    wait_for(lambda: a.stats()["remote_blobs_repaired"] == 2, 10, "the repairs to be counted")
+    c = mount_factory("c", *_s3(bucket), env=env)
+    assert (c.mountpoint / "small.so").read_bytes() == small
+    assert hash_bytes((c.mountpoint / "large.bin").read_bytes()) == hash_bytes(large)
+
+
+def test_a_huge_directory_never_holds_the_rest_of_the_mount(mount_factory: MountFactory,
+                                                            shared_seaweedfs: SeaweedFS, bucket: str):
+    """Merging a directory of 30,000 remote names (a 20,000-name one held every request of the mount for
+    1.9 s) lets the mount serve other directories meanwhile: stats and creates elsewhere keep answering while
+    the listing is still in progress.  (One past ``MAX_DIR_NAMES`` is refused whole: tests/unit.)"""
+    weed, env = shared_seaweedfs, shared_seaweedfs.env()
+    a = mount_factory("a", *_s3(bucket), env=env)
+    (a.mountpoint / "big").mkdir()
+    (a.mountpoint / "other").mkdir()
+    write_committed(a.mountpoint / "other" / "held", b"held")
+    write_committed(a.mountpoint / "big" / "first", b"x")
+    wait_uploaded(a)
+    doc = json.loads(get(weed, bucket, manifest_key("big")))
+    entry = json.dumps(file_entry(b"x"))
+    doc["entries"].update({f"kernel-{i:05d}.so": entry for i in range(30_000)})
+    put(weed, bucket, manifest_key("big"), json.dumps(doc).encode())
+    b = mount_factory("b", *_s3(bucket), env=env)
+    assert (b.mountpoint / "other" / "held").read_bytes() == b"held"  # B knows "other" before the listing
+    listed: list[int] = []
+    lister = threading.Thread(target=lambda: listed.append(len(os.listdir(b.mountpoint / "big"))))
+    answered, worst = 0, 0.0
+    t0 = time.monotonic()
+    lister.start()
+    while lister.is_alive():
+        t = time.monotonic()
+        (b.mountpoint / "other" / "held").stat()
+        (b.mountpoint / "other" / f"new{answered}").write_bytes(b"n")
+        worst = max(worst, time.monotonic() - t)
+        answered += 1
+    lister.join()
+    took = time.monotonic() - t0
+    assert listed == [30_001]
+    assert answered >= 3, f"only {answered} requests answered while the listing ran {took:.1f} s"
+    assert worst < 1.0, f"a request elsewhere waited {worst:.1f} s while the listing ran {took:.1f} s"
+
+
+def test_a_stalled_endpoint_costs_one_bound_for_large_reads_and_creates(mount_factory: MountFactory,
+                                                                        seaweedfs: SeaweedFS):
+    """Every wait of the mount on the tier is bounded by REMOTE_WAIT without progress: a create's negative
+    lookup in a directory not yet synced (it waited for the names client's 10 s) answers within it, then at
+    once while backed off; a 20 MB blob not yet fetched fails with EIO within it (it waited for the large-blob
+    client's 120 s).  Two stalls, so that each starts on a level that answered last."""
+    from mithrilfs.shared.bounded import REMOTE_WAIT
+
+    seaweedfs.create_bucket("fleet")
+    a = mount_factory("a", *_s3("fleet"), env=seaweedfs.env())
+    (a.mountpoint / "k").mkdir()
+    (a.mountpoint / "fresh").mkdir()
+    write_committed(a.mountpoint / "fresh" / "f", b"f")
+    write_committed(a.mountpoint / "k" / "big.bin", os.urandom(20 << 20))
+    wait_uploaded(a, 60)
+    b = mount_factory("b", *_s3("fleet"), env=seaweedfs.env())
+    assert os.listdir(b.mountpoint / "k") == ["big.bin"]  # B knows the name; its content stays in the bucket
+    assert sorted(os.listdir(b.mountpoint)) == ["fresh", "k"]  # "fresh" is known, its names never asked for
+    bound = REMOTE_WAIT + 3  # the margin: a loaded machine, the kernel's round trips
+    seaweedfs.signal(signal.SIGSTOP)
+    try:
+        waits = []
+        for i in range(4):
+            t = time.monotonic()
+            (b.mountpoint / "fresh" / f"local{i}").write_bytes(b"made while stalled")
+            waits.append(time.monotonic() - t)
+        assert max(waits) < bound, f"creates on a stalled endpoint waited {waits}"
+        assert sum(waits) < 2 * bound, f"creates kept waiting on a known-stalled endpoint: {waits}"
+    finally:
+        seaweedfs.signal(signal.SIGCONT)
+    wait_for(lambda: b.stats()["remote_levels"][0]["reachable"], 60, "the bucket to answer B again")
+    seaweedfs.signal(signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        assert errno_of_read(b.mountpoint / "k" / "big.bin") == errno.EIO
+        took = time.monotonic() - t
+        assert took < bound, f"a large read on a stalled endpoint waited {took:.1f} s"
+    finally:
+        seaweedfs.signal(signal.SIGCONT)

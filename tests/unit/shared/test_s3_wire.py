@@ -187,3 +187,30 @@ def test_startup_sets_are_chunks_merged_by_union_and_compacted(stores: list[S3St
     assert len(chunks) == 1  # eight chunks read: written as one, the eight deleted
     stores[1].add_to_set("warm", ["late/c"])
     assert stores[2].startup_set("warm") == sorted([*expected, "late/c"])
+
+
+def test_a_directory_with_too_many_names_is_refused_and_never_grown_past_the_limit(stores: list[S3Store],
+                                                                                  monkeypatch):
+    """A manifest holding more than MAX_DIR_NAMES names is hostile: read as empty (counted), never merged
+    (180,000 planted names held a whole mount for 17.8 s); a writer adds no name past the limit, so a
+    legitimate directory is never turned into one readers refuse (and the next writer would replace)."""
+    import json
+
+    import obstore
+
+    from mithrilfs.shared import s3_wire
+
+    monkeypatch.setattr(s3_wire, "MAX_DIR_NAMES", 50)
+    a, b = stores[0], stores[1]
+    entries = {f"n{i}": a.codec.encode(f"huge/n{i}", RemoteEntry("f", 5, "n", HASH, 1)).decode() for i in range(51)}
+    obstore.put(a.names, a.base + a._manifest_key("huge"), json.dumps({"mithrilfs": 1, "entries": entries}).encode())
+    before = b.counters["remote_rejected"]
+    assert b.list_dir("huge") == {}
+    assert b.counters["remote_rejected"] == before + 1
+    # at the limit: names already there are updated, a new one is refused (counted), nothing is lost
+    a.publish_entries([(f"full/n{i}", RemoteEntry("f", 5, "a", HASH, 1)) for i in range(50)])
+    results = a.publish_entries([("full/n0", RemoteEntry("f", 6, "a", HASH, 1)),
+                                 ("full/extra", RemoteEntry("f", 6, "a", HASH, 1))])
+    assert results == [(True, RemoteEntry("f", 5, "a", HASH, 1)), (False, None)]
+    listed = b.list_dir("full")
+    assert len(listed) == 50 and b"extra" not in listed and listed[b"n0"].version == 6
