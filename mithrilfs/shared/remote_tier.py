@@ -170,6 +170,8 @@ class RemoteTier(Tier):
 
     async def list_dir(self, d: int) -> None:
         await self.sync_dir(d)
+        if d in self._sync_done:  # another request's sync of it is merging its names: list them all
+            await self._sync_done[d].wait()
 
     async def sync_dir(self, d: int, *, force: bool = False) -> None:
         """Merge a directory's remote names into the local namespace (rate-limited unless *force*).

