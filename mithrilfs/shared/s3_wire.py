@@ -52,6 +52,7 @@ from urllib.parse import quote, unquote_to_bytes
 import blake3
 
 from mithrilfs.shared.entries import MAX_DIR_NAMES, EntryCodec, RemoteEntry, RemoteError
+from mithrilfs.shared.s3_repair import BadBlobReports, hashes_to
 from mithrilfs.shared.s3_settings import S3Location, S3Settings
 from mithrilfs.shared.wire import Level, RemoteStore, new_counters
 from mithrilfs.store.namespace import valid_name
@@ -120,6 +121,7 @@ class S3Store(RemoteStore):
         #: Of those, the ones reported bad: our copy is hashed before it replaces theirs (a planted report
         #: must not let a corrupt local file replace a good object), and the report goes once replaced.
         self._verify_first: set[str] = set()
+        self.reports = BadBlobReports(self)
 
     # -- clients and errors ---------------------------------------------------
     def _client(self, timeout: timedelta) -> Any:
@@ -436,7 +438,7 @@ class S3Store(RemoteStore):
         self._count("remote_fetched_bytes", got)
         digest = hasher.digest()
         if digest.hex() != hex_digest:
-            self._report_bad(hex_digest)
+            self.reports.report(hex_digest)
         return digest
 
     def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
@@ -450,34 +452,10 @@ class S3Store(RemoteStore):
                 return None
             self._count("remote_fetched_bytes", size)
             if blake3.blake3(got[0]).hexdigest() != h:  # the caller rejects it; the bucket learns it is bad
-                self._report_bad(h)
+                self.reports.report(h)
             return got[0]
 
         return self._call(lambda: self._parallel(one, blobs))
-
-    def _bad_key(self, hex_digest: str) -> str:
-        return f"bad/{hex_digest}"
-
-    def _report_bad(self, hex_digest: str) -> None:
-        """A blob whose bytes do not hash to its name (same size, other bytes): leave a marker
-        (``bad/HEX``, empty) so that a node holding the right bytes writes it over at its next push.
-        Best effort: the read fails either way, and the next reader reports it again."""
-        import obstore.exceptions
-
-        log.error("blob %s in %s does not match its hash: reported for repair", hex_digest, self.url)
-        try:
-            self._put(self.quick, self._bad_key(hex_digest), b"", "overwrite", 0)
-            self._count("remote_bad_blobs_reported")
-        except (obstore.exceptions.BaseError, OSError) as e:
-            log.warning("cannot report bad blob %s: %s", hex_digest, self._why(e))
-
-    def _reported_bad(self) -> set[str]:
-        """The blobs readers reported bad (one listing; its first page: more waits for the next push)."""
-        prefix = self.base + "bad/"
-        first: list[Any] = next(iter(_obstore().list(self.quick, prefix=prefix, chunk_size=1000)), [])
-        self.level.moved()
-        return {h for meta in first if len(h := meta["path"][len(prefix):]) == 64
-                and all(c in "0123456789abcdef" for c in h)}
 
     def missing_blobs(self, blobs: dict[str, int]) -> list[str]:
         """What the bucket lacks in full, at the wrong size, or holds with bytes a reader reported bad
@@ -499,7 +477,7 @@ class S3Store(RemoteStore):
             return []
 
         def check() -> list[str]:
-            bad.update(h for h in self._reported_bad() if h in blobs)
+            bad.update(h for h in self.reports.reported() if h in blobs)
             with self._lock:
                 self._bad_blobs |= bad
                 self._verify_first.update(bad)
@@ -531,7 +509,7 @@ class S3Store(RemoteStore):
                 size = os_size(f)
                 with self._lock:
                     verify = h in self._verify_first
-                if verify and not _hashes_to(f, h):
+                if verify and not hashes_to(f, h):
                     log.error("local copy of blob %s does not match its hash: not uploaded", h)
                     with self._lock:
                         gone.add(h)
@@ -544,9 +522,7 @@ class S3Store(RemoteStore):
                 if written:
                     self._count("remote_uploaded_bytes", size)
             if verify:
-                _obstore().delete(self.quick, self.base + self._bad_key(h))
-                self._count("remote_blobs_repaired")
-                log.warning("blob %s in %s written over with verified bytes (a reader reported it bad)", h, self.url)
+                self.reports.repaired(h)
             with self._lock:
                 self._bad_blobs.discard(h)
                 self._verify_first.discard(h)
@@ -628,15 +604,6 @@ def _obstore() -> Any:
     import obstore
 
     return obstore
-
-
-def _hashes_to(f: BinaryIO, hex_digest: str) -> bool:
-    """Whether an open file's bytes hash to *hex_digest* (read through, then rewound)."""
-    hasher = blake3.blake3()
-    while chunk := f.read(1 << 20):
-        hasher.update(chunk)
-    f.seek(0)
-    return hasher.hexdigest() == hex_digest
 
 
 def os_size(f: BinaryIO) -> int:
