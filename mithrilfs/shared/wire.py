@@ -16,12 +16,15 @@ request.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from abc import ABC, abstractmethod
 from typing import Any, BinaryIO
 
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
+
+log = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 30.0
 
@@ -119,14 +122,12 @@ class RemoteStore(ABC):
         """Bytes received so far from every level: what the bound on a wait watches (``bounded``)."""
         return sum(lv.bytes_in for lv in self.levels())
 
-    def stalled(self, why: str, log: Any = None, *, since: float) -> None:
+    def stalled(self, why: str, *, since: float) -> None:
         """A request of the mount waited the bound for nothing: the levels that have not answered anything
         since *since* back off, so the next requests answer at once instead of waiting again."""
-        import logging
-
         for lv in self.levels():
             if lv.last_ok < since and lv.available():
-                lv.failed(why, log or logging.getLogger(__name__))
+                lv.failed(why, log)
 
     @abstractmethod
     def levels(self) -> list[Level]:
