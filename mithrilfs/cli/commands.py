@@ -107,7 +107,6 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         nonempty=args.nonempty,
         fixed_settings=frozenset(given),
         on_crash=args.on_crash,
-        push_on_lookup=args.push_on_lookup,
     )
     if opts.prefetch is not None and args.remote is None:
         usage_error("--prefetch needs --remote")
