@@ -115,6 +115,24 @@ def test_a_second_node_reports_the_first_nodes_entry(mount_factory: MountFactory
     assert {d["field"] for d in entry["differs"]["triton/" + "a" * 64]} == {"debug"}
 
 
+def test_a_file_written_under_a_temporary_name_is_reported_under_its_final_one(mount_factory: MountFactory):
+    """Triton writes ``k.bin.tmp`` (Inductor ``.<pid>.tmp``) beside the final name and renames it: the
+    event, and why's report, name ``k.bin``, whether the commit came at an fsync or at the rename."""
+    m = mount_factory()
+    data = os.urandom(4096)
+    for d in ("a", "b", "c"):
+        (m.mountpoint / d).mkdir()
+    write_committed(m.mountpoint / "a" / "k.bin", data)
+    write_committed(m.mountpoint / "b" / "k.bin.tmp", data)  # committed at its fsync, still temporary
+    os.rename(m.mountpoint / "b" / "k.bin.tmp", m.mountpoint / "b" / "k.bin")
+    (m.mountpoint / "c" / ".123.tmp").write_bytes(data)  # committed at the rename
+    os.rename(m.mountpoint / "c" / ".123.tmp", m.mountpoint / "c" / "k.bin")
+    wait_for(lambda: counters(m)["identical_recompiles"] == 2, 10, "both recompiles to be counted")
+    paths = sorted(p for e in why(m)["entries"] for p in e["paths"])
+    assert paths == ["b/k.bin", "c/k.bin"]
+    assert ".tmp" not in run_cli("why", str(m.mountpoint)).stdout
+
+
 def test_why_needs_a_mount_or_a_store(tmp_path):
     res = run_cli("why")
     assert res.returncode == 2 and "MOUNTPOINT or --store" in res.stderr and len(res.stderr.strip().splitlines()) == 1
