@@ -23,6 +23,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from mithrilfs.terminal import shown
 from mithrilfs.units import format_size
 
 EVENTS = ("identical_recompile", "fleet_identical_recompile")
@@ -180,11 +181,6 @@ def metadata_diff(entry: Path, other: Path, mount: Path) -> list[dict[str, Any]]
     return out
 
 
-def _shown(text: str) -> str:
-    """A path or value for a terminal: control characters (a path from the shared tier may hold any) escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def format_report(groups: list[dict[str, Any]], counters: dict[str, Any] | None) -> str:
     if not groups:
         return "no identical recompiles recorded"
@@ -198,12 +194,12 @@ def format_report(groups: list[dict[str, Any]], counters: dict[str, Any] | None)
     for g in groups:
         lost = f", about {g['lost_seconds']:.1f} s of compile lost" if g["lost_seconds"] is not None else ""
         where = "on another node" if g["fleet"] and not g["same_as"] else ""
-        lines.append(f"  {_shown(g['entry']) or '/'}: {g['files']} file{'s' if g['files'] != 1 else ''}, "
+        lines.append(f"  {shown(g['entry']) or '/'}: {g['files']} file{'s' if g['files'] != 1 else ''}, "
                      f"{format_size(g['bytes'])}{lost}")
         for other in g["same_as"]:
-            lines.append(f"    same bytes as {_shown(other)}")
+            lines.append(f"    same bytes as {shown(other)}")
             for d in g.get("differs", {}).get(other, []):
-                lines.append(_shown(f"      {d['file']}: {d['field']} = {json.dumps(d['this'])} here, "
+                lines.append(shown(f"      {d['file']}: {d['field']} = {json.dumps(d['this'])} here, "
                                     f"{json.dumps(d['other'])} there"))
         if where:
             lines.append(f"    same bytes as a file {where}")
