@@ -35,6 +35,7 @@ from mithrilfs.daemon.process import call_within, in_child
 from mithrilfs.errors import UsageError
 from mithrilfs.shared.redis_wire import url_password, without_password
 from mithrilfs.store.open import StoreError, default_store
+from mithrilfs.terminal import shown
 from mithrilfs.units import format_size
 
 if TYPE_CHECKING:  # imported where used: a CLI command without a remote starts without them
@@ -107,7 +108,6 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         nonempty=args.nonempty,
         fixed_settings=frozenset(given),
         on_crash=args.on_crash,
-        push_on_lookup=args.push_on_lookup,
     )
     if opts.prefetch is not None and args.remote is None:
         usage_error("--prefetch needs --remote")
@@ -310,9 +310,9 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
     else:
         print(f"fsck {root}: {report.summary()}; repair left: {after.summary()}")
     for name in report.corrupt_files:
-        print(f"  corrupt: {name}" + (" (removed: a cache miss from now on)" if after is not None else ""))
+        print(f"  corrupt: {shown(name)}" + (" (removed: a cache miss from now on)" if after is not None else ""))
     for name in report.bad_names:
-        print(f"  name the mount cannot serve: {name}" + (" (removed)" if after is not None else ""))
+        print(f"  name the mount cannot serve: {shown(name)}" + (" (removed)" if after is not None else ""))
     return status
 
 

@@ -15,6 +15,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+class _Removed(argparse.Action):
+    """An option that no longer exists: one line saying why, rather than argparse's "unrecognized"."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} was removed: it could lose in-place writes (docs/design.md)")
+
+
 def _bytes(text: str) -> int:
     try:
         return parse_size(text)
@@ -130,9 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--on-crash", choices=("takeover", "detach"), default="takeover",
                    help="if the daemon dies: a new one takes the live mount over (default; programs see a pause),"
                         " or the mount is detached (programs get ENOTCONN)")
-    m.add_argument("--push-on-lookup", action="store_true",
-                   help="put small files into the kernel's page cache when first looked up (warm starts need no"
-                        " READs); only for caches whose files are never written in place, see docs/design.md")
+    m.add_argument("--push-on-lookup", action=_Removed, nargs=0, help=argparse.SUPPRESS,
+                   default=argparse.SUPPRESS)
     m.add_argument("--allow-other", action="store_true", help="let other users see the mount")
     m.add_argument("--debug", action="store_true", help="log every FUSE request")
     _add_settings(m, "the store's setting ('mithrilfs config'), else ")

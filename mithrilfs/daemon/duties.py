@@ -140,7 +140,6 @@ class Duties:
             "eviction": evictor.current.as_dict() if evictor.current is not None else None,
             **self.tier.snapshot(),
             **self.restarts.as_stats(),
-            **self.lifetimes.kernel.pushes(),
         })
         self.cached_snapshot = snap
         return snap

@@ -119,8 +119,6 @@ class MountOptions:
     fixed_settings: frozenset[str] = frozenset()
     #: What the supervisor does when the daemon dies: start a successor ("takeover") or detach ("detach").
     on_crash: str = "takeover"
-    #: Push small files into the kernel's page cache at their first lookup (``fs.Operations._push``).
-    push_on_lookup: bool = False
 
     def remote_spec(self) -> RemoteSpec:
         """The shared store these options name (``remote`` must be set)."""
@@ -478,7 +476,7 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
             mounted = wiring.build(store, opts.policy, notifier, tier_options, after_crash=after_crash,
                                    fixed_settings=opts.fixed_settings, supervisor=supervisor,
                                    restarts=handover.restarts if handover is not None else Restarts(),
-                                   lookups=lookups, push_on_lookup=opts.push_on_lookup)
+                                   lookups=lookups)
             removed = _take_over(store, mounted, handover) if handover is not None else []
             metrics = None
             if opts.metrics_port is not None:

@@ -29,7 +29,7 @@ from mithrilfs.control.files import ControlFiles
 from mithrilfs.control.node import ControlNode
 from mithrilfs.daemon.channel import NoSupervisor, Restarts, Supervisor
 from mithrilfs.daemon.duties import Duties
-from mithrilfs.fs import PUSH_MAX_BYTES, Operations, Parts
+from mithrilfs.fs import Operations, Parts
 from mithrilfs.kernel import AfterReply, RequestTimes
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import KeptCounters
@@ -73,7 +73,7 @@ class Mounted:
 def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_options: TierOptions | None = None, *,
           after_crash: bool = False, fixed_settings: frozenset[str] = frozenset(),
           supervisor: Supervisor | None = None, restarts: Restarts | None = None,
-          lookups: LookupCounts | None = None, push_on_lookup: bool = False) -> Mounted:
+          lookups: LookupCounts | None = None) -> Mounted:
     """The filesystem of *store*, with every collaborator it needs (see the module doc)."""
     tier_options = tier_options or TierOptions()
     ns, blobs = store.ns, store.blobs
@@ -108,6 +108,6 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     ops = Operations(Parts(store=store, writes=writes, lifetimes=lifetimes, recency=recency, budget=budget,
                            integrity=integrity, tier=tier, control=ControlNode(control), stats=stats, events=events,
                            tops=tops, names=Names(ns, writes, lifetimes, tops, tier), recompiles=recompiles,
-                           after_reply=after_reply, push_max_bytes=PUSH_MAX_BYTES if push_on_lookup else 0))
+                           after_reply=after_reply))
     return Mounted(ops=ops, duties=duties, tier=tier, events=events, control=control, request_times=request_times,
                    after_reply=after_reply)
