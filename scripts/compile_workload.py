@@ -5,7 +5,10 @@ pointing where the cache should live.  Used by the e2e tests, the demo and
 scripts/bench_compile.py, so all three measure the same work.
 
 Output: {"seconds": compile+first call, "fxgraph_cache_hit": N,
-"fxgraph_cache_miss": N, "output_sha": digest of the output tensor}.
+"fxgraph_cache_miss": N, "autograd_cache_hit": N, "autograd_cache_miss": N,
+"output_sha": digest of the output tensor}.  With MITHRILFS_WORKLOAD_EXTENSION=1
+it also builds and loads a ``torch.utils.cpp_extension.load_inline`` module
+(into TORCH_EXTENSIONS_DIR) and adds what it computed as "extension".
 """
 
 from __future__ import annotations
@@ -45,8 +48,16 @@ def main() -> int:
         "seconds": round(seconds, 3),
         "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
         "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+        "autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
+        "autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
         "output_sha": hashlib.sha256(struct.pack(f"{out.numel()}f", *out.cpu().flatten().tolist())).hexdigest(),
     }
+    if os.environ.get("MITHRILFS_WORKLOAD_EXTENSION") == "1":
+        from torch.utils.cpp_extension import load_inline
+
+        ext = load_inline(name="mithrilfs_workload_ext", cpp_sources="int add3(int a) { return a + 3; }",
+                          functions=["add3"])
+        result["extension"] = ext.add3(39)
     print(json.dumps(result))
     return 0
 

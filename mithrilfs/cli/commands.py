@@ -9,10 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +30,7 @@ from mithrilfs.daemon import ended
 from mithrilfs.daemon import lifecycle as daemon
 from mithrilfs.daemon.process import call_within, in_child
 from mithrilfs.errors import UsageError
+from mithrilfs.jitcaches import catalog, leaks
 from mithrilfs.shared.redis_wire import url_password, without_password
 from mithrilfs.store.open import StoreError, default_store
 from mithrilfs.terminal import shown
@@ -64,7 +62,7 @@ def _policy(store: Path, settings_: dict[str, Any], given: dict[str, Any]) -> Ev
         raise UsageError(f"{e} (settings of {store} with this command line's)") from None
 
 
-def _store_policy(store: Path, given: dict[str, Any]) -> EvictionPolicy:
+def store_policy(store: Path, given: dict[str, Any]) -> EvictionPolicy:
     """The store's settings with *given* (the command line's) on top."""
     return _policy(store, _stored_settings(store), given)
 
@@ -73,7 +71,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     behind, s3 = _remote_stores(args)
     store = (args.store or default_store()).expanduser().absolute()
     given = given_settings(args)
-    policy = _store_policy(store, given)
+    policy = store_policy(store, given)
     key = None
     if args.remote_key_file is not None:
         if args.remote is None:
@@ -113,7 +111,10 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         usage_error("--prefetch needs --remote")
     if s3 is not None:
         _refuse_misconfigured_bucket(opts)
+    outside = leaks.measure(dict(os.environ))
     status = daemon.mount(opts)
+    if status == 0 and not opts.foreground:
+        leaks.save_at_mount(store, outside)  # status reports what the mount's users write outside it
     if status == 0 and opts.remote is not None and not opts.foreground:
         _warn_if_unreachable(opts)
     if status == 0 and opts.prefetch is not None and not opts.foreground:
@@ -233,6 +234,7 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     except (OSError, ValueError, UsageError):
         before = None
     daemon.umount(mp, lazy=args.lazy)
+    catalog.drop_headers_link(mp, dict(os.environ))
     if before is not None and "upload_queue" in before:
         pending = daemon.pending_uploads(Path(before["store"]))
         if pending:
@@ -423,9 +425,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
         keys = ("pid", "store", "files", "physical_bytes", "max_bytes", "hit_rate", "read_only", "upload_queue",
                 "remote_last_error", "remote_levels", "version", "restarts", "last_restart_cause", "last_restart_at")
         gone = ended.read(os.path.realpath(mp)) if state == "unmounted" else None
+        outside = leaks.since_mount(Path(snap["store"]), dict(os.environ)) if "store" in snap else []
         print(json.dumps({"mountpoint": str(mp), "state": state, "ready": status == 0,
                           **{k: snap[k] for k in keys if k in snap}, "prefetch": prefetch or None,
-                          "ended": gone}, sort_keys=True))
+                          "ended": gone, "outside_since_mount": [leaks.as_json(x) for x in outside]},
+                         sort_keys=True))
         return status
     if state == "live":
         print(f"{mp}: live{' (read-only store: serves cached files, writes fail)' if snap.get('read_only') else ''}, "
@@ -435,6 +439,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
         for line in format_levels(snap):
             print(line)
+        for leak in leaks.since_mount(Path(snap["store"]), dict(os.environ)):
+            print(f"  since the mount: {leaks.describe(leak)}")
     elif state == "prefetching":
         print(f"{mp}: live, prefetching ({prefetch.get('files', 0)} of {prefetch.get('total_files', '?')} files)")
     elif state == "forbidden":
@@ -447,69 +453,6 @@ def _cmd_status(args: argparse.Namespace) -> int:
                            "hung": "mounted but not answering within 1 s",
                            "foreign": "mounted, but not a mithrilfs mount"}[state])
     return status
-
-
-def cache_env(mountpoint: Path) -> dict[str, str]:
-    """The variables that point the frameworks at the mount (their directories are created)."""
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(mountpoint / "inductor"), "TRITON_CACHE_DIR": str(mountpoint / "triton")}
-    for d in env.values():
-        os.makedirs(d, exist_ok=True)
-    return env
-
-
-def _cmd_env(args: argparse.Namespace) -> int:
-    mp = args.mountpoint.expanduser().absolute()
-    control_file(mp, "pid")  # a one-line error unless it is a live mount
-    for k, v in cache_env(mp).items():
-        print(f"export {k}={shlex.quote(v)}")
-    return 0
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        raise UsageError("run needs a command: mithrilfs run [--mount DIR] -- CMD ARGS...")
-    temp = None
-    if args.mount is None:
-        temp = Path(tempfile.mkdtemp(prefix="mithrilfs-run-"))
-    mp = (args.mount or temp).expanduser().absolute()  # type: ignore[union-attr]
-    state = daemon.probe_mount(mp)
-    if state == "forbidden":
-        raise daemon.MountError(daemon.forbidden_message(mp))
-    mounted_here = state != "live"
-    if mounted_here:
-        store = (args.store or default_store()).expanduser().absolute()
-        try:
-            daemon.mount(daemon.MountOptions(mountpoint=mp, store=store, policy=_store_policy(store, {})))
-        except BaseException:
-            if temp is not None:
-                temp.rmdir()
-            raise
-    try:
-        before = read_stats(mp)
-        env = dict(os.environ, **cache_env(mp))
-        try:
-            status = subprocess.run(cmd, env=env).returncode
-        except FileNotFoundError:
-            print(f"mithrilfs: error: command not found: {cmd[0]}", file=sys.stderr)
-            status = 127
-        except OSError as e:  # as a shell says it: not executable, a directory, a bad binary
-            print(f"mithrilfs: error: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
-            status = 126
-        # the kernel does not tell the daemon about closes: commit what the command left written
-        control_command(control_file(mp, "commit"), "run")
-        after = read_stats(mp)
-        d = {k: after[k] - before[k] for k in ("hits", "misses", "writes", "write_bytes", "commits", "dedup_hits")}
-        ended = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
-        print(f"mithrilfs: {d['hits']} hits, {d['misses']} misses, {d['commits']} files written "
-              f"({format_size(d['write_bytes'])}, {d['dedup_hits']} deduplicated); {ended}",
-              file=sys.stderr)
-    finally:
-        if mounted_here:
-            daemon.umount(mp)
-        if temp is not None:
-            temp.rmdir()
-    return status if status >= 0 else 128 - status
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -706,6 +649,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 #: Each command's function, by the name the parser gives it.
 COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc, "fsck": _cmd_fsck,
-             "stats": _cmd_stats, "why": _cmd_why, "status": _cmd_status, "restart": _cmd_restart, "reload": _cmd_restart, "env": _cmd_env, "run": _cmd_run,
+             "stats": _cmd_stats, "why": _cmd_why, "status": _cmd_status, "restart": _cmd_restart, "reload": _cmd_restart,
              "export": _cmd_export, "import": _cmd_import, "push": _cmd_push, "prefetch": _cmd_prefetch,
              "clear": _cmd_clear, "config": _cmd_config}

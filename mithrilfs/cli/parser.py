@@ -229,8 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also exit 1 while a prefetch runs (a startup probe that holds the app back)")
     st.add_argument("--json", action="store_true", help="print the state as JSON")
 
-    e = sub.add_parser("env", help="print shell exports pointing Inductor and Triton at the mount")
-    e.add_argument("mountpoint", type=Path)
+    e = sub.add_parser("env", help="print the shell lines that put every JIT cache of the stack on the mount "
+                                   '(eval "$(mithrilfs env MOUNT)")')
+    e.add_argument("mountpoint", type=Path, nargs="?", default=None)
+    e.add_argument("--list", action="store_true", help="print what is covered, where, and how, instead")
 
     r = sub.add_parser("run", help="run a command with its compile caches on the mount")
     r.add_argument("--mount", type=Path, default=None, metavar="MOUNTPOINT",

@@ -61,6 +61,7 @@ from mithrilfs.daemon.channel import Handover, NoSupervisor, Restarts, Superviso
 from mithrilfs.daemon.process import call_within, pid_alive, raise_fd_limit
 from mithrilfs.daemon.wiring import TierOptions
 from mithrilfs.errors import UsageError
+from mithrilfs.jitcaches import catalog
 from mithrilfs.kernel.mount import FSTYPE, mount_entries, unescape_mount_field
 from mithrilfs.observe.metrics import MetricsServer
 from mithrilfs.shared.connect import RemoteSpec, open_remote
@@ -512,6 +513,8 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
         restart = trio.Event()
         if isinstance(supervisor, SupervisorLink):  # without one, nobody would take over
             mounted.control.add_command(b"restart", functools.partial(_restart, session, restart))
+        # what an app container with no mithrilfs evaluates to put its JIT caches here (mithrilfs.jitcaches)
+        mounted.control.add(b"env", functools.partial(_shell_env, opts.mountpoint))
         try:
             entry = fuse.mount_entry()
             if handover is None:
@@ -607,6 +610,10 @@ def _take_over(store: Store, mounted: wiring.Mounted, handover: Handover) -> lis
     log.info("took over the live mount after a %s: %d files being written go on, %d lost their uncommitted "
              "writes", handover.restarts.cause, adopted, len(torn))
     return removed
+
+
+def _shell_env(mountpoint: Path) -> bytes:
+    return catalog.shell_env(mountpoint).encode()
 
 
 async def _restart(session: kernel.Session, restart: trio.Event, request: bytes) -> bytes:
