@@ -9,6 +9,9 @@ Output: {"seconds": compile+first call, "fxgraph_cache_hit": N,
 "output_sha": digest of the output tensor}.  With MITHRILFS_WORKLOAD_EXTENSION=1
 it also builds and loads a ``torch.utils.cpp_extension.load_inline`` module
 (into TORCH_EXTENSIONS_DIR) and adds what it computed as "extension".
+MITHRILFS_WORKLOAD_MEGACACHE_SAVE=FILE / _LOAD=FILE: PyTorch's Mega-Cache
+(``torch.compiler.save_cache_artifacts`` after the compile, ``load_cache_artifacts``
+before it), the peer ``scripts/bench_jit_newnode.py`` compares with.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ def main() -> int:
     device = os.environ.get("MITHRILFS_WORKLOAD_DEVICE", "cpu")  # "cuda": Inductor emits Triton kernels
     model, x = model.to(device), x.to(device)
     start = time.perf_counter()
+    if load := os.environ.get("MITHRILFS_WORKLOAD_MEGACACHE_LOAD"):
+        with open(load, "rb") as f:
+            torch.compiler.load_cache_artifacts(f.read())
     compiled = torch.compile(model)
     with torch.no_grad():
         out = compiled(x)
@@ -52,6 +58,11 @@ def main() -> int:
         "autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
         "output_sha": hashlib.sha256(struct.pack(f"{out.numel()}f", *out.cpu().flatten().tolist())).hexdigest(),
     }
+    if save := os.environ.get("MITHRILFS_WORKLOAD_MEGACACHE_SAVE"):
+        artifacts = torch.compiler.save_cache_artifacts()
+        assert artifacts is not None, "Mega-Cache saved nothing"
+        with open(save, "wb") as f:
+            f.write(artifacts[0])
     if os.environ.get("MITHRILFS_WORKLOAD_EXTENSION") == "1":
         from torch.utils.cpp_extension import load_inline
 

@@ -106,10 +106,11 @@ CATALOG: tuple[JitCache, ...] = (
     JitCache("CuPy", "compiled kernels", "cupy", ("CUPY_CACHE_DIR",), ("~/.cupy/kernel_cache",),
              "cupy cupy/cuda/compiler.py: get_cache_dir() reads CUPY_CACHE_DIR", "source text (needs a GPU)"),
     JitCache("Numba", "cache=True functions (.nbi/.nbc)", "numba", ("NUMBA_CACHE_DIR",), (),
-             "numba numba/core/caching.py: _CacheLocator honours config.CACHE_DIR (NUMBA_CACHE_DIR)",
+             "numba documentation, Environment variables / Caching: NUMBA_CACHE_DIR overrides __pycache__",
              "documentation (numba is not installed here)"),
     JitCache("Apache TVM FFI (SGLang, TileLang)", "C++ extension builds", "tvm-ffi", ("TVM_FFI_CACHE_DIR",),
-             ("~/.cache/tvm-ffi",), "apache tvm-ffi python/tvm_ffi/cpp/extension.py: TVM_FFI_CACHE_DIR",
+             ("~/.cache/tvm-ffi",),
+             "tvm-ffi python/tvm_ffi/cpp/extension.py: os.environ.get('TVM_FFI_CACHE_DIR', '~/.cache/tvm-ffi')",
              "source text (needs a GPU)"),
 )
 
