@@ -228,6 +228,9 @@ _PASSWORD_ENV = "MITHRILFS_REMOTE_PASSWORD"
 
 def _cmd_umount(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
+    if daemon.clean_stale_mount(mp):  # nothing to flush: its daemon and supervisor are gone (ENOTCONN)
+        print(f"mithrilfs: {mp} was a dead mount (its daemon is gone): detached it", file=sys.stderr)
+        return 0
     try:
         before = read_stats(mp)
     except (OSError, ValueError, UsageError):

@@ -201,10 +201,14 @@ def probe_mount(mountpoint: Path, timeout: float = 1.0) -> str:
 
 
 def clean_stale_mount(mountpoint: Path) -> bool:
-    """Detach a mount whose daemon died (ENOTCONN); True when one was cleaned."""
+    """Detach a mount whose daemon died (ENOTCONN); True when one was cleaned, a one-line MountError when
+    it could not be."""
     if probe_mount(mountpoint, timeout=5.0) != "dead":
         return False
-    subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
+    res = subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True, text=True)
+    if res.returncode != 0:
+        detail = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
+        raise MountError(f"cannot detach the dead mount at {mountpoint}: {detail}")
     return True
 
 
