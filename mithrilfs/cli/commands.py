@@ -384,8 +384,21 @@ def _cmd_restart(args: argparse.Namespace) -> int:
     if not (mp / ".mithrilfs" / "restart").exists():
         raise daemon.MountError(f"{mp}: this mount has no supervisor to hand it over to (its daemon could not start"
                                 " one, or is older than restarts): unmount and mount it again instead")
-    control_command(control_file(mp, "restart"), "restart", answered=False)
+    if before.get("supervisor") == "gone":
+        raise daemon.MountError(f"{mp}: restart refused: its supervisor is gone (killed?), so no new daemon would"
+                                " take over; the daemon serves on: unmount and mount again to restart it")
+    path = control_file(mp, "restart")
     deadline = time.monotonic() + args.timeout
+    control_command(path, "restart", answered=False)
+    # the daemon checks that the installed code starts before it hands over; its refusal is the answer the
+    # file reads back (a daemon that handed over answers nothing: the read then waits for the new one)
+    answer = call_within(path.read_bytes, deadline - time.monotonic())
+    try:
+        refused = json.loads(answer) if answer else {}
+    except ValueError:
+        refused = {}
+    if isinstance(refused, dict) and refused.get("restarting") is False:
+        raise daemon.MountError(f"{mp}: restart refused: {refused.get('error')}")
     while True:
         # reads wait in the kernel while the daemons change places: the answer comes from the new one,
         # in a thread of its own, so a successor that never serves cannot hold this past the timeout
@@ -393,8 +406,9 @@ def _cmd_restart(args: argparse.Namespace) -> int:
         if pid is not None and pid != before["pid"]:
             break
         if time.monotonic() > deadline or (pid is None and not daemon.is_fuse_mount(mp)):
-            raise daemon.MountError(f"{mp}: no new daemon took over within {args.timeout:.0f} s"
-                                    + ("" if daemon.is_fuse_mount(mp) else " (the mount is gone)"))
+            raise daemon.MountError(f"{mp}: no new daemon took over within {args.timeout:g} s"
+                                    + (" (the handover was asked for and may still complete: see 'mithrilfs "
+                                       "status')" if daemon.is_fuse_mount(mp) else " (the mount is gone)"))
         time.sleep(0.05)
     after = read_stats(mp)
     print(f"{mp}: restarted: daemon {before['pid']} (mithrilfs {before.get('version', '?')}) handed over to "
@@ -424,7 +438,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     status = 0 if state == "live" else 1
     if args.json:
         keys = ("pid", "store", "files", "physical_bytes", "max_bytes", "hit_rate", "read_only", "upload_queue",
-                "remote_last_error", "remote_levels", "version", "restarts", "last_restart_cause", "last_restart_at")
+                "remote_last_error", "remote_levels", "version", "restarts", "last_restart_cause", "last_restart_at",
+                "supervisor")
         gone = ended.read(os.path.realpath(mp)) if state == "unmounted" else None
         print(json.dumps({"mountpoint": str(mp), "state": state, "ready": status == 0,
                           **{k: snap[k] for k in keys if k in snap}, "prefetch": prefetch or None,
@@ -438,6 +453,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
         for line in format_levels(snap):
             print(line)
+        if snap.get("supervisor") == "gone":
+            print(f"{mp}: warning: its supervisor is gone: a crash of the daemon now leaves a dead mount and "
+                  "restart is refused; unmount and mount again to get a new one")
     elif state == "prefetching":
         print(f"{mp}: live, prefetching ({prefetch.get('files', 0)} of {prefetch.get('total_files', '?')} files)")
     elif state == "forbidden":
