@@ -117,7 +117,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     if status == 0 and opts.remote is not None and not opts.foreground:
         _warn_if_unreachable(opts)
     if status == 0 and opts.prefetch is not None and not opts.foreground:
-        _follow_prefetch(opts.mountpoint, warn_only=True)
+        _follow_prefetch(opts.mountpoint, f"set={opts.prefetch}", warn_only=True)
     return status
 
 
@@ -620,14 +620,31 @@ def _cmd_prefetch(args: argparse.Namespace) -> int:
     if not answer.get("started"):
         print(f"mithrilfs: error: cannot prefetch: {answer['error']}", file=sys.stderr)
         return 1
-    return _follow_prefetch(mp)
+    return _follow_prefetch(mp, "all" if args.all else f"set={args.set}")
 
 
-def _follow_prefetch(mp: Path, *, warn_only: bool = False) -> int:
-    """Wait for the mount's prefetch, drawing its progress on a terminal; print its summary."""
+#: How often a prefetch is asked again of a daemon that replaced the one running it (a crash loop ends it).
+PREFETCH_RESUMES = 5
+
+
+def _follow_prefetch(mp: Path, request: str, *, warn_only: bool = False) -> int:
+    """Wait for the mount's prefetch, drawing its progress on a terminal; print its summary.
+
+    A daemon that takes a mount over (a crash, a restart) does not go on with its predecessor's prefetch:
+    its state is "idle".  The prefetch (*request*, as the command takes it) is then asked again; what the
+    first daemon fetched is local already and is not fetched twice.
+    """
     draw = progress_bar("prefetching")
+    resumes = 0
     while True:
         state = read_stats(mp).get("prefetch", {})
+        if state.get("state") == "idle" and resumes < PREFETCH_RESUMES:
+            resumes += 1
+            answer = tier_command(mp, "prefetch", request)
+            if not answer.get("started"):
+                state = {"state": "failed", "error": answer.get("error")}
+                break
+            continue
         if state.get("state") != "running":
             break
         if draw and state.get("total_files"):
