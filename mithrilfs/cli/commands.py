@@ -118,7 +118,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     if status == 0 and opts.remote is not None and not opts.foreground:
         _warn_if_unreachable(opts)
     if status == 0 and opts.prefetch is not None and not opts.foreground:
-        _follow_prefetch(opts.mountpoint, warn_only=True)
+        _follow_prefetch(opts.mountpoint, f"set={opts.prefetch}", warn_only=True)
     return status
 
 
@@ -229,6 +229,9 @@ _PASSWORD_ENV = "MITHRILFS_REMOTE_PASSWORD"
 
 def _cmd_umount(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
+    if daemon.clean_stale_mount(mp):  # nothing to flush: its daemon and supervisor are gone (ENOTCONN)
+        print(f"mithrilfs: {mp} was a dead mount (its daemon is gone): detached it", file=sys.stderr)
+        return 0
     try:
         before = read_stats(mp)
     except (OSError, ValueError, UsageError):
@@ -383,8 +386,21 @@ def _cmd_restart(args: argparse.Namespace) -> int:
     if not (mp / ".mithrilfs" / "restart").exists():
         raise daemon.MountError(f"{mp}: this mount has no supervisor to hand it over to (its daemon could not start"
                                 " one, or is older than restarts): unmount and mount it again instead")
-    control_command(control_file(mp, "restart"), "restart", answered=False)
+    if before.get("supervisor") == "gone":
+        raise daemon.MountError(f"{mp}: restart refused: its supervisor is gone (killed?), so no new daemon would"
+                                " take over; the daemon serves on: unmount and mount again to restart it")
+    path = control_file(mp, "restart")
     deadline = time.monotonic() + args.timeout
+    control_command(path, "restart", answered=False)
+    # the daemon checks that the installed code starts before it hands over; its refusal is the answer the
+    # file reads back (a daemon that handed over answers nothing: the read then waits for the new one)
+    answer = call_within(path.read_bytes, deadline - time.monotonic())
+    try:
+        refused = json.loads(answer) if answer else {}
+    except ValueError:
+        refused = {}
+    if isinstance(refused, dict) and refused.get("restarting") is False:
+        raise daemon.MountError(f"{mp}: restart refused: {refused.get('error')}")
     while True:
         # reads wait in the kernel while the daemons change places: the answer comes from the new one,
         # in a thread of its own, so a successor that never serves cannot hold this past the timeout
@@ -392,8 +408,9 @@ def _cmd_restart(args: argparse.Namespace) -> int:
         if pid is not None and pid != before["pid"]:
             break
         if time.monotonic() > deadline or (pid is None and not daemon.is_fuse_mount(mp)):
-            raise daemon.MountError(f"{mp}: no new daemon took over within {args.timeout:.0f} s"
-                                    + ("" if daemon.is_fuse_mount(mp) else " (the mount is gone)"))
+            raise daemon.MountError(f"{mp}: no new daemon took over within {args.timeout:g} s"
+                                    + (" (the handover was asked for and may still complete: see 'mithrilfs "
+                                       "status')" if daemon.is_fuse_mount(mp) else " (the mount is gone)"))
         time.sleep(0.05)
     after = read_stats(mp)
     print(f"{mp}: restarted: daemon {before['pid']} (mithrilfs {before.get('version', '?')}) handed over to "
@@ -423,7 +440,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     status = 0 if state == "live" else 1
     if args.json:
         keys = ("pid", "store", "files", "physical_bytes", "max_bytes", "hit_rate", "read_only", "upload_queue",
-                "remote_last_error", "remote_levels", "version", "restarts", "last_restart_cause", "last_restart_at")
+                "remote_last_error", "remote_levels", "version", "restarts", "last_restart_cause", "last_restart_at",
+                "supervisor")
         gone = ended.read(os.path.realpath(mp)) if state == "unmounted" else None
         outside = leaks.since_mount(Path(snap["store"]), dict(os.environ)) if "store" in snap else []
         print(json.dumps({"mountpoint": str(mp), "state": state, "ready": status == 0,
@@ -441,6 +459,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
             print(line)
         for leak in leaks.since_mount(Path(snap["store"]), dict(os.environ)):
             print(f"  since the mount: {leaks.describe(leak)}")
+        if snap.get("supervisor") == "gone":
+            print(f"{mp}: warning: its supervisor is gone: a crash of the daemon now leaves a dead mount and "
+                  "restart is refused; unmount and mount again to get a new one")
     elif state == "prefetching":
         print(f"{mp}: live, prefetching ({prefetch.get('files', 0)} of {prefetch.get('total_files', '?')} files)")
     elif state == "forbidden":
@@ -542,14 +563,31 @@ def _cmd_prefetch(args: argparse.Namespace) -> int:
     if not answer.get("started"):
         print(f"mithrilfs: error: cannot prefetch: {answer['error']}", file=sys.stderr)
         return 1
-    return _follow_prefetch(mp)
+    return _follow_prefetch(mp, "all" if args.all else f"set={args.set}")
 
 
-def _follow_prefetch(mp: Path, *, warn_only: bool = False) -> int:
-    """Wait for the mount's prefetch, drawing its progress on a terminal; print its summary."""
+#: How often a prefetch is asked again of a daemon that replaced the one running it (a crash loop ends it).
+PREFETCH_RESUMES = 5
+
+
+def _follow_prefetch(mp: Path, request: str, *, warn_only: bool = False) -> int:
+    """Wait for the mount's prefetch, drawing its progress on a terminal; print its summary.
+
+    A daemon that takes a mount over (a crash, a restart) does not go on with its predecessor's prefetch:
+    its state is "idle".  The prefetch (*request*, as the command takes it) is then asked again; what the
+    first daemon fetched is local already and is not fetched twice.
+    """
     draw = progress_bar("prefetching")
+    resumes = 0
     while True:
         state = read_stats(mp).get("prefetch", {})
+        if state.get("state") == "idle" and resumes < PREFETCH_RESUMES:
+            resumes += 1
+            answer = tier_command(mp, "prefetch", request)
+            if not answer.get("started"):
+                state = {"state": "failed", "error": answer.get("error")}
+                break
+            continue
         if state.get("state") != "running":
             break
         if draw and state.get("total_files"):

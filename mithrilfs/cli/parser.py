@@ -44,6 +44,14 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _positive_duration(text: str) -> float:
+    """A wait that can end well: 0 would give up before anything could answer."""
+    value = _duration(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
+    return value
+
+
 def _fraction(text: str) -> float:
     """``95%`` or ``0.95``."""
     try:
@@ -176,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("restart", aliases=["reload"],
                        help="hand the live mount to a new daemon of the installed code (upgrades; programs see a pause)")
     r.add_argument("mountpoint", type=Path)
-    r.add_argument("--timeout", type=_duration, default=60.0, metavar="SECONDS",
+    r.add_argument("--timeout", type=_positive_duration, default=60.0, metavar="SECONDS",
                    help="how long to wait for the new daemon (default 60)")
 
     g = sub.add_parser("gc", help="evict now and print what was freed")

@@ -86,7 +86,8 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     paths = DirPaths(ns)
     tops = TopDirs(ns, paths)
     commit_listeners: list[CommitListener] = []
-    writes = WritePath(ns, blobs, stats, limiter, commit_listeners, supervisor or NoSupervisor())
+    supervisor = supervisor or NoSupervisor()
+    writes = WritePath(ns, blobs, stats, limiter, commit_listeners, supervisor)
     recency = Recency(ns)
     lifetimes = Lifetimes(ns, blobs, recency, writes.staged.__contains__, kernel, lookups)
 
@@ -102,7 +103,7 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     after_reply = AfterReply()
     control = ControlFiles()
     duties = Duties(store, budget, writes, lifetimes, recency, tier, kept, events, limiter, restarts or Restarts(),
-                    recompiles)
+                    recompiles, supervisor)
     control.add_json(b"stats.json", duties.snapshot)
     Commands(store, budget, writes, tier, kept, paths, limiter, fixed_settings=fixed_settings).register(control)
     ops = Operations(Parts(store=store, writes=writes, lifetimes=lifetimes, recency=recency, budget=budget,
