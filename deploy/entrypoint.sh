@@ -4,6 +4,8 @@
 # SIGTERM/SIGINT, on which mithrilfs flushes, unmounts and exits 0.  A daemon that dies is
 # replaced on the live mount; to upgrade in place: pip install -U mithrilfs, then
 # mithrilfs restart "$MITHRILFS_MOUNTPOINT" (both with docker exec / kubectl exec).
+# App containers (no mithrilfs installed) put every JIT cache of the stack on the mount with
+#   eval "$(cat /mithrilfs/cache/.mithrilfs/env)"      (what `mithrilfs env --list` describes)
 #
 #   MITHRILFS_MOUNTPOINT     where to mount (default /mithrilfs/cache): a subdirectory of the volume
 #                            shared with the app containers (/mithrilfs), never the volume's root

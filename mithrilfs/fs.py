@@ -56,11 +56,6 @@ log = logging.getLogger(__name__)
 #: for hours.
 ENTRY_TIMEOUT = 60.0
 
-#: With ``mount --push-on-lookup``, files up to this size are pushed into the kernel's page cache when
-#: the kernel first looks them up (``Operations._push``): compile caches read nearly every file they look
-#: up, and whole.
-PUSH_MAX_BYTES = 256 << 10
-
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 def _sqlite_errno(e: sqlite3.Error) -> int:
@@ -166,8 +161,6 @@ class Parts:
     recompiles: Recompiles
     #: Head starts for the next request, run once a reply is written (``lookup``).
     after_reply: kernel.AfterReply
-    #: Files up to this size are pushed into the page cache at their first lookup (0: none; ``_push``).
-    push_max_bytes: int = 0
 
 
 class Operations(kernel.Operations):
@@ -190,12 +183,9 @@ class Operations(kernel.Operations):
         self.tops = parts.tops
         self.names = parts.names
         self.recompiles = parts.recompiles
-        self.push_max_bytes = parts.push_max_bytes
         self.after_reply = parts.after_reply
         #: An inode by number, ENOENT when gone (``Names.inode``); bound once: every request asks.
         self._inode = parts.names.inode
-        #: The kernel's caches, told of content pushed into them and of content about to change.
-        self.kernel = parts.lifetimes.kernel
         # revalidations are the only sign of use: an idle TTL shorter than the timeouts needs them sooner
         self.cache_timeout = min(ENTRY_TIMEOUT, self.policy.idle_ttl / 4) if self.policy.idle_ttl else ENTRY_TIMEOUT
 
@@ -259,36 +249,13 @@ class Operations(kernel.Operations):
             self.stats.add(top, "hits")
             if not self.lifetimes.referenced(ino) and inode.is_reg and ino not in self.writes.staged:
                 # the kernel meets the file for the first time: its READ is coming
-                if 0 < inode.size <= self.push_max_bytes:
-                    self._push(inode)
-                else:
-                    self.after_reply.defer(functools.partial(self.integrity.read_ahead.after_lookup, inode, top))
+                self.after_reply.defer(functools.partial(self.integrity.read_ahead.after_lookup, inode, top))
         else:
             # a program entering a directory (a compiled kernel's) opens its files next
             self.after_reply.defer(functools.partial(self.ns.preload_dir, ino))
         attr = self._attr(inode)
         self.lifetimes.ref(ino)
         return attr
-
-    def _push(self, inode: Inode) -> None:
-        """A small file the kernel is about to meet for the first time: its content goes into the page
-        cache now (``Notifier.store``), so that its first read needs no READ (and, with no READ, the
-        kernel keeps its attributes instead of asking again for the atime a READ changes).
-
-        ``lookup`` calls it only for a regular file the kernel does not hold and nothing is writing."""
-        if inode.hash is None or inode.id in self.lifetimes.unreadable:
-            return
-        try:
-            # read (and hashed) here, not in the notifier's thread: it then only writes, and the store
-            # lands before the read comes far more often (measured: 200-500 READs left of 12,000, against
-            # 3,000-5,000 with the reading done in the thread, beside the event loop's GIL)
-            data = self.integrity.whole(inode.hash, inode.size)
-        except OSError as e:  # a push is only a head start: the lookup answers, the read will tell
-            log.debug("no push of inode %d: %s", inode.id, e)
-            return
-        if data is not None:
-            self.kernel.store(inode.id, data)
-            self.tier.record_read(inode.id)  # its read will not reach us: it joins the startup set now
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
@@ -354,7 +321,6 @@ class Operations(kernel.Operations):
                 raise FUSEError(errno.EINVAL)
             # not a commit point: O_TRUNC arrives here too (with no file handle, like
             # truncate(2)), and its writer is only starting
-            self.kernel.withdraw(inode)
             await self.writes.truncate(self._staged(inode), attr.st_size)
         changes: dict[str, int] = {}
         if fields.update_mode:
@@ -479,9 +445,6 @@ class Operations(kernel.Operations):
     async def read(self, inode: int, fh: int, off: int, size: int) -> bytes | memoryview:
         if self.control.owns(inode):
             return await self.control.read(inode, off, size)
-        # the kernel asks after all: a push still queued is of no use, and one being written is followed
-        # by an invalidation (a page this READ fills may be written through a shared mapping next)
-        self.kernel.withdraw(inode)
         data: bytes | memoryview
         while True:
             of = self.writes.staged.get(inode)
@@ -518,7 +481,6 @@ class Operations(kernel.Operations):
         code = self.writes.failed.get(inode)
         if code is not None:
             raise FUSEError(code)  # no more eviction for a file that already failed for room, nor writes after a tear
-        self.kernel.withdraw(inode)
         of = self._staged(inode)
         n = await self.budget.write(of, off, buf)
         counters = self.stats.by_dir[of.top]

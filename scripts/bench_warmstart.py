@@ -22,7 +22,7 @@ Python's ``open()`` sends, answered ENOSYS from the daemon's dispatch table,
 minus the same loop on the plain side) times the requests a load sends,
 plus the plain side's time: no daemon doing no work at all could do better.
 
-    .venv/bin/python scripts/bench_warmstart.py [--kernels 1500] [--reps 3] [--push] [--json]
+    .venv/bin/python scripts/bench_warmstart.py [--kernels 1500] [--reps 3] [--json]
 """
 
 from __future__ import annotations
@@ -141,10 +141,10 @@ def round_trip_us(mount_file: Path, plain_file: Path) -> list[float]:
     return sorted(out)
 
 
-def remount(mp: Path, extra: list[str]) -> None:
+def remount(mp: Path) -> None:
     """Unmount and mount again (``temp_mount`` keeps the store beside the mount point)."""
     subprocess.run([*CLI, "umount", str(mp)], check=True)
-    subprocess.run([*CLI, "mount", str(mp), "--store", str(mp.parent / "store"), *extra], check=True)
+    subprocess.run([*CLI, "mount", str(mp), "--store", str(mp.parent / "store")], check=True)
 
 
 def main() -> int:
@@ -152,13 +152,11 @@ def main() -> int:
     ap.add_argument("--kernels", type=int, default=1500)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--push", action="store_true", help="mount with --push-on-lookup")
     args = ap.parse_args()
-    extra = ["--push-on-lookup"] if args.push else []
 
     times: dict[str, dict[str, list[float]]] = {s: {"first": [], "second": []} for s in ("plain", "mount")}
     daemon: dict[str, list[dict[str, list[float]]]] = {"first": [], "second": []}
-    with temp_mount(*extra) as (mp, plain):
+    with temp_mount() as (mp, plain):
         caches = {"plain": plain / "triton", "mount": mp / "triton"}
         keys_file = mp.parent / "keys.json"
         seed = random.randrange(1 << 30)
@@ -170,7 +168,7 @@ def main() -> int:
         for rep, order in enumerate(abba(args.reps)):
             for side in order:
                 if side == "mount":
-                    remount(mp, extra)
+                    remount(mp)
                 else:
                     drop_plain_caches()
                 for phase in ("first", "second"):

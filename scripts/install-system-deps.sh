@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # System packages mithrilfs needs: fuse3 (fusermount3, for mounts without root),
+# ninja-build and openssl (torch.utils.cpp_extension builds with ninja; Inductor hashes its headers with openssl),
 # g++ (the tests run torch.compile's C++ backend), and redis-server for the
 # shared-tier tests.  mithrilfs itself is pure Python: no libfuse, no compiler.
 # The sidecar-image tests (tests/container) build and run the Dockerfile with podman
 # and runc (crun cannot start containers on hosts with hybrid cgroups), run the compose
 # file with podman-compose, and make their base image with debootstrap: no registry.
 set -euo pipefail
-pkgs=(fuse3 g++ redis-server podman runc podman-compose debootstrap)
+pkgs=(fuse3 g++ ninja-build openssl redis-server podman runc podman-compose debootstrap)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

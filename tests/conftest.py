@@ -397,6 +397,11 @@ class RedisCluster:
         return subprocess.run(["redis-cli", "-c", "-p", str(port), *args], capture_output=True, text=True,
                               timeout=10)
 
+    def run_id(self, port: int) -> str:
+        """The server process's run id: a new one after every start."""
+        info = self.cli(port, "INFO", "server").stdout
+        return next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("run_id:"))
+
 
 @pytest.fixture
 def redis_cluster(tmp_path: Path) -> Iterator[RedisCluster]:

@@ -50,12 +50,6 @@ class KernelCaches(Protocol):
 
     def invalidate_inode(self, inode: int, off: int = 0, length: int = 0) -> None: ...
 
-    def store(self, inode: int, data: bytes | memoryview) -> None: ...
-
-    def withdraw(self, inode: int) -> None: ...
-
-    def pushes(self) -> dict[str, int]: ...
-
 
 class NoKernelCaches:
     """Nobody to tell (tools and tests that use the cache without a mount)."""
@@ -65,15 +59,6 @@ class NoKernelCaches:
 
     def invalidate_inode(self, inode: int, off: int = 0, length: int = 0) -> None:
         pass
-
-    def store(self, inode: int, data: bytes | memoryview) -> None:
-        pass
-
-    def withdraw(self, inode: int) -> None:
-        pass
-
-    def pushes(self) -> dict[str, int]:
-        return {}
 
 
 class Lifetimes:

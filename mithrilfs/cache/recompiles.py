@@ -12,9 +12,11 @@ event with both paths; ``mithrilfs why`` reads those events back.
 A cache entry is the file's directory: Triton's ``triton/<key>/``,
 Inductor's per-key directories under its top-level folders.  Frameworks
 write a file in a temporary place and rename it into its entry, and the
-commit comes at that rename, before the file has its final name: a commit
-is therefore judged once the file has a name outside any ``tmp*``
-directory (right after the rename, ``settle``, or at the next tick).
+commit comes at that rename (or at an fsync before it), before the file has
+its final name: a commit is therefore judged once the file has a name
+outside any ``tmp*`` directory that is not itself temporary (``k.bin.tmp``
+beside ``k.bin``: ``is_temporary_name``), right after the rename
+(``settle``) or at the next tick, so events name the final path.
 Hard links and renames are one inode, so they never match themselves;
 files that are identical by nature (under ``MIN_BYTES``, lock files,
 anything under ``locks/`` or ``tmp*``) are not counted.
@@ -50,13 +52,20 @@ _PENDING_SECONDS = 30.0
 _MAX_OTHERS = 16
 
 
+def is_temporary_name(name: str) -> bool:
+    """A name a framework writes under before renaming the file into place beside it: Triton's
+    ``k.bin.tmp`` (and ``k.bin.tmp.pid_<pid>_<n>``), Inductor's ``.<pid>.<tid>.tmp``."""
+    return name.endswith(".tmp") or ".tmp." in name
+
+
 def entry_of(path: str) -> str | None:
-    """The cache entry a file belongs to (its directory), or None for a file that never counts."""
+    """The cache entry a file belongs to (its directory), or None for a file that never counts, or does
+    not count yet: under a temporary name, its commit is judged at the rename that gives it its final one."""
     parts = path.split("/")
     name = parts[-1]
     if name.endswith(".lock") or name == "lock" or any(p == "locks" or p.startswith("tmp") for p in parts[:-1]):
         return None
-    return posixpath.dirname(path)
+    return None if is_temporary_name(name) else posixpath.dirname(path)
 
 
 class Recompiles:

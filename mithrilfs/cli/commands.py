@@ -9,10 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,8 +30,10 @@ from mithrilfs.daemon import ended
 from mithrilfs.daemon import lifecycle as daemon
 from mithrilfs.daemon.process import call_within, in_child
 from mithrilfs.errors import UsageError
+from mithrilfs.jitcaches import catalog, leaks
 from mithrilfs.shared.redis_wire import url_password, without_password
 from mithrilfs.store.open import StoreError, default_store
+from mithrilfs.terminal import shown
 from mithrilfs.units import format_size
 
 if TYPE_CHECKING:  # imported where used: a CLI command without a remote starts without them
@@ -63,7 +62,7 @@ def _policy(store: Path, settings_: dict[str, Any], given: dict[str, Any]) -> Ev
         raise UsageError(f"{e} (settings of {store} with this command line's)") from None
 
 
-def _store_policy(store: Path, given: dict[str, Any]) -> EvictionPolicy:
+def store_policy(store: Path, given: dict[str, Any]) -> EvictionPolicy:
     """The store's settings with *given* (the command line's) on top."""
     return _policy(store, _stored_settings(store), given)
 
@@ -72,7 +71,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     behind, s3 = _remote_stores(args)
     store = (args.store or default_store()).expanduser().absolute()
     given = given_settings(args)
-    policy = _store_policy(store, given)
+    policy = store_policy(store, given)
     key = None
     if args.remote_key_file is not None:
         if args.remote is None:
@@ -107,17 +106,19 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         nonempty=args.nonempty,
         fixed_settings=frozenset(given),
         on_crash=args.on_crash,
-        push_on_lookup=args.push_on_lookup,
     )
     if opts.prefetch is not None and args.remote is None:
         usage_error("--prefetch needs --remote")
     if s3 is not None:
         _refuse_misconfigured_bucket(opts)
+    outside = leaks.measure(dict(os.environ))
     status = daemon.mount(opts)
+    if status == 0 and not opts.foreground:
+        leaks.save_at_mount(store, outside)  # status reports what the mount's users write outside it
     if status == 0 and opts.remote is not None and not opts.foreground:
         _warn_if_unreachable(opts)
     if status == 0 and opts.prefetch is not None and not opts.foreground:
-        _follow_prefetch(opts.mountpoint, warn_only=True)
+        _follow_prefetch(opts.mountpoint, f"set={opts.prefetch}", warn_only=True)
     return status
 
 
@@ -228,11 +229,15 @@ _PASSWORD_ENV = "MITHRILFS_REMOTE_PASSWORD"
 
 def _cmd_umount(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
+    if daemon.clean_stale_mount(mp):  # nothing to flush: its daemon and supervisor are gone (ENOTCONN)
+        print(f"mithrilfs: {mp} was a dead mount (its daemon is gone): detached it", file=sys.stderr)
+        return 0
     try:
         before = read_stats(mp)
     except (OSError, ValueError, UsageError):
         before = None
     daemon.umount(mp, lazy=args.lazy)
+    catalog.drop_headers_link(mp, dict(os.environ))
     if before is not None and "upload_queue" in before:
         pending = daemon.pending_uploads(Path(before["store"]))
         if pending:
@@ -310,9 +315,9 @@ def _cmd_fsck(args: argparse.Namespace) -> int:
     else:
         print(f"fsck {root}: {report.summary()}; repair left: {after.summary()}")
     for name in report.corrupt_files:
-        print(f"  corrupt: {name}" + (" (removed: a cache miss from now on)" if after is not None else ""))
+        print(f"  corrupt: {shown(name)}" + (" (removed: a cache miss from now on)" if after is not None else ""))
     for name in report.bad_names:
-        print(f"  name the mount cannot serve: {name}" + (" (removed)" if after is not None else ""))
+        print(f"  name the mount cannot serve: {shown(name)}" + (" (removed)" if after is not None else ""))
     return status
 
 
@@ -381,8 +386,21 @@ def _cmd_restart(args: argparse.Namespace) -> int:
     if not (mp / ".mithrilfs" / "restart").exists():
         raise daemon.MountError(f"{mp}: this mount has no supervisor to hand it over to (its daemon could not start"
                                 " one, or is older than restarts): unmount and mount it again instead")
-    control_command(control_file(mp, "restart"), "restart", answered=False)
+    if before.get("supervisor") == "gone":
+        raise daemon.MountError(f"{mp}: restart refused: its supervisor is gone (killed?), so no new daemon would"
+                                " take over; the daemon serves on: unmount and mount again to restart it")
+    path = control_file(mp, "restart")
     deadline = time.monotonic() + args.timeout
+    control_command(path, "restart", answered=False)
+    # the daemon checks that the installed code starts before it hands over; its refusal is the answer the
+    # file reads back (a daemon that handed over answers nothing: the read then waits for the new one)
+    answer = call_within(path.read_bytes, deadline - time.monotonic())
+    try:
+        refused = json.loads(answer) if answer else {}
+    except ValueError:
+        refused = {}
+    if isinstance(refused, dict) and refused.get("restarting") is False:
+        raise daemon.MountError(f"{mp}: restart refused: {refused.get('error')}")
     while True:
         # reads wait in the kernel while the daemons change places: the answer comes from the new one,
         # in a thread of its own, so a successor that never serves cannot hold this past the timeout
@@ -390,8 +408,9 @@ def _cmd_restart(args: argparse.Namespace) -> int:
         if pid is not None and pid != before["pid"]:
             break
         if time.monotonic() > deadline or (pid is None and not daemon.is_fuse_mount(mp)):
-            raise daemon.MountError(f"{mp}: no new daemon took over within {args.timeout:.0f} s"
-                                    + ("" if daemon.is_fuse_mount(mp) else " (the mount is gone)"))
+            raise daemon.MountError(f"{mp}: no new daemon took over within {args.timeout:g} s"
+                                    + (" (the handover was asked for and may still complete: see 'mithrilfs "
+                                       "status')" if daemon.is_fuse_mount(mp) else " (the mount is gone)"))
         time.sleep(0.05)
     after = read_stats(mp)
     print(f"{mp}: restarted: daemon {before['pid']} (mithrilfs {before.get('version', '?')}) handed over to "
@@ -421,11 +440,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
     status = 0 if state == "live" else 1
     if args.json:
         keys = ("pid", "store", "files", "physical_bytes", "max_bytes", "hit_rate", "read_only", "upload_queue",
-                "remote_last_error", "remote_levels", "version", "restarts", "last_restart_cause", "last_restart_at")
+                "remote_last_error", "remote_levels", "version", "restarts", "last_restart_cause", "last_restart_at",
+                "supervisor")
         gone = ended.read(os.path.realpath(mp)) if state == "unmounted" else None
+        outside = leaks.since_mount(Path(snap["store"]), dict(os.environ)) if "store" in snap else []
         print(json.dumps({"mountpoint": str(mp), "state": state, "ready": status == 0,
                           **{k: snap[k] for k in keys if k in snap}, "prefetch": prefetch or None,
-                          "ended": gone}, sort_keys=True))
+                          "ended": gone, "outside_since_mount": [leaks.as_json(x) for x in outside]},
+                         sort_keys=True))
         return status
     if state == "live":
         print(f"{mp}: live{' (read-only store: serves cached files, writes fail)' if snap.get('read_only') else ''}, "
@@ -435,6 +457,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
         for line in format_levels(snap):
             print(line)
+        for leak in leaks.since_mount(Path(snap["store"]), dict(os.environ)):
+            print(f"  since the mount: {leaks.describe(leak)}")
+        if snap.get("supervisor") == "gone":
+            print(f"{mp}: warning: its supervisor is gone: a crash of the daemon now leaves a dead mount and "
+                  "restart is refused; unmount and mount again to get a new one")
     elif state == "prefetching":
         print(f"{mp}: live, prefetching ({prefetch.get('files', 0)} of {prefetch.get('total_files', '?')} files)")
     elif state == "forbidden":
@@ -447,69 +474,6 @@ def _cmd_status(args: argparse.Namespace) -> int:
                            "hung": "mounted but not answering within 1 s",
                            "foreign": "mounted, but not a mithrilfs mount"}[state])
     return status
-
-
-def cache_env(mountpoint: Path) -> dict[str, str]:
-    """The variables that point the frameworks at the mount (their directories are created)."""
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(mountpoint / "inductor"), "TRITON_CACHE_DIR": str(mountpoint / "triton")}
-    for d in env.values():
-        os.makedirs(d, exist_ok=True)
-    return env
-
-
-def _cmd_env(args: argparse.Namespace) -> int:
-    mp = args.mountpoint.expanduser().absolute()
-    control_file(mp, "pid")  # a one-line error unless it is a live mount
-    for k, v in cache_env(mp).items():
-        print(f"export {k}={shlex.quote(v)}")
-    return 0
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        raise UsageError("run needs a command: mithrilfs run [--mount DIR] -- CMD ARGS...")
-    temp = None
-    if args.mount is None:
-        temp = Path(tempfile.mkdtemp(prefix="mithrilfs-run-"))
-    mp = (args.mount or temp).expanduser().absolute()  # type: ignore[union-attr]
-    state = daemon.probe_mount(mp)
-    if state == "forbidden":
-        raise daemon.MountError(daemon.forbidden_message(mp))
-    mounted_here = state != "live"
-    if mounted_here:
-        store = (args.store or default_store()).expanduser().absolute()
-        try:
-            daemon.mount(daemon.MountOptions(mountpoint=mp, store=store, policy=_store_policy(store, {})))
-        except BaseException:
-            if temp is not None:
-                temp.rmdir()
-            raise
-    try:
-        before = read_stats(mp)
-        env = dict(os.environ, **cache_env(mp))
-        try:
-            status = subprocess.run(cmd, env=env).returncode
-        except FileNotFoundError:
-            print(f"mithrilfs: error: command not found: {cmd[0]}", file=sys.stderr)
-            status = 127
-        except OSError as e:  # as a shell says it: not executable, a directory, a bad binary
-            print(f"mithrilfs: error: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
-            status = 126
-        # the kernel does not tell the daemon about closes: commit what the command left written
-        control_command(control_file(mp, "commit"), "run")
-        after = read_stats(mp)
-        d = {k: after[k] - before[k] for k in ("hits", "misses", "writes", "write_bytes", "commits", "dedup_hits")}
-        ended = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
-        print(f"mithrilfs: {d['hits']} hits, {d['misses']} misses, {d['commits']} files written "
-              f"({format_size(d['write_bytes'])}, {d['dedup_hits']} deduplicated); {ended}",
-              file=sys.stderr)
-    finally:
-        if mounted_here:
-            daemon.umount(mp)
-        if temp is not None:
-            temp.rmdir()
-    return status if status >= 0 else 128 - status
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -599,14 +563,31 @@ def _cmd_prefetch(args: argparse.Namespace) -> int:
     if not answer.get("started"):
         print(f"mithrilfs: error: cannot prefetch: {answer['error']}", file=sys.stderr)
         return 1
-    return _follow_prefetch(mp)
+    return _follow_prefetch(mp, "all" if args.all else f"set={args.set}")
 
 
-def _follow_prefetch(mp: Path, *, warn_only: bool = False) -> int:
-    """Wait for the mount's prefetch, drawing its progress on a terminal; print its summary."""
+#: How often a prefetch is asked again of a daemon that replaced the one running it (a crash loop ends it).
+PREFETCH_RESUMES = 5
+
+
+def _follow_prefetch(mp: Path, request: str, *, warn_only: bool = False) -> int:
+    """Wait for the mount's prefetch, drawing its progress on a terminal; print its summary.
+
+    A daemon that takes a mount over (a crash, a restart) does not go on with its predecessor's prefetch:
+    its state is "idle".  The prefetch (*request*, as the command takes it) is then asked again; what the
+    first daemon fetched is local already and is not fetched twice.
+    """
     draw = progress_bar("prefetching")
+    resumes = 0
     while True:
         state = read_stats(mp).get("prefetch", {})
+        if state.get("state") == "idle" and resumes < PREFETCH_RESUMES:
+            resumes += 1
+            answer = tier_command(mp, "prefetch", request)
+            if not answer.get("started"):
+                state = {"state": "failed", "error": answer.get("error")}
+                break
+            continue
         if state.get("state") != "running":
             break
         if draw and state.get("total_files"):
@@ -706,6 +687,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 #: Each command's function, by the name the parser gives it.
 COMMANDS = {"mount": _cmd_mount, "umount": _cmd_umount, "unmount": _cmd_umount, "gc": _cmd_gc, "fsck": _cmd_fsck,
-             "stats": _cmd_stats, "why": _cmd_why, "status": _cmd_status, "restart": _cmd_restart, "reload": _cmd_restart, "env": _cmd_env, "run": _cmd_run,
+             "stats": _cmd_stats, "why": _cmd_why, "status": _cmd_status, "restart": _cmd_restart, "reload": _cmd_restart,
              "export": _cmd_export, "import": _cmd_import, "push": _cmd_push, "prefetch": _cmd_prefetch,
              "clear": _cmd_clear, "config": _cmd_config}

@@ -15,6 +15,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+class _Removed(argparse.Action):
+    """An option that no longer exists: one line saying why, rather than argparse's "unrecognized"."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} was removed: it could lose in-place writes (docs/design.md)")
+
+
 def _bytes(text: str) -> int:
     try:
         return parse_size(text)
@@ -34,6 +42,14 @@ def _duration(text: str) -> float:
         return parse_duration(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_duration(text: str) -> float:
+    """A wait that can end well: 0 would give up before anything could answer."""
+    value = _duration(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
+    return value
 
 
 def _fraction(text: str) -> float:
@@ -130,9 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--on-crash", choices=("takeover", "detach"), default="takeover",
                    help="if the daemon dies: a new one takes the live mount over (default; programs see a pause),"
                         " or the mount is detached (programs get ENOTCONN)")
-    m.add_argument("--push-on-lookup", action="store_true",
-                   help="put small files into the kernel's page cache when first looked up (warm starts need no"
-                        " READs); only for caches whose files are never written in place, see docs/design.md")
+    m.add_argument("--push-on-lookup", action=_Removed, nargs=0, help=argparse.SUPPRESS,
+                   default=argparse.SUPPRESS)
     m.add_argument("--allow-other", action="store_true", help="let other users see the mount")
     m.add_argument("--debug", action="store_true", help="log every FUSE request")
     _add_settings(m, "the store's setting ('mithrilfs config'), else ")
@@ -169,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("restart", aliases=["reload"],
                        help="hand the live mount to a new daemon of the installed code (upgrades; programs see a pause)")
     r.add_argument("mountpoint", type=Path)
-    r.add_argument("--timeout", type=_duration, default=60.0, metavar="SECONDS",
+    r.add_argument("--timeout", type=_positive_duration, default=60.0, metavar="SECONDS",
                    help="how long to wait for the new daemon (default 60)")
 
     g = sub.add_parser("gc", help="evict now and print what was freed")
@@ -222,8 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also exit 1 while a prefetch runs (a startup probe that holds the app back)")
     st.add_argument("--json", action="store_true", help="print the state as JSON")
 
-    e = sub.add_parser("env", help="print shell exports pointing Inductor and Triton at the mount")
-    e.add_argument("mountpoint", type=Path)
+    e = sub.add_parser("env", help="print the shell lines that put every JIT cache of the stack on the mount "
+                                   '(eval "$(mithrilfs env MOUNT)")')
+    e.add_argument("mountpoint", type=Path, nargs="?", default=None)
+    e.add_argument("--list", action="store_true", help="print what is covered, where, and how, instead")
 
     r = sub.add_parser("run", help="run a command with its compile caches on the mount")
     r.add_argument("--mount", type=Path, default=None, metavar="MOUNTPOINT",

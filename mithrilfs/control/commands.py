@@ -20,7 +20,7 @@ import trio
 
 from mithrilfs import settings
 from mithrilfs.cache.budget import Budget
-from mithrilfs.cache.writepath import WritePath
+from mithrilfs.cache.writepath import WritePath, crash_point
 from mithrilfs.control.files import ControlFiles
 from mithrilfs.kernel import FUSEError
 from mithrilfs.observe.stats import KeptCounters
@@ -137,5 +137,6 @@ class Commands:
 
     async def prefetch(self, request: bytes) -> bytes:
         """``prefetch``: ``set=NAME`` or ``all`` starts a prefetch; ``stats`` shows its progress."""
+        crash_point("prefetch_command")  # the tests': a daemon killed with this request read, not answered
         text = request.decode(errors="replace").strip()
         return answer(await self.tier.start_prefetch(None if text == "all" else text.removeprefix("set=")))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import socket
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -93,6 +94,11 @@ class Supervisor(WriteWatcher, Protocol):
 
     def handing_over(self) -> None: ...
 
+    def state(self) -> str:
+        """'alive'; 'gone' (it died: a crash of this daemon now leaves a dead mount, and a restart has
+        nobody to hand over to); 'none' (this mount never had one)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -108,6 +114,9 @@ class NoSupervisor(NoWriteWatcher):
     def handing_over(self) -> None:
         pass
 
+    def state(self) -> str:
+        return "none"
+
     def close(self) -> None:
         pass
 
@@ -121,6 +130,8 @@ class SupervisorLink:
         self.sock.setblocking(True)
         #: A crash of a daemon that detaches keeps nothing: no staging content to mirror.
         self.keeps_content = options.get("on_crash") != "detach"
+        #: Its death was logged (once).
+        self.gone_noticed = False
         self._send("options " + json.dumps(options))
         if lookups_fd is not None:
             self._send("lookups", (lookups_fd,))
@@ -157,6 +168,26 @@ class SupervisorLink:
 
     def handing_over(self) -> None:
         self._send("handoff")
+
+    def state(self) -> str:
+        """The supervisor never writes to this socket, so its end being readable means it closed: the
+        supervisor is gone (killed: it never exits while the mount is there)."""
+        if self.sock is None:
+            return "gone"
+        try:
+            if not select.select([self.sock], [], [], 0)[0]:
+                return "alive"
+            if self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                return "alive"
+        except BlockingIOError:
+            return "alive"
+        except OSError:
+            pass
+        if not self.gone_noticed:
+            self.gone_noticed = True
+            log.error("the supervisor of this mount is gone: a crash of this daemon now leaves a dead mount, "
+                      "and restart is refused (unmount and mount again to get a new one)")
+        return "gone"
 
     def close(self) -> None:
         if self.sock is not None:

@@ -27,7 +27,7 @@ from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.cache.writepath import IDLE_COMMIT_SECONDS, WritePath
-from mithrilfs.daemon.channel import Restarts
+from mithrilfs.daemon.channel import Restarts, Supervisor
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import KeptCounters
 from mithrilfs.shared.tier import Tier
@@ -44,9 +44,11 @@ SUMMARY_SECONDS = 60.0
 class Duties:
     def __init__(self, store: Store, budget: Budget, writes: WritePath, lifetimes: Lifetimes, recency: Recency,
                  tier: Tier, kept: KeptCounters, events: EventLog, limiter: trio.CapacityLimiter,
-                 restarts: Restarts, recompiles: Recompiles) -> None:
+                 restarts: Restarts, recompiles: Recompiles, supervisor: Supervisor) -> None:
         self.store = store
         self.recompiles = recompiles
+        #: Asked at every snapshot whether it still lives (``status`` says when it does not).
+        self.supervisor = supervisor
         self.ns = store.ns
         self.budget = budget
         self.policy = budget.policy
@@ -79,6 +81,7 @@ class Duties:
                     log.warning("could not write recency and counters to the index: %s", e)
                 self.lifetimes.retry_doomed()
                 self.recompiles.tick()
+                self.supervisor.state()  # its death is logged when noticed, not only when someone asks
                 self.store.ensure_reserve()  # taken back once a full disk has room again
 
     async def _idle_commits(self) -> None:
@@ -140,7 +143,7 @@ class Duties:
             "eviction": evictor.current.as_dict() if evictor.current is not None else None,
             **self.tier.snapshot(),
             **self.restarts.as_stats(),
-            **self.lifetimes.kernel.pushes(),
+            "supervisor": self.supervisor.state(),
         })
         self.cached_snapshot = snap
         return snap

@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
-import functools
 import json
 import logging
 import logging.handlers
@@ -56,11 +55,12 @@ from mithrilfs.cache.lifetime import Removed
 from mithrilfs.cache.lookups import LookupCounts
 from mithrilfs.cache.writepath import crash_point
 from mithrilfs.control.files import CONTROL_NAME
-from mithrilfs.daemon import ended, wiring
+from mithrilfs.daemon import ended, upgrade, wiring
 from mithrilfs.daemon.channel import Handover, NoSupervisor, Restarts, Supervisor, SupervisorLink
 from mithrilfs.daemon.process import call_within, pid_alive, raise_fd_limit
 from mithrilfs.daemon.wiring import TierOptions
 from mithrilfs.errors import UsageError
+from mithrilfs.jitcaches import catalog
 from mithrilfs.kernel.mount import FSTYPE, mount_entries, unescape_mount_field
 from mithrilfs.observe.metrics import MetricsServer
 from mithrilfs.shared.connect import RemoteSpec, open_remote
@@ -119,8 +119,6 @@ class MountOptions:
     fixed_settings: frozenset[str] = frozenset()
     #: What the supervisor does when the daemon dies: start a successor ("takeover") or detach ("detach").
     on_crash: str = "takeover"
-    #: Push small files into the kernel's page cache at their first lookup (``fs.Operations._push``).
-    push_on_lookup: bool = False
 
     def remote_spec(self) -> RemoteSpec:
         """The shared store these options name (``remote`` must be set)."""
@@ -201,10 +199,14 @@ def probe_mount(mountpoint: Path, timeout: float = 1.0) -> str:
 
 
 def clean_stale_mount(mountpoint: Path) -> bool:
-    """Detach a mount whose daemon died (ENOTCONN); True when one was cleaned."""
+    """Detach a mount whose daemon died (ENOTCONN); True when one was cleaned, a one-line MountError when
+    it could not be."""
     if probe_mount(mountpoint, timeout=5.0) != "dead":
         return False
-    subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
+    res = subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True, text=True)
+    if res.returncode != 0:
+        detail = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
+        raise MountError(f"cannot detach the dead mount at {mountpoint}: {detail}")
     return True
 
 
@@ -478,7 +480,7 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
             mounted = wiring.build(store, opts.policy, notifier, tier_options, after_crash=after_crash,
                                    fixed_settings=opts.fixed_settings, supervisor=supervisor,
                                    restarts=handover.restarts if handover is not None else Restarts(),
-                                   lookups=lookups, push_on_lookup=opts.push_on_lookup)
+                                   lookups=lookups)
             removed = _take_over(store, mounted, handover) if handover is not None else []
             metrics = None
             if opts.metrics_port is not None:
@@ -511,9 +513,12 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
         mounted.duties.snapshot()
         if metrics is not None:
             metrics.start()
-        restart = trio.Event()
+        restarter = upgrade.Restart(session, supervisor, str(store.root / LOG_FILE))
+        restart = restarter.requested
         if isinstance(supervisor, SupervisorLink):  # without one, nobody would take over
-            mounted.control.add_command(b"restart", functools.partial(_restart, session, restart))
+            mounted.control.add_command(b"restart", restarter)
+        # what an app container with no mithrilfs evaluates to put its JIT caches here (mithrilfs.jitcaches)
+        mounted.control.add(b"env", lambda: catalog.shell_env(opts.mountpoint).encode())
         try:
             entry = fuse.mount_entry()
             if handover is None:
@@ -609,13 +614,6 @@ def _take_over(store: Store, mounted: wiring.Mounted, handover: Handover) -> lis
     log.info("took over the live mount after a %s: %d files being written go on, %d lost their uncommitted "
              "writes", handover.restarts.cause, adopted, len(torn))
     return removed
-
-
-async def _restart(session: kernel.Session, restart: trio.Event, request: bytes) -> bytes:
-    """``restart``: hand the mount to a new daemon of the installed code once this request is answered."""
-    restart.set()
-    trio.lowlevel.current_trio_token().run_sync_soon(session.stop)
-    return (json.dumps({"restarting": True, "pid": os.getpid()}) + "\n").encode()
 
 
 def _probe(path: Path) -> str | None:

@@ -4,6 +4,11 @@ Its ``Handover`` (``daemon.channel``) comes as JSON on stdin; it serves the
 inherited fd like the daemon before it (``lifecycle.serve``), from the code
 installed now.  It logs where its predecessor did: the store's log, or
 stderr for a ``--foreground`` mount.
+
+``--check`` imports everything a daemon serves with and exits 0 without
+touching any mount: ``restart`` runs it first (``daemon.upgrade``), so a
+broken install is refused while the old daemon still serves, instead of
+being found by a successor that dies on a mount nobody serves any more.
 """
 
 from __future__ import annotations
@@ -12,13 +17,17 @@ import logging
 import os
 import sys
 
+from mithrilfs import __version__
 from mithrilfs.daemon import lifecycle
 from mithrilfs.daemon.channel import Handover
 
 log = logging.getLogger(__name__)
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    if argv == ["--check"]:
+        print(f"mithrilfs {__version__} starts")
+        return 0
     handover = Handover.loads(sys.stdin.read())
     opts = lifecycle.MountOptions.from_json(handover.options)
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -35,4 +44,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -34,7 +34,9 @@ successor can do; so the supervisor does not wait for the whole process.
 
 The mount to detach is matched by mount id and device, so a later mount at
 the same path is never touched.  A successor is the supervisor's child;
-its exit status names the cause of its death in the log.
+its exit status names the cause of its death in the log, and its stdout
+and stderr go there too (a successor that dies importing a broken install
+says why only there).
 """
 
 from __future__ import annotations
@@ -239,10 +241,11 @@ class Supervisor:
         env = dict(os.environ)
         if not env.get(_CRASH_AT, "takeover").startswith("takeover"):
             del env[_CRASH_AT]  # the tests' crash points kill the first daemon only (but the one at takeover)
+        output = None if foreground else self._successor_output()
         try:
             self.child = subprocess.Popen(
                 [sys.executable, "-m", "mithrilfs.daemon.successor"], stdin=subprocess.PIPE,
-                stdout=None if foreground else subprocess.DEVNULL, stderr=None if foreground else subprocess.DEVNULL,
+                stdout=output, stderr=output,
                 pass_fds=(self.fuse_fd, self.lock_fd, theirs.fileno(), *staged_fds,
                           *([self.lookups_fd] if self.lookups_fd >= 0 else [])), cwd="/",
                 start_new_session=not foreground, env=env)
@@ -251,6 +254,8 @@ class Supervisor:
             self.child.stdin.close()
         finally:
             theirs.close()
+            if output is not None and output != subprocess.DEVNULL:
+                os.close(output)
         # the successor tells us anew what it adopts; until it serves, we hold what it inherited
         self.inherited, self.written = self.written, {}
         self.serving_since = None
@@ -258,6 +263,18 @@ class Supervisor:
         log.info("started daemon %d on the live mount %s (%s; %d files being written handed on, %d lost)",
                  self.child.pid, self.mountpoint, cause, len(staged), len(handover.torn))
         return ours
+
+    def _successor_output(self) -> int:
+        """Where a successor's stdout and stderr go: the store's log, so that what a successor that dies
+        before its logging is set up says (an import's traceback) is kept; /dev/null for a read-only store."""
+        assert self.options is not None
+        if not self.options.get("read_only"):
+            try:
+                return os.open(Path(self.options["store"]) / "mithrilfs.log",
+                               os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as e:
+                log.warning("cannot open the store's log for the new daemon's output: %s", e)
+        return subprocess.DEVNULL
 
     def _wait_gone(self, seconds: float | None) -> bool:
         """Wait until the daemon's main thread is gone (for ever when *seconds* is None); True if it is."""

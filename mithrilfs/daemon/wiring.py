@@ -29,7 +29,7 @@ from mithrilfs.control.files import ControlFiles
 from mithrilfs.control.node import ControlNode
 from mithrilfs.daemon.channel import NoSupervisor, Restarts, Supervisor
 from mithrilfs.daemon.duties import Duties
-from mithrilfs.fs import PUSH_MAX_BYTES, Operations, Parts
+from mithrilfs.fs import Operations, Parts
 from mithrilfs.kernel import AfterReply, RequestTimes
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import KeptCounters
@@ -73,7 +73,7 @@ class Mounted:
 def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_options: TierOptions | None = None, *,
           after_crash: bool = False, fixed_settings: frozenset[str] = frozenset(),
           supervisor: Supervisor | None = None, restarts: Restarts | None = None,
-          lookups: LookupCounts | None = None, push_on_lookup: bool = False) -> Mounted:
+          lookups: LookupCounts | None = None) -> Mounted:
     """The filesystem of *store*, with every collaborator it needs (see the module doc)."""
     tier_options = tier_options or TierOptions()
     ns, blobs = store.ns, store.blobs
@@ -86,7 +86,8 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     paths = DirPaths(ns)
     tops = TopDirs(ns, paths)
     commit_listeners: list[CommitListener] = []
-    writes = WritePath(ns, blobs, stats, limiter, commit_listeners, supervisor or NoSupervisor())
+    supervisor = supervisor or NoSupervisor()
+    writes = WritePath(ns, blobs, stats, limiter, commit_listeners, supervisor)
     recency = Recency(ns)
     lifetimes = Lifetimes(ns, blobs, recency, writes.staged.__contains__, kernel, lookups)
 
@@ -102,12 +103,12 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     after_reply = AfterReply()
     control = ControlFiles()
     duties = Duties(store, budget, writes, lifetimes, recency, tier, kept, events, limiter, restarts or Restarts(),
-                    recompiles)
+                    recompiles, supervisor)
     control.add_json(b"stats.json", duties.snapshot)
     Commands(store, budget, writes, tier, kept, paths, limiter, fixed_settings=fixed_settings).register(control)
     ops = Operations(Parts(store=store, writes=writes, lifetimes=lifetimes, recency=recency, budget=budget,
                            integrity=integrity, tier=tier, control=ControlNode(control), stats=stats, events=events,
                            tops=tops, names=Names(ns, writes, lifetimes, tops, tier), recompiles=recompiles,
-                           after_reply=after_reply, push_max_bytes=PUSH_MAX_BYTES if push_on_lookup else 0))
+                           after_reply=after_reply))
     return Mounted(ops=ops, duties=duties, tier=tier, events=events, control=control, request_times=request_times,
                    after_reply=after_reply)

@@ -124,7 +124,6 @@ RENAME_WHITEOUT = 1 << 2
 # -- notifications (out header: unique 0, error = the code) ------------
 NOTIFY_INVAL_INODE = 2
 NOTIFY_INVAL_ENTRY = 3
-NOTIFY_STORE = 4
 NOTIFY_DELETE = 6
 NOTIFY_RESEND = 7
 
@@ -163,7 +162,6 @@ DIRENT = struct.Struct("<QQII")  # ino off namelen type, then the name, padded t
 NOTIFY_INVAL_ENTRY_OUT = struct.Struct("<QII")  # parent namelen flags
 NOTIFY_INVAL_INODE_OUT = struct.Struct("<Qqq")  # ino off len
 NOTIFY_DELETE_OUT = struct.Struct("<QQII")  # parent child namelen padding
-NOTIFY_STORE_OUT = struct.Struct("<QQII")  # nodeid offset size padding
 
 assert ENTRY_OUT.size == 128 and ATTR_OUT.size == 104 and STATFS_OUT.size == 80 and INIT_OUT.size == 64
 assert SETATTR_IN.size == 88 and READ_IN.size == 40 and WRITE_IN.size == 40 and IN_HEADER.size == 40

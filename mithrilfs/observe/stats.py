@@ -15,6 +15,7 @@ from collections import defaultdict, deque
 from typing import Any, Protocol
 
 from mithrilfs.store.namespace import Namespace
+from mithrilfs.terminal import shown
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ def format_table(snap: dict[str, Any]) -> str:
         rows.append(("all mounts", every, f"   since {since}"))
     for top, c, note in rows:
         lines.append(
-            f"{top[:15]:<16}{c['hits']:>9}{c['misses']:>9}{c['hit_rate'] * 100:>6.1f}%{c['reads']:>9}"
+            f"{shown(top)[:15]:<16}{c['hits']:>9}{c['misses']:>9}{c['hit_rate'] * 100:>6.1f}%{c['reads']:>9}"
             f"{format_size(c['read_bytes']):>11}{c['writes']:>9}{format_size(c['write_bytes']):>11}"
             f"{c['commits']:>9}{c['dedup_hits']:>7}{c['evictions']:>9}{note}"
         )
@@ -225,11 +226,11 @@ def format_usage(usage: dict[str, Any], *, top: bool) -> str:
 
     lines = [f"{'stored in':<16}{'files':>9}{'bytes':>11}{'on disk':>11}"]
     for row in usage["by_top"]:
-        lines.append(f"{row['name'][:15]:<16}{row['files']:>9}{format_size(row['bytes']):>11}"
+        lines.append(f"{shown(row['name'])[:15]:<16}{row['files']:>9}{format_size(row['bytes']):>11}"
                      f"{format_size(row['stored_bytes']):>11}")
     if top:
         lines += ["", f"largest {len(usage['largest'])} files"]
-        lines += [f"{format_size(row['bytes']):>11}  {row['path']}" for row in usage["largest"]]
+        lines += [f"{format_size(row['bytes']):>11}  {shown(row['path'])}" for row in usage["largest"]]
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared.entries import RemoteError
 from mithrilfs.store.cas import hash_bytes
 from mithrilfs.store.namespace import ROOT_INODE, Inode
@@ -62,6 +63,7 @@ class Prefetcher:
                       "total_bytes": 0, "misses": 0, "skipped_for_budget": 0, "seconds": 0.0}
         try:
             wanted = await self._names(set_name)
+            crash_point("prefetch_fetch")  # the tests': a daemon killed while it prefetches
             await self._fetch_all(wanted)
             self.state["state"] = "done"
         except RemoteError as e:

@@ -112,6 +112,8 @@ class RemoteTier(Tier):
         #: Waited syncs in progress: a lookup in that directory waits for it rather than miss its names.
         self._sync_done: dict[int, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
+        #: Set once ``run`` has its nursery: the prefetch command waits for it.
+        self._running = trio.Event()
         #: Removed paths whose tombstones are not sent yet: never materialized again meanwhile.
         self.pending_tombstones: dict[str, int] = dict(self.queue.tombstones())
         #: Writer of content materialized this mount (conflict detection), by inode.
@@ -555,8 +557,12 @@ class RemoteTier(Tier):
         """
         if self.prefetcher.running and not at_start:
             return {"started": False, "error": "a prefetch is already running"}
-        if self._nursery is None:
+        if self.ns.read_only:  # a read-only store runs no background work (``Duties.background``)
             return {"started": False, "error": "the store is read-only"}
+        # a command may come before the tier's work has begun: the first request a successor serves
+        # after a takeover can be a ``prefetch`` the killed daemon had read and not answered
+        await self._running.wait()
+        assert self._nursery is not None
         try:
             await trio.to_thread.run_sync(self.remote.ping)
         except RemoteError as e:
@@ -575,6 +581,7 @@ class RemoteTier(Tier):
         """The tier's background work: the uploader, and directory syncs nobody waits for."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self._running.set()
             if self.prefetch_at_start is not None:
                 nursery.start_soon(functools.partial(self.start_prefetch, self.prefetch_at_start, at_start=True))
             nursery.start_soon(self.behind.uploader)

@@ -58,6 +58,8 @@ class S3Location:
             raise ValueError(f"invalid remote {url!r}: {bucket!r} is not a bucket name"
                              " (3-63 lower-case letters, digits, dots and hyphens)")
         prefix = parsed.path.strip("/")
+        if not prefix.isprintable():  # the client refuses them deep inside; a terminal would obey them
+            raise ValueError(f"invalid remote {url!r}: the prefix has a control character")
         if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
             raise ValueError(f"invalid remote {url!r}: the prefix has an empty, '.' or '..' part")
         return cls(bucket, prefix)

@@ -6,14 +6,24 @@ and the compile time they cost.  For two Triton entries it compares their
 kernel metadata files (``<kernel>.json``: target, debug flags, versions,
 options), whose differing fields usually name the input that changed the
 key.  Without a mount the events alone say the same, without the metadata.
+
+What it reads may be hostile (an entry, a metadata file or a whole event
+from the shared tier, or planted by anyone who may write to the cache):
+numbers out of bounds make an event malformed (skipped), a file is read
+only if it is a regular file of bounded size (a FIFO or device under a
+``.json`` name would block or act: ``read_regular``), and every path or
+value is escaped for the terminal.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
+from mithrilfs.terminal import shown
 from mithrilfs.units import format_size
 
 EVENTS = ("identical_recompile", "fleet_identical_recompile")
@@ -21,6 +31,39 @@ EVENTS = ("identical_recompile", "fleet_identical_recompile")
 MAX_ENTRIES = 50
 #: A metadata file larger than this is not a kernel's metadata.
 _MAX_METADATA_BYTES = 1 << 20
+#: An event log file larger than this is not the daemon's (it rotates at 10 MiB): not read.
+_MAX_EVENT_FILE_BYTES = 64 << 20
+#: Bounds of an event's numbers (bytes; timestamps and seconds): beyond them it is not ours, and a float
+#: of such a number would overflow.
+_MAX_EVENT_BYTES = 1 << 62
+_MAX_EVENT_SECONDS = 1e11
+
+
+def read_regular(path: Path, limit: int) -> bytes | None:
+    """*path*'s bytes if it is a regular file of at most *limit* bytes, else None (a missing file too).
+
+    Never blocks and never opens anything else for real: lstat first, then open with O_NONBLOCK and
+    O_NOFOLLOW (a FIFO swapped in between opens at once) and fstat before the first read.
+    """
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        chunks, n = [], 0
+        while n <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - n))):
+            chunks.append(chunk)
+            n += len(chunk)
+        return None if n > limit else b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def read_events(store: Path) -> list[dict[str, Any]]:
@@ -28,11 +71,10 @@ def read_events(store: Path) -> list[dict[str, Any]]:
     files = sorted(store.glob("events.jsonl.*"), key=lambda p: -int(p.suffix[1:]) if p.suffix[1:].isdigit() else 0)
     out = []
     for path in [*files, store / "events.jsonl"]:
-        try:
-            lines = path.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            continue
-        for line in lines:
+        data = read_regular(path, _MAX_EVENT_FILE_BYTES)
+        if data is None:
+            continue  # missing, or not a log the daemon wrote
+        for line in data.decode(errors="replace").splitlines():
             try:
                 event = json.loads(line)
             except (ValueError, RecursionError):
@@ -43,11 +85,19 @@ def read_events(store: Path) -> list[dict[str, Any]]:
 
 
 def _well_formed(e: dict[str, Any]) -> bool:
-    """An event this reads: the fields it uses have their types (the log is ours, but a file can be edited)."""
+    """An event this reads: the fields it uses have their types and bounds (the log is ours, but a file
+    can be edited, and a fleet event's fields come from the shared tier)."""
+    lost = e.get("lost_seconds")
     return (isinstance(e.get("path"), str) and isinstance(e.get("entry", ""), str)
-            and isinstance(e.get("other_entry", ""), str | None) and isinstance(e.get("bytes", 0), int)
-            and isinstance(e.get("ts", 0), int | float)
-            and isinstance(e.get("lost_seconds", 0), int | float | None))
+            and isinstance(e.get("other_entry", ""), str | None)
+            and _bounded(e.get("bytes", 0), int, _MAX_EVENT_BYTES)
+            and _bounded(e.get("ts", 0), int | float, _MAX_EVENT_SECONDS)
+            and (lost is None or _bounded(lost, int | float, _MAX_EVENT_SECONDS)))
+
+
+def _bounded(value: Any, kind: Any, limit: float) -> bool:
+    """*value* is a *kind* number from 0 to *limit* (NaN fails every comparison; a bool is no number)."""
+    return isinstance(value, kind) and not isinstance(value, bool) and 0 <= value <= limit
 
 
 def report(store: Path, mount: Path | None, under: str | None) -> list[dict[str, Any]]:
@@ -99,11 +149,13 @@ def _metadata(entry: Path, mount: Path) -> dict[str, dict[str, Any]]:
     except OSError:
         return {}
     for p in files:
+        real = _within(mount, str(p.relative_to(mount.resolve())))
+        data = None if real is None else read_regular(real, _MAX_METADATA_BYTES)
+        if data is None:
+            continue  # out of the mount, too large, or no regular file (a planted FIFO would block)
         try:
-            if _within(mount, str(p.relative_to(mount.resolve()))) is None or p.stat().st_size > _MAX_METADATA_BYTES:
-                continue
-            doc = json.loads(p.read_text())
-        except (OSError, ValueError, RecursionError):
+            doc = json.loads(data)
+        except (ValueError, RecursionError):
             continue
         if isinstance(doc, dict):
             out[p.name] = doc
@@ -129,11 +181,6 @@ def metadata_diff(entry: Path, other: Path, mount: Path) -> list[dict[str, Any]]
     return out
 
 
-def _shown(text: str) -> str:
-    """A path or value for a terminal: control characters (a path from the shared tier may hold any) escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def format_report(groups: list[dict[str, Any]], counters: dict[str, Any] | None) -> str:
     if not groups:
         return "no identical recompiles recorded"
@@ -147,12 +194,12 @@ def format_report(groups: list[dict[str, Any]], counters: dict[str, Any] | None)
     for g in groups:
         lost = f", about {g['lost_seconds']:.1f} s of compile lost" if g["lost_seconds"] is not None else ""
         where = "on another node" if g["fleet"] and not g["same_as"] else ""
-        lines.append(f"  {_shown(g['entry']) or '/'}: {g['files']} file{'s' if g['files'] != 1 else ''}, "
+        lines.append(f"  {shown(g['entry']) or '/'}: {g['files']} file{'s' if g['files'] != 1 else ''}, "
                      f"{format_size(g['bytes'])}{lost}")
         for other in g["same_as"]:
-            lines.append(f"    same bytes as {_shown(other)}")
+            lines.append(f"    same bytes as {shown(other)}")
             for d in g.get("differs", {}).get(other, []):
-                lines.append(_shown(f"      {d['file']}: {d['field']} = {json.dumps(d['this'])} here, "
+                lines.append(shown(f"      {d['file']}: {d['field']} = {json.dumps(d['this'])} here, "
                                     f"{json.dumps(d['other'])} there"))
         if where:
             lines.append(f"    same bytes as a file {where}")

@@ -232,6 +232,12 @@ def test_sidecar_image(images: Images, shared_dir: Path, tmp_path: Path):
                  "> /mithrilfs/cache/from-app && sync /mithrilfs/cache/from-app")
     assert res.stdout == "written on the host"
     assert (cache / "from-app").read_bytes() == b"written in the app"
+    # the app image has no mithrilfs: the sidecar's .mithrilfs/env puts every JIT cache on the mount,
+    # Inductor's precompiled headers through a link in the app's own /tmp
+    res = podman(*app, "sh", "-c", 'eval "$(cat /mithrilfs/cache/.mithrilfs/env)" && echo "$TORCH_EXTENSIONS_DIR" '
+                 '&& readlink "/tmp/torchinductor_$(id -un)/precompiled_headers" && ! command -v mithrilfs')
+    assert res.stdout.split() == ["/mithrilfs/cache/torch_extensions", "/mithrilfs/cache/inductor-headers"]
+    assert (cache / "inductor-headers").is_dir()
 
     # stats and the image's HEALTHCHECK (podman healthcheck run fails when the image has none)
     stats = podman("exec", side, "mithrilfs", "stats", "/mithrilfs/cache")

@@ -199,3 +199,29 @@ def test_fsck_names_the_files_whose_blobs_were_corrupt(mount_factory: MountFacto
     assert doc["corrupt_files"] == ["alias.so", "inductor/ab/bad.so"] and doc["problems"]["corrupt blobs"] == 1
     res = run_cli("fsck", "--repair", "--store", str(m.store))
     assert res.returncode == 1 and "corrupt: inductor/ab/bad.so (removed" in res.stdout
+
+
+def test_names_with_control_characters_are_printed_escaped(mount_factory: MountFactory):
+    """Issue 19: ``stats --top`` printed a planted name's escape sequences raw (terminal injection); stats,
+    its table and fsck escape them as ``why`` does (one helper: ``mithrilfs.terminal.shown``)."""
+    m = mount_factory()
+    top, name = "t\x1b]0;pwned\x07", "\x1b[31mevil\x9b.so"
+    (m.mountpoint / top).mkdir()
+    write_committed(m.mountpoint / top / name, b"E" * 50_000)
+    write_committed(m.mountpoint / "small.so", b"s" * 100)
+    shown_top, shown_name = "t\\x1b]0;pwned\\x07", "\\x1b[31mevil\\x9b.so"
+    for args in (["stats", "--top", "3"], ["stats"]):
+        out = run_cli(*args, str(m.mountpoint), check=True).stdout
+        assert all(c.isprintable() for c in out.replace("\n", "")), repr(out)
+        assert shown_top[:15] in out
+        if "--top" in args:
+            assert f"{shown_top}/{shown_name}" in out, out
+    m.umount()
+    from mithrilfs.store.cas import hash_bytes
+
+    blob = next(p for p in blob_files(m.store) if p.name == hash_bytes(b"E" * 50_000).hex())
+    os.chmod(blob, 0o600)
+    blob.write_bytes(b"X" * 50_000)
+    res = run_cli("fsck", "--store", str(m.store))
+    assert res.returncode == 4 and f"  corrupt: {shown_top}/{shown_name}" in res.stdout, res.stdout
+    assert all(c.isprintable() for c in res.stdout.replace("\n", "")), repr(res.stdout)

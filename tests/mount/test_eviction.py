@@ -133,6 +133,7 @@ SO_HOLDER = textwrap.dedent(
     print(lib.add(2, 3), flush=True)
     sys.stdin.readline()  # the name is evicted meanwhile
     print(lib.add(20, 3), flush=True)
+    sys.stdin.readline()  # still mapped until told to go: the test reads what it holds first
     """
 )
 
@@ -160,7 +161,8 @@ def test_mmapped_so_survives_eviction_and_is_freed_after_exit(mount_factory: Mou
         holder.stdin.write("go\n")
         holder.stdin.flush()
         assert holder.stdout.readline().strip() == "1023"  # the mapping keeps working
-        held = m.stats()["physical_bytes"]
+        held = m.stats()["physical_bytes"]  # read while the holder still maps the .so
+        assert held >= so_size
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)

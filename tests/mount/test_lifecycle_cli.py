@@ -88,6 +88,28 @@ def test_stale_mount_after_kill9_is_cleaned_by_next_mount(mnt: Mount):
     assert (mnt.mountpoint / "committed").read_bytes() == b"safe"
 
 
+def test_umount_detaches_a_dead_mount_and_says_it_was_dead(mnt: Mount):
+    """Daemon and supervisor killed: the kernel answers ENOTCONN.  ``umount`` (which the README and the CLI's
+    own message name for this) detaches it in one line, exit 0, instead of a traceback."""
+    write_committed(mnt.mountpoint / "committed", b"safe")
+    supervisor = supervisor_pid(mnt.mountpoint)
+    assert supervisor is not None
+    os.kill(supervisor, signal.SIGKILL)
+    assert _wait_gone(supervisor)
+    os.kill(mnt.pid, signal.SIGKILL)
+    assert _wait_gone(mnt.pid)
+    mnt.pid = None
+    with pytest.raises(OSError) as e:
+        os.statvfs(mnt.mountpoint)  # statfs always reaches the (dead) daemon (a stat may be cached)
+    assert e.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    res = run_cli("umount", str(mnt.mountpoint))
+    assert res.returncode == 0, res.stderr
+    assert "dead mount" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not is_mounted(mnt.mountpoint)
+    mnt.mount()
+    assert (mnt.mountpoint / "committed").read_bytes() == b"safe"
+
+
 def test_foreground_mount_stays_attached(tmp_path: Path):
     import subprocess
     import sys

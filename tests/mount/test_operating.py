@@ -132,10 +132,10 @@ def test_status_and_env(mnt: Mount, tmp_path):
     res = run_cli("status", str(mnt.mountpoint))
     assert res.returncode == 0 and "live" in res.stdout and len(res.stdout.strip().splitlines()) == 1
     res = run_cli("env", str(mnt.mountpoint), check=True)
-    assert res.stdout.splitlines() == [
+    assert res.stdout.splitlines()[:2] == [
         f"export TORCHINDUCTOR_CACHE_DIR={mnt.mountpoint}/inductor",
         f"export TRITON_CACHE_DIR={mnt.mountpoint}/triton",
-    ]
+    ]  # and every other JIT cache of the catalog (tests/e2e/test_jit_caches.py)
     assert (mnt.mountpoint / "inductor").is_dir() and (mnt.mountpoint / "triton").is_dir()
     mnt.umount()
     res = run_cli("status", str(mnt.mountpoint))

@@ -109,6 +109,37 @@ def test_prefetch_respects_budget_and_a_bad_blob_is_a_miss(mount_factory: MountF
     assert c.stats()["physical_bytes"] <= 800 * 1024 * 0.75
 
 
+@pytest.mark.timeout(120)
+def test_a_prefetch_cut_by_kill9_is_run_by_the_successor(mount_factory: MountFactory, redis_server: RedisServer):
+    """The daemon dies with the prefetch command read and not answered: the kernel resends it to the
+    successor, whose tier may not have started yet.  It must run it, not answer "the store is read-only"."""
+    a = mount_factory("a", *_remote(redis_server))
+    fill(a, dirs=2, per_dir=5)
+    b = mount_factory("b", *_remote(redis_server), env={"MITHRILFS_TEST_CRASH_AT": "prefetch_command"})
+    res = run_cli("prefetch", str(b.mountpoint), "--all", timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("prefetched 10 files"), res.stdout
+    stats = b.stats()
+    assert stats["restarts"] == 1 and stats["last_restart_cause"] == "crash" and stats["pid"] != b.pid
+    b.pid = stats["pid"]
+
+
+@pytest.mark.timeout(120)
+def test_a_prefetch_whose_daemon_is_killed_while_it_runs_is_finished_by_the_successor(
+        mount_factory: MountFactory, redis_server: RedisServer):
+    """Killed after it answered the command: the successor knows of no prefetch (it is "idle"), so the
+    CLI asks it again instead of reporting "prefetch failed: None"."""
+    a = mount_factory("a", *_remote(redis_server))
+    files = fill(a, dirs=2, per_dir=5)
+    b = mount_factory("b", *_remote(redis_server), env={"MITHRILFS_TEST_CRASH_AT": "prefetch_fetch"})
+    res = run_cli("prefetch", str(b.mountpoint), "--all", timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("prefetched 10 files"), res.stdout
+    stats = b.stats()
+    assert stats["restarts"] == 1 and stats["physical_bytes"] == sum(len(v) for v in files.values())
+    b.pid = stats["pid"]
+
+
 def test_prefetch_with_redis_down_fails_within_seconds(mount_factory: MountFactory, redis_server: RedisServer):
     b = mount_factory("b", *_remote(redis_server))
     redis_server.stop()

@@ -612,6 +612,17 @@ def test_sidecar_entrypoint_takes_the_bucket_from_the_environment(tmp_path: Path
         assert proc.wait(timeout=30) == 0
 
 
+@pytest.mark.parametrize("remote", ["s3://bucket/p\x1b[31m", "s3://bucket/a\x07b/c", "s3://bucket/p\x85"])
+def test_a_remote_with_control_characters_is_refused_in_one_escaped_line(tmp_path: Path, remote: str):
+    """Issue 19: the Rust client's ValueError echoed the escape sequence; the URL is checked first."""
+    res = run_cli("mount", str(tmp_path / "mnt"), "--store", str(tmp_path / "s"), "--remote", remote, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "ValueError" not in res.stderr and "the prefix has a control character" in res.stderr, res.stderr
+    assert all(c.isprintable() for c in res.stderr.strip()), res.stderr
+    assert not (tmp_path / "s").exists()
+
+
 # ----------------------------------------------------------------------
 # issue 19: a corrupted blob, a huge directory, a stalled endpoint
 # ----------------------------------------------------------------------

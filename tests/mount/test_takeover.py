@@ -20,7 +20,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Mount, MountFactory, daemon_pid, is_mounted, pid_alive, run_cli, wait_for, wait_unmounted
+from conftest import (
+    REPO,
+    Mount,
+    MountFactory,
+    daemon_pid,
+    is_mounted,
+    pid_alive,
+    run_cli,
+    supervisor_pid,
+    wait_for,
+    wait_unmounted,
+    write_committed,
+)
 
 from mithrilfs.cache.writepath import MEM_STAGING_MAX
 from mithrilfs.daemon.supervisor import CRASH_LOOP_LIMIT
@@ -275,6 +287,100 @@ def test_restart_under_load_fails_nothing_and_runs_the_installed_code(mount_fact
     assert status["restarts"] == 2 and status["last_restart_cause"] == "restart"
     m.pid = status["pid"]
     _unmount_and_check(m)
+
+
+def _status(m: Mount) -> dict:
+    return json.loads(run_cli("status", "--json", str(m.mountpoint)).stdout)
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_supervisor_shows_in_status_and_restart_is_refused_losing_nothing(mnt: Mount):
+    """kill -9 of the supervisor: nobody would start a successor.  ``status`` says so, ``restart`` is refused
+    in one line while the daemon serves on, and a file written meanwhile survives the next mount."""
+    supervisor = supervisor_pid(mnt.mountpoint)
+    assert supervisor is not None and _status(mnt)["supervisor"] == "alive"
+    os.kill(supervisor, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(supervisor), timeout=10, what="the supervisor died")
+    wait_for(lambda: _status(mnt).get("supervisor") == "gone", timeout=10, what="status to say so")
+    status = run_cli("status", str(mnt.mountpoint))
+    assert status.returncode == 0 and "supervisor is gone" in status.stdout, status.stdout
+    with open(mnt.mountpoint / "written", "wb") as f:  # not fsynced: unconfirmed until the unmount
+        f.write(b"written after the supervisor died")
+    res = run_cli("restart", str(mnt.mountpoint))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "supervisor is gone" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    # the daemon refuses too, whoever asks (an older CLI, a script writing the control file)
+    control = mnt.mountpoint / ".mithrilfs" / "restart"
+    control.write_text("restart")
+    assert json.loads(control.read_text())["restarting"] is False
+    assert daemon_pid(mnt.mountpoint) == mnt.pid
+    assert (mnt.mountpoint / "written").read_bytes() == b"written after the supervisor died"
+    assert "supervisor of this mount is gone" in (mnt.store / "mithrilfs.log").read_text()
+    mnt.remount()
+    assert (mnt.mountpoint / "written").read_bytes() == b"written after the supervisor died"
+
+
+def _broken_copy(tmp_path: Path) -> Path:
+    """A copy of the package to run the daemon from, and the path of its ``__init__.py`` (to break)."""
+    installed = tmp_path / "installed"
+    shutil.copytree(REPO / "mithrilfs", installed / "mithrilfs", ignore=shutil.ignore_patterns("__pycache__"))
+    return installed
+
+
+@pytest.mark.timeout(120)
+def test_restart_onto_a_broken_install_is_refused_and_the_old_daemon_serves_on(mount_factory: MountFactory,
+                                                                               tmp_path: Path):
+    """The installed code is checked before the daemon hands over: a syntax error in it must never give the
+    mount up (three successors dying at start would) nor lose a file written just before."""
+    installed = _broken_copy(tmp_path)
+    m = mount_factory("broken", env={"PYTHONPATH": str(installed)})
+    write_committed(m.mountpoint / "committed", b"committed before")
+    with open(m.mountpoint / "written", "wb") as f:  # not fsynced: a restart would commit it unconfirmed
+        f.write(b"written just before the restart")
+    init = installed / "mithrilfs" / "__init__.py"
+    good = init.read_text()
+    init.write_text(good + "\nthis is no python (\n")  # a broken upgrade of the daemon's install
+    res = run_cli("restart", str(m.mountpoint))  # the CLI of this checkout: it runs, the install does not
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "does not start" in res.stderr and "SyntaxError" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert daemon_pid(m.mountpoint) == m.pid and _status(m)["restarts"] == 0
+    assert (m.mountpoint / "written").read_bytes() == b"written just before the restart"
+    (m.mountpoint / "after").write_bytes(b"the old daemon serves on")
+    assert "SyntaxError" in (m.store / "mithrilfs.log").read_text()
+    init.write_text(good)
+    m.remount()
+    for name, data in (("committed", b"committed before"), ("written", b"written just before the restart"),
+                       ("after", b"the old daemon serves on")):
+        assert (m.mountpoint / name).read_bytes() == data
+    _unmount_and_check(m)
+
+
+@pytest.mark.timeout(120)
+def test_a_successor_that_dies_at_import_leaves_its_traceback_in_the_log(mount_factory: MountFactory,
+                                                                          tmp_path: Path):
+    """A crash's successors start from the installed code: when it is broken, why they die is in the log."""
+    installed = _broken_copy(tmp_path)
+    m = mount_factory("tb", env={"PYTHONPATH": str(installed)})
+    write_committed(m.mountpoint / "committed", b"committed before")
+    init = installed / "mithrilfs" / "__init__.py"
+    good = init.read_text()
+    init.write_text(good + "\nthis is no python (\n")
+    os.kill(m.pid, signal.SIGKILL)
+    m.pid = None
+    wait_unmounted(m.mountpoint, timeout=60)  # every successor dies at start: the mount is given up
+    log = (m.store / "mithrilfs.log").read_text()
+    assert "SyntaxError" in log and "Traceback" in log, log[-3000:]
+    init.write_text(good)
+    m.mount()
+    assert (m.mountpoint / "committed").read_bytes() == b"committed before"
+
+
+def test_restart_with_a_timeout_of_zero_is_bad_usage_and_restarts_nothing(mnt: Mount):
+    res = run_cli("restart", str(mnt.mountpoint), "--timeout", "0")
+    assert res.returncode == 2 and "more than 0" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert daemon_pid(mnt.mountpoint) == mnt.pid and _status(mnt)["restarts"] == 0
 
 
 @pytest.mark.timeout(120)

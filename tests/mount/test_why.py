@@ -115,6 +115,65 @@ def test_a_second_node_reports_the_first_nodes_entry(mount_factory: MountFactory
     assert {d["field"] for d in entry["differs"]["triton/" + "a" * 64]} == {"debug"}
 
 
+def test_a_file_written_under_a_temporary_name_is_reported_under_its_final_one(mount_factory: MountFactory):
+    """Triton writes ``k.bin.tmp`` (Inductor ``.<pid>.tmp``) beside the final name and renames it: the
+    event, and why's report, name ``k.bin``, whether the commit came at an fsync or at the rename."""
+    m = mount_factory()
+    data = os.urandom(4096)
+    for d in ("a", "b", "c"):
+        (m.mountpoint / d).mkdir()
+    write_committed(m.mountpoint / "a" / "k.bin", data)
+    write_committed(m.mountpoint / "b" / "k.bin.tmp", data)  # committed at its fsync, still temporary
+    os.rename(m.mountpoint / "b" / "k.bin.tmp", m.mountpoint / "b" / "k.bin")
+    (m.mountpoint / "c" / ".123.tmp").write_bytes(data)  # committed at the rename
+    os.rename(m.mountpoint / "c" / ".123.tmp", m.mountpoint / "c" / "k.bin")
+    wait_for(lambda: counters(m)["identical_recompiles"] == 2, 10, "both recompiles to be counted")
+    paths = sorted(p for e in why(m)["entries"] for p in e["paths"])
+    assert paths == ["b/k.bin", "c/k.bin"]
+    assert ".tmp" not in run_cli("why", str(m.mountpoint)).stdout
+
+
+def test_huge_and_unbounded_numbers_in_events_are_skipped(mount_factory: MountFactory):
+    """Issue 19: a 400-digit number in an event was an OverflowError traceback."""
+    m = mount_factory()
+    m.umount()
+    good = {"ts": 1, "event": "identical_recompile", "path": "e/k.so", "entry": "e", "bytes": 4096}
+    huge = "9" * 400
+    bad = [dict(good, entry=f"bad{i}", path=f"bad{i}/k", **{field: 1}) for i, field in
+           enumerate(("ts", "bytes", "lost_seconds", "lost_seconds"))]
+    lines = [json.dumps(good)] + [json.dumps(e).replace(f'"{f}": 1', f'"{f}": {v}')
+                                  for e, f, v in zip(bad, ("ts", "bytes", "lost_seconds", "lost_seconds"),
+                                                     (huge, huge, huge, "NaN"), strict=True)]
+    lines.append(json.dumps(dict(good, entry="bad9", path="bad9/k", bytes=-5)))
+    with open(m.store / "events.jsonl", "a") as f:
+        f.write("\n".join(lines) + "\n")
+    res = run_cli("why", "--store", str(m.store), timeout=30)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert "  e: 1 file, 4.0 KiB" in res.stdout and "bad" not in res.stdout, res.stdout
+    res = run_cli("why", "--store", str(m.store), "--json", timeout=30)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert [e["entry"] for e in json.loads(res.stdout)["entries"]] == ["e"]
+
+
+def test_a_fifo_planted_as_an_entrys_metadata_neither_hangs_nor_is_opened(mount_factory: MountFactory):
+    """Issue 19: a FIFO named like a kernel's ``.json`` hung ``why`` forever (anyone who may write to the
+    cache can plant one); a metadata file larger than a kernel's is skipped too."""
+    m = mount_factory()
+    data = os.urandom(4096)
+    for d in ("a", "b"):
+        (m.mountpoint / d).mkdir()
+        write_committed(m.mountpoint / d / "k.cubin", data)
+    write_committed(m.mountpoint / "a" / "k.json", json.dumps({"name": "k", "debug": False}).encode())
+    write_committed(m.mountpoint / "b" / "k.json", json.dumps({"name": "k", "debug": True}).encode())
+    os.mkfifo(m.mountpoint / "b" / "planted.json")
+    os.mkfifo(m.mountpoint / "a" / "planted.json")
+    wait_for(lambda: counters(m)["identical_recompiles"] == 1, 10, "the recompile to be counted")
+    res = run_cli("why", str(m.mountpoint), "--json", timeout=30)
+    assert res.returncode == 0, res.stderr
+    [entry] = json.loads(res.stdout)["entries"]
+    assert entry["differs"] == {"a": [{"file": "k.json", "field": "debug", "this": True, "other": False}]}
+
+
 def test_why_needs_a_mount_or_a_store(tmp_path):
     res = run_cli("why")
     assert res.returncode == 2 and "MOUNTPOINT or --store" in res.stderr and len(res.stderr.strip().splitlines()) == 1

@@ -1,0 +1,96 @@
+"""``env`` and ``run``: a program's JIT caches on a mount (the catalog in ``mithrilfs.jitcaches``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from mithrilfs.cli.client import control_command, control_file, read_stats
+from mithrilfs.cli.commands import store_policy
+from mithrilfs.daemon import lifecycle as daemon
+from mithrilfs.errors import UsageError
+from mithrilfs.jitcaches import catalog, leaks
+from mithrilfs.store.open import default_store
+from mithrilfs.units import format_size
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    if args.list:
+        _print_catalog(args.mountpoint.expanduser().absolute() if args.mountpoint else Path("MOUNT"))
+        return 0
+    if args.mountpoint is None:
+        raise UsageError("env needs a mount point: mithrilfs env MOUNT (or mithrilfs env --list)")
+    mp = args.mountpoint.expanduser().absolute()
+    control_file(mp, "pid")  # a one-line error unless it is a live mount
+    catalog.make_dirs(mp)
+    print(catalog.shell_env(mp), end="")
+    return 0
+
+
+def _print_catalog(mp: Path) -> None:
+    """``env --list``: each tool, where its cache goes, how, and what it holds."""
+    for c in catalog.CATALOG:
+        how = (" ".join(c.variables) if c.variables
+               else f"link {catalog.HEADERS.defaults[0]} (no variable exists)")
+        print(f"{c.tool}\n    {mp / c.subdir}  via {how}\n    holds {c.holds}; default "
+              f"{', '.join(c.defaults) or 'none (off)'}\n    source: {c.source}; checked: {c.verified}")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise UsageError("run needs a command: mithrilfs run [--mount DIR] -- CMD ARGS...")
+    temp = None
+    if args.mount is None:
+        temp = Path(tempfile.mkdtemp(prefix="mithrilfs-run-"))
+    mp = (args.mount or temp).expanduser().absolute()  # type: ignore[union-attr]
+    state = daemon.probe_mount(mp)
+    if state == "forbidden":
+        raise daemon.MountError(daemon.forbidden_message(mp))
+    mounted_here = state != "live"
+    if mounted_here:
+        store = (args.store or default_store()).expanduser().absolute()
+        try:
+            daemon.mount(daemon.MountOptions(mountpoint=mp, store=store, policy=store_policy(store, {})))
+        except BaseException:
+            if temp is not None:
+                temp.rmdir()
+            raise
+    headers = None
+    try:
+        before = read_stats(mp)
+        env = dict(os.environ, **catalog.variables(mp))
+        outside = leaks.measure(env)
+        headers = catalog.link_headers(mp, env)
+        try:
+            status = subprocess.run(cmd, env=env).returncode
+        except FileNotFoundError:
+            print(f"mithrilfs: error: command not found: {cmd[0]}", file=sys.stderr)
+            status = 127
+        except OSError as e:  # as a shell says it: not executable, a directory, a bad binary
+            print(f"mithrilfs: error: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
+            status = 126
+        # the kernel does not tell the daemon about closes: commit what the command left written
+        control_command(control_file(mp, "commit"), "run")
+        after = read_stats(mp)
+        d = {k: after[k] - before[k] for k in ("hits", "misses", "writes", "write_bytes", "commits", "dedup_hits")}
+        ended = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
+        print(f"mithrilfs: {d['hits']} hits, {d['misses']} misses, {d['commits']} files written "
+              f"({format_size(d['write_bytes'])}, {d['dedup_hits']} deduplicated); {ended}",
+              file=sys.stderr)
+        for leak in leaks.grown(outside, leaks.measure(env), env):
+            print(f"mithrilfs: {leaks.describe(leak)}", file=sys.stderr)
+    finally:
+        catalog.unlink_headers(mp, headers)
+        if mounted_here:
+            daemon.umount(mp)
+        if temp is not None:
+            temp.rmdir()
+    return status if status >= 0 else 128 - status
+
+
+COMMANDS = {"env": _cmd_env, "run": _cmd_run}
