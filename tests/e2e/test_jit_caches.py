@@ -130,3 +130,31 @@ def test_run_names_a_cache_written_outside_the_mount_and_is_silent_when_none_was
     assert len(lines) == 1, leak.stderr
     assert "293.0 KiB" in lines[0] and str(tmp_path / "home" / ".cache" / "flashinfer") in lines[0]
     assert "FLASHINFER_WORKSPACE_BASE" in lines[0]
+
+
+def test_env_list_names_every_cache_and_how_it_is_reached():
+    listing = run_cli("env", "--list", check=True).stdout
+    for c in catalog.CATALOG:
+        assert c.tool in listing and f"MOUNT/{c.subdir}" in listing
+        assert all(var in listing for var in c.variables)
+    assert "link $TMP/torchinductor_$USER/precompiled_headers" in listing
+    res = run_cli("env")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_status_names_a_cache_written_outside_the_mount_since_it_was_mounted(mount_factory: MountFactory,
+                                                                              tmp_path: Path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "TMPDIR": str(tmp_path)}
+    m = mount_factory("st", env=env)
+    clean = run_cli("status", str(m.mountpoint), env=dict(os.environ, **env))
+    assert clean.returncode == 0 and "outside the mount" not in clean.stdout
+    (home / ".cache" / "vllm" / "torch_compile_cache").mkdir(parents=True)
+    (home / ".cache" / "vllm" / "torch_compile_cache" / "k.py").write_bytes(b"v" * 4096)
+    res = run_cli("status", str(m.mountpoint), env=dict(os.environ, **env))
+    assert res.returncode == 0
+    assert f"4.0 KiB of vLLM's cache written outside the mount, in {home}/.cache/vllm: VLLM_CACHE_ROOT" in res.stdout
+    doc = json.loads(run_cli("status", "--json", str(m.mountpoint), env=dict(os.environ, **env)).stdout)
+    assert doc["outside_since_mount"] == [{"path": f"{home}/.cache/vllm", "bytes": 4096, "tool": "vLLM",
+                                           "variables": ["VLLM_CACHE_ROOT"]}]
