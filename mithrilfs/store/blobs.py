@@ -6,7 +6,11 @@ then hard-link the finished staging file into ``objects/``.  A crash between
 the two leaves a row that startup collects, never an untracked file; the
 caller points an inode at the blob in its own transaction afterwards.
 ``collect`` deletes a blob whose last reference went.  ``bytes`` is the
-running total of blob bytes on disk, the budget's physical size.
+running total of blob bytes on disk, the budget's physical size: it moves
+only when a file really appears or goes (a row whose file never came, a
+write that failed for room, is no byte on disk), and ``recount`` sets it
+afresh after the startup repair, which deletes blobs the total was summed
+with (after an unclean stop, against the files actually there).
 """
 
 from __future__ import annotations
@@ -59,6 +63,30 @@ class Blobs:
         new = self.cas.write_blob(digest, data, trust_existing=digest in self.verified)
         self.written(digest, len(data), new)
         return new
+
+    def recount(self, *, check_files: bool = False) -> int:
+        """Set ``bytes`` afresh from the index (after the startup repair deleted blobs); returns it.
+
+        *check_files* (after an unclean stop, which can leave a row whose
+        file never came, or a file whose row went): only rows whose file is
+        on disk count, and a blob file no row names is deleted (nothing can
+        reach it: every blob's row is written before its file), so the total
+        is exactly the bytes of the blob files that remain.  One listing of
+        ``objects/``, no stat per blob.
+        """
+        if not check_files:
+            self.bytes = self.ns.physical_bytes()
+            return self.bytes
+        rows = self.ns.blob_sizes()
+        total = 0
+        for digest in list(self.cas.iter_digests()):
+            size = rows.get(digest)
+            if size is None:
+                self.cas.delete(digest)
+            else:
+                total += size
+        self.bytes = total
+        return total
 
     def intend(self, items: list[tuple[bytes, int]]) -> None:
         """Record many blobs (digest, size) about to appear on disk, in one transaction.
@@ -152,12 +180,12 @@ class Blobs:
         if info is None or info[0] > 0:
             return 0
         self.verified.discard(digest)
-        self.cas.delete(digest)
+        gone = self.cas.delete(digest)
         with self.ns.txn():
             self.ns.forget_blob(digest)
-        if digest in self._freed_early:
-            self._freed_early.discard(digest)
-            return 0  # its bytes were counted off when the file went
+        self._freed_early.discard(digest)  # if it was, its bytes were counted off when the file went
+        if not gone:  # no file (it never came, or went early): no bytes on disk to count off
+            return 0
         self.bytes -= info[1]
         return info[1]
 
@@ -174,7 +202,8 @@ class Blobs:
         if info is None or info[0] != 1 or digest in self._freed_early:
             return False
         self.verified.discard(digest)
-        self.cas.delete(digest)
+        if not self.cas.delete(digest):
+            return False
         self._freed_early.add(digest)
         self.bytes -= info[1]
         return True

@@ -400,6 +400,10 @@ class Namespace:
     def physical_bytes(self) -> int:
         return self.db.execute("SELECT coalesce(sum(size), 0) FROM blobs").fetchone()[0]
 
+    def blob_sizes(self) -> dict[bytes, int]:
+        """Every blob row's size, by digest (the recount after an unclean stop checks them against the disk)."""
+        return dict(self.db.execute("SELECT hash, size FROM blobs"))
+
     # -- directory entries -----------------------------------------------
     def lookup(self, parent: int, name: bytes) -> int | None:
         key = (parent, name)

@@ -55,6 +55,9 @@ class Store:
     lock_fd: int
     #: The store's filesystem is read-only: served as a read-only mount.
     read_only: bool = False
+    #: The last stop was unclean (the index's clean mark was off at open) and no garbage
+    #: collection has recounted the blob bytes against the disk since.
+    unclean: bool = False
 
     def close(self) -> None:
         """Close the index and release the store's lock (a second call does nothing)."""
@@ -84,13 +87,22 @@ class Store:
         (self.root / _RESERVE_FILE).unlink(missing_ok=True)
 
     def collect_garbage(self) -> int:
-        """Delete blob files no inode references; returns how many."""
+        """Delete blob files no inode references; returns how many.
+
+        The blobs' byte total is set afresh afterwards: it was summed when
+        the store opened, with these blobs in it (a kill -9 left 250 MiB of
+        dropped files counted, and the budget evicted real files for them).
+        The first collection after an unclean stop counts against the files
+        on disk (``Blobs.recount``); later ones trust the index.
+        """
         garbage = self.ns.garbage()
         for digest in garbage:
             self.cas.delete(digest)
         with self.ns.txn():
             for digest in garbage:
                 self.ns.forget_blob(digest)
+        self.blobs.recount(check_files=self.unclean)
+        self.unclean = False
         return len(garbage)
 
 
@@ -240,4 +252,5 @@ def open_store(path: str | os.PathLike[str] | None = None, *, lock_fd: int | Non
     except (OSError, sqlite3.Error) as e:
         os.close(lock_fd)
         raise StoreError(f"{root}: cannot open store: {getattr(e, 'strerror', None) or e}") from None
-    return Store(root, cas, ns, Blobs(ns, cas), lock_fd, read_only)
+    unclean = not read_only and ns.get_meta("clean") != "1"
+    return Store(root, cas, ns, Blobs(ns, cas), lock_fd, read_only, unclean)
