@@ -38,6 +38,7 @@ from mithrilfs.cache.lifetime import Lifetimes, Removed
 from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
+from mithrilfs.shared.local_disk import LocalWriteError, StoreFile
 from mithrilfs.shared.prefetch import Prefetcher
 from mithrilfs.shared.tier import Tier
 from mithrilfs.shared.wire import RemoteStore
@@ -45,6 +46,7 @@ from mithrilfs.shared.write_behind import WriteBehind, version_of
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.cas import EMPTY_DIGEST
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path, outside_mode
+from mithrilfs.store.open import is_disk_full
 from mithrilfs.store.tier_queue import TierQueue
 
 log = logging.getLogger(__name__)
@@ -384,8 +386,11 @@ class RemoteTier(Tier):
                 self.counters["remote_read_ahead"] = self.counters.get("remote_read_ahead", 0) + len(todo)
         except RemoteError as e:
             log.debug("read-ahead failed: %s", e)
-        except Exception:  # a read-ahead is an optimisation: it never takes the mount down
-            log.exception("read-ahead failed")
+        except Exception as e:  # a read-ahead is an optimisation: it never takes the mount down
+            if is_disk_full(e):  # each read fetches its own file then, making room if it must
+                log.info("read-ahead stopped: %s", e)
+            else:
+                log.exception("read-ahead failed")
         finally:
             for digest, (event, _) in events.items():
                 self._fetching.pop(digest, None)  # type: ignore[arg-type]
@@ -402,7 +407,7 @@ class RemoteTier(Tier):
             return False
         fd, staging = self.blobs.cas.new_staging()
         try:
-            with os.fdopen(fd, "wb") as out:
+            with StoreFile(fd) as out:  # the store's disk filling up is no failure of the tier
                 got = await self._call(self.remote.fetch_blob, digest.hex(), ino.size, out)
             if got is None:
                 return False
@@ -411,9 +416,15 @@ class RemoteTier(Tier):
                 log.error("remote blob %s does not match its hash or size: rejected", digest.hex())
                 self.events.emit("corruption", blob=digest.hex(), why="remote blob does not match its hash or size")
                 return False
-            self.blobs.add(staging, digest, ino.size, trusted=True)
+            try:
+                self.blobs.add(staging, digest, ino.size, trusted=True)
+            except OSError:
+                self.blobs.never_came([digest])
+                raise
             self.arrived(digest, ino.size)
             return True
+        except LocalWriteError as e:
+            raise e.error from None  # an OSError again: the request's full-disk handling takes it
         finally:
             os.unlink(staging)
 

@@ -100,6 +100,16 @@ class Blobs:
             for digest, size in items:
                 self.ns.blob_intent(digest, size)
 
+    def never_came(self, digests: list[bytes]) -> None:
+        """Blobs from the shared tier recorded by ``intend`` whose files could not be written (the disk
+        filled): their rows say so again (``Namespace.blob_never_came``), so nothing counts, serves or
+        checks them as local blobs; their names stay, fetched at their next read.  One written
+        meanwhile (the same content by another path) is left alone."""
+        with self.ns.txn():
+            for digest in digests:
+                if not self.cas.exists(digest):
+                    self.ns.blob_never_came(digest)
+
     def written(self, digest: bytes, size: int, new: bool) -> None:
         """A blob recorded by ``intend`` is on disk, verified (*new*: it was not there before)."""
         if new:

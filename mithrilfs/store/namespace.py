@@ -391,6 +391,16 @@ class Namespace:
         """Blobs no inode points at any more (their files are to be deleted)."""
         return [r[0] for r in self.db.execute("SELECT hash FROM blobs WHERE refcount <= 0")]
 
+    def blob_never_came(self, digest: bytes) -> None:
+        """Undo ``blob_intent`` for content fetched from the shared tier whose file could not be written.
+
+        A name still pointing at it is a placeholder again (size 0: its
+        content is in the tier, fetched at the first read), not a local blob
+        gone missing; a row nothing points at goes.
+        """
+        self.db.execute("UPDATE blobs SET size = 0 WHERE hash = ? AND refcount > 0", (digest,))
+        self.db.execute("DELETE FROM blobs WHERE hash = ? AND refcount <= 0", (digest,))
+
     def forget_blob(self, digest: bytes) -> None:
         self.db.execute("DELETE FROM blobs WHERE hash = ? AND refcount <= 0", (digest,))
 
