@@ -182,7 +182,15 @@ class Prefetcher:
                     ok = await self.shared.fetch_blob(batch[0], self.policy.max_bytes)
                     self._count(batch[0], ok)
                     continue
-                for node, ok in zip(batch, await self.fetch_small(batch, limiter)):
+                try:
+                    arrived = await self.fetch_small(batch, limiter)
+                except OSError as e:
+                    if is_disk_full(e):  # the batch stopped part way: what it wrote is fetched
+                        for node in batch:
+                            if self._present(node):
+                                self._count(node, True)
+                    raise
+                for node, ok in zip(batch, arrived):
                     self._count(node, ok)
 
     async def fetch_small(self, batch: list[Inode], limiter: trio.CapacityLimiter) -> list[bool]:

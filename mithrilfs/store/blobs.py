@@ -15,17 +15,24 @@ with (after an unclean stop, against the files actually there).
 
 from __future__ import annotations
 
+import logging
 import os
+import sqlite3
 from collections.abc import Callable
 
 from mithrilfs.store.cas import CAS, hash_bytes, hash_file
 from mithrilfs.store.namespace import Namespace
+from mithrilfs.store.reserve import NO_RESERVE, NoReserve, is_disk_full
+
+log = logging.getLogger(__name__)
 
 
 class Blobs:
-    def __init__(self, ns: Namespace, cas: CAS) -> None:
+    def __init__(self, ns: Namespace, cas: CAS, reserve: NoReserve = NO_RESERVE) -> None:
         self.ns = ns
         self.cas = cas
+        #: The index's room on a full disk (``never_came`` writes the index just as the disk filled).
+        self.reserve = reserve
         #: Bytes of blob files on disk (placeholders of remote blobs count 0).
         self.bytes = ns.physical_bytes()
         #: Blobs hashed and found right during this mount: not re-read before serving.
@@ -105,10 +112,23 @@ class Blobs:
         filled): their rows say so again (``Namespace.blob_never_came``), so nothing counts, serves or
         checks them as local blobs; their names stay, fetched at their next read.  One written
         meanwhile (the same content by another path) is left alone."""
+        gone = [d for d in digests if not self.cas.exists(d)]
+        try:
+            self._never_came(gone)
+        except (OSError, sqlite3.OperationalError) as e:
+            if not is_disk_full(e):
+                raise
+            log.warning("the index is full recording %d blobs that never came (%s): using its reserve", len(gone), e)
+            self.reserve.release()  # the index's own room, held for this (the reserve's job)
+            try:
+                self._never_came(gone)
+            finally:
+                self.reserve.ensure()  # back once there is room; the budget makes room when it must
+
+    def _never_came(self, digests: list[bytes]) -> None:
         with self.ns.txn():
             for digest in digests:
-                if not self.cas.exists(digest):
-                    self.ns.blob_never_came(digest)
+                self.ns.blob_never_came(digest)
 
     def written(self, digest: bytes, size: int, new: bool) -> None:
         """A blob recorded by ``intend`` is on disk, verified (*new*: it was not there before)."""
