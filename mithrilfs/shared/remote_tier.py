@@ -39,6 +39,7 @@ from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.local_disk import LocalWriteError, StoreFile
+from mithrilfs.shared.local_disk import room as disk_room
 from mithrilfs.shared.prefetch import Prefetcher
 from mithrilfs.shared.tier import Tier
 from mithrilfs.shared.wire import RemoteStore
@@ -351,7 +352,8 @@ class RemoteTier(Tier):
         they come in one batch (pipelined GETs from Redis, concurrent GETs
         from a bucket), started when the first of them is looked up (with
         it: *itself*) or read.  Once per directory per mount (again after an
-        eviction emptied it), within the budget's low watermark, files up to
+        eviction emptied it), within the budget's low watermark and the room
+        left on the store's disk after the read's own file, files up to
         ``READ_AHEAD_BYTES``.
         """
         names = self.ns.names_of(ino.id)
@@ -371,8 +373,12 @@ class RemoteTier(Tier):
             todo.append(node)
             if len(todo) >= READ_AHEAD_FILES:
                 break
-        if not todo or sum(n.size for n in todo) > self.prefetcher.policy.low_bytes - self.prefetcher.physical():
+        wanted = sum(n.size for n in todo)
+        if not todo or wanted > self.prefetcher.policy.low_bytes - self.prefetcher.physical():
             return
+        own = 0 if any(n.hash == ino.hash for n in todo) else ino.size  # the file looked up or read: next
+        if wanted + own > disk_room(self.blobs.cas.objects):
+            return  # the store's disk: what the read itself needs comes first
         events = {n.hash: (trio.Event(), n.size) for n in todo}
         self._fetching.update(events)  # type: ignore[arg-type]
         self._nursery.start_soon(self._fetch_ahead, todo, events)
