@@ -116,7 +116,8 @@ def _error_policy(*, data: bool) -> Callable[[F], F]:
 
 
 _request = _error_policy(data=False)
-#: Handlers that write file data into staging: ``write``, and ``setattr`` (a truncate copies the blob).
+#: Handlers that write file data into the store: ``write``, ``setattr`` (a truncate copies the blob),
+#: and ``read`` (a first read of content in the shared tier fetches it).
 _data_request = _error_policy(data=True)
 
 
@@ -441,7 +442,7 @@ class Operations(kernel.Operations):
         return FileInfo(fh=0, keep_cache=True), self._attr(ino)
 
     @_timed("read")
-    @_request
+    @_data_request  # a first read of content in the shared tier writes it into the store
     async def read(self, inode: int, fh: int, off: int, size: int) -> bytes | memoryview:
         if self.control.owns(inode):
             return await self.control.read(inode, off, size)

@@ -9,7 +9,9 @@ batches, materializes the names, and fetches the blobs with several workers,
 each asking for many small blobs in one pipeline.  Every blob is verified
 (size and blake3) before it enters the store; a missing or corrupt one is a
 miss, counted, never a failure.  It stops adding blobs at the low watermark
-of the budget.
+of the budget.  The store's disk filling up stops it (one line naming
+ENOSPC, the tier's level untouched): what was written counts, the rest stays
+listed and is fetched at its read, when the read path makes room.
 
 The ``state`` dict is what ``stats`` shows while it runs (``mithrilfs
 prefetch`` and ``status --ready`` follow it).
@@ -26,8 +28,10 @@ import trio
 from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared.entries import RemoteError
+from mithrilfs.shared.local_disk import cause, disk_full_message
 from mithrilfs.store.cas import hash_bytes
 from mithrilfs.store.namespace import ROOT_INODE, Inode
+from mithrilfs.store.open import is_disk_full
 
 if TYPE_CHECKING:  # the tier builds and drives its prefetcher
     from mithrilfs.shared.remote_tier import RemoteTier
@@ -66,11 +70,15 @@ class Prefetcher:
             crash_point("prefetch_fetch")  # the tests': a daemon killed while it prefetches
             await self._fetch_all(wanted)
             self.state["state"] = "done"
-        except RemoteError as e:
-            self.state.update(state="failed", error=f"{self.remote.url}: {e}")
-        except Exception as e:  # an answer nobody foresaw fails the prefetch, never the mount
-            log.exception("prefetch %s failed", set_name or "*")
-            self.state.update(state="failed", error=f"{self.remote.url}: {type(e).__name__}: {e}")
+        except Exception as group:  # the workers' nursery wraps what they raise: the error inside counts
+            e = cause(group)
+            if is_disk_full(e):  # the store's disk, not the tier: stop, and leave the rest to the reads
+                self.state.update(state="failed", error=disk_full_message(e))
+            elif isinstance(e, RemoteError):
+                self.state.update(state="failed", error=f"{self.remote.url}: {e}")
+            else:  # an answer nobody foresaw fails the prefetch, never the mount
+                log.error("prefetch %s failed", set_name or "*", exc_info=e)
+                self.state.update(state="failed", error=f"{self.remote.url}: {type(e).__name__}: {e}")
         finally:
             self.state["seconds"] = round(time.monotonic() - start, 3)
         log.info("prefetch %s: %s", set_name or "*", self.state)
@@ -176,7 +184,15 @@ class Prefetcher:
                     ok = await self.shared.fetch_blob(batch[0], self.policy.max_bytes)
                     self._count(batch[0], ok)
                     continue
-                for node, ok in zip(batch, await self.fetch_small(batch, limiter)):
+                try:
+                    arrived = await self.fetch_small(batch, limiter)
+                except OSError as e:
+                    if is_disk_full(e):  # the batch stopped part way: what it wrote is fetched
+                        for node in batch:
+                            if self._present(node):
+                                self._count(node, True)
+                    raise
+                for node, ok in zip(batch, arrived):
                     self._count(node, ok)
 
     async def fetch_small(self, batch: list[Inode], limiter: trio.CapacityLimiter) -> list[bool]:
@@ -184,10 +200,15 @@ class Prefetcher:
         fetched = await trio.to_thread.run_sync(self._fetch_batch, batch, limiter=limiter)
         good = [(node, data) for node, data in zip(batch, fetched) if data is not None]
         self.blobs.intend([(node.hash, node.size) for node, _ in good])  # type: ignore[misc]
-        new = self._write(good)
-        for (node, _), is_new in zip(good, new):
-            self.blobs.written(node.hash, node.size, is_new)  # type: ignore[arg-type]
-            self.shared.arrived(node.hash, node.size)  # type: ignore[arg-type]
+        new: list[bool] = []
+        try:
+            self._write(good, new)
+        finally:  # a full disk stops the batch: what was written counts, the rest is fetched when read
+            for (node, _), is_new in zip(good, new):
+                self.blobs.written(node.hash, node.size, is_new)  # type: ignore[arg-type]
+                self.shared.arrived(node.hash, node.size)  # type: ignore[arg-type]
+            if len(new) < len(good):
+                self.blobs.never_came([node.hash for node, _ in good[len(new):]])  # type: ignore[misc]
         return [data is not None for data in fetched]
 
     def _fetch_batch(self, batch: list[Inode]) -> list[bytes | None]:
@@ -202,14 +223,16 @@ class Prefetcher:
             out.append(data)
         return out
 
-    def _write(self, good: list[tuple[Inode, bytes]]) -> list[bool]:
-        """The verified blobs become files (their rows were recorded first).
+    def _write(self, good: list[tuple[Inode, bytes]], new: list[bool]) -> None:
+        """The verified blobs become files (their rows were recorded first); *new* gets, in order, whether
+        each was new, up to the one whose write failed (a full disk).
 
         On the event loop, one batch at a time: measured here, creating the
         files from several threads at once was slower (they contend for the
         same directories), and the fetch workers keep Redis busy meanwhile.
         """
-        return [self.blobs.cas.write_blob(node.hash, data) for node, data in good]  # type: ignore[arg-type]
+        for node, data in good:
+            new.append(self.blobs.cas.write_blob(node.hash, data))  # type: ignore[arg-type]
 
     def _count(self, node: Inode, ok: bool) -> None:
         if ok:

@@ -40,6 +40,8 @@ from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.bounded import in_thread, within_bound
 from mithrilfs.shared.entries import MAX_DIR_NAMES, RemoteEntry, RemoteError
+from mithrilfs.shared.local_disk import LocalWriteError, StoreFile
+from mithrilfs.shared.local_disk import room as disk_room
 from mithrilfs.shared.prefetch import Prefetcher
 from mithrilfs.shared.tier import Tier
 from mithrilfs.shared.wire import RemoteStore
@@ -47,6 +49,7 @@ from mithrilfs.shared.write_behind import WriteBehind, version_of
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.cas import EMPTY_DIGEST
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path, outside_mode
+from mithrilfs.store.open import is_disk_full
 from mithrilfs.store.tier_queue import TierQueue
 
 log = logging.getLogger(__name__)
@@ -391,7 +394,8 @@ class RemoteTier(Tier):
         they come in one batch (pipelined GETs from Redis, concurrent GETs
         from a bucket), started when the first of them is looked up (with
         it: *itself*) or read.  Once per directory per mount (again after an
-        eviction emptied it), within the budget's low watermark, files up to
+        eviction emptied it), within the budget's low watermark and the room
+        left on the store's disk after the read's own file, files up to
         ``READ_AHEAD_BYTES``.
         """
         names = self.ns.names_of(ino.id)
@@ -411,8 +415,12 @@ class RemoteTier(Tier):
             todo.append(node)
             if len(todo) >= READ_AHEAD_FILES:
                 break
-        if not todo or sum(n.size for n in todo) > self.prefetcher.policy.low_bytes - self.prefetcher.physical():
+        wanted = sum(n.size for n in todo)
+        if not todo or wanted > self.prefetcher.policy.low_bytes - self.prefetcher.physical():
             return
+        own = 0 if any(n.hash == ino.hash for n in todo) else ino.size  # the file looked up or read: next
+        if wanted + own > disk_room(self.blobs.cas.objects):
+            return  # the store's disk: what the read itself needs comes first
         events = {n.hash: (trio.Event(), n.size) for n in todo}
         self._fetching.update(events)  # type: ignore[arg-type]
         self._nursery.start_soon(self._fetch_ahead, todo, events)
@@ -426,8 +434,11 @@ class RemoteTier(Tier):
                 self.counters["remote_read_ahead"] = self.counters.get("remote_read_ahead", 0) + len(todo)
         except RemoteError as e:
             log.debug("read-ahead failed: %s", e)
-        except Exception:  # a read-ahead is an optimisation: it never takes the mount down
-            log.exception("read-ahead failed")
+        except Exception as e:  # a read-ahead is an optimisation: it never takes the mount down
+            if is_disk_full(e):  # each read fetches its own file then, making room if it must
+                log.info("read-ahead stopped: %s", e)
+            else:
+                log.exception("read-ahead failed")
         finally:
             for digest, (event, _) in events.items():
                 self._fetching.pop(digest, None)  # type: ignore[arg-type]
@@ -452,7 +463,7 @@ class RemoteTier(Tier):
                 if taken:
                     return None
                 taken.append("thread")
-            with os.fdopen(fd, "wb") as out:
+            with StoreFile(fd) as out:  # the store's disk filling up is no failure of the tier
                 return self.remote.fetch_blob(digest.hex(), ino.size, out)
 
         try:
@@ -464,9 +475,15 @@ class RemoteTier(Tier):
                 log.error("remote blob %s does not match its hash or size: rejected", digest.hex())
                 self.events.emit("corruption", blob=digest.hex(), why="remote blob does not match its hash or size")
                 return False
-            self.blobs.add(staging, digest, ino.size, trusted=True)
+            try:
+                self.blobs.add(staging, digest, ino.size, trusted=True)
+            except OSError:
+                self.blobs.never_came([digest])
+                raise
             self.arrived(digest, ino.size)
             return True
+        except LocalWriteError as e:
+            raise e.error from None  # an OSError again: the request's full-disk handling takes it
         finally:
             with owner:
                 if not taken:

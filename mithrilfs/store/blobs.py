@@ -6,22 +6,33 @@ then hard-link the finished staging file into ``objects/``.  A crash between
 the two leaves a row that startup collects, never an untracked file; the
 caller points an inode at the blob in its own transaction afterwards.
 ``collect`` deletes a blob whose last reference went.  ``bytes`` is the
-running total of blob bytes on disk, the budget's physical size.
+running total of blob bytes on disk, the budget's physical size: it moves
+only when a file really appears or goes (a row whose file never came, a
+write that failed for room, is no byte on disk), and ``recount`` sets it
+afresh after the startup repair, which deletes blobs the total was summed
+with (after an unclean stop, against the files actually there).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sqlite3
 from collections.abc import Callable
 
 from mithrilfs.store.cas import CAS, hash_bytes, hash_file
 from mithrilfs.store.namespace import Namespace
+from mithrilfs.store.reserve import NO_RESERVE, NoReserve, is_disk_full
+
+log = logging.getLogger(__name__)
 
 
 class Blobs:
-    def __init__(self, ns: Namespace, cas: CAS) -> None:
+    def __init__(self, ns: Namespace, cas: CAS, reserve: NoReserve = NO_RESERVE) -> None:
         self.ns = ns
         self.cas = cas
+        #: The index's room on a full disk (``never_came`` writes the index just as the disk filled).
+        self.reserve = reserve
         #: Bytes of blob files on disk (placeholders of remote blobs count 0).
         self.bytes = ns.physical_bytes()
         #: Blobs hashed and found right during this mount: not re-read before serving.
@@ -60,6 +71,30 @@ class Blobs:
         self.written(digest, len(data), new)
         return new
 
+    def recount(self, *, check_files: bool = False) -> int:
+        """Set ``bytes`` afresh from the index (after the startup repair deleted blobs); returns it.
+
+        *check_files* (after an unclean stop, which can leave a row whose
+        file never came, or a file whose row went): only rows whose file is
+        on disk count, and a blob file no row names is deleted (nothing can
+        reach it: every blob's row is written before its file), so the total
+        is exactly the bytes of the blob files that remain.  One listing of
+        ``objects/``, no stat per blob.
+        """
+        if not check_files:
+            self.bytes = self.ns.physical_bytes()
+            return self.bytes
+        rows = self.ns.blob_sizes()
+        total = 0
+        for digest in list(self.cas.iter_digests()):
+            size = rows.get(digest)
+            if size is None:
+                self.cas.delete(digest)
+            else:
+                total += size
+        self.bytes = total
+        return total
+
     def intend(self, items: list[tuple[bytes, int]]) -> None:
         """Record many blobs (digest, size) about to appear on disk, in one transaction.
 
@@ -71,6 +106,29 @@ class Blobs:
         with self.ns.txn():
             for digest, size in items:
                 self.ns.blob_intent(digest, size)
+
+    def never_came(self, digests: list[bytes]) -> None:
+        """Blobs from the shared tier recorded by ``intend`` whose files could not be written (the disk
+        filled): their rows say so again (``Namespace.blob_never_came``), so nothing counts, serves or
+        checks them as local blobs; their names stay, fetched at their next read.  One written
+        meanwhile (the same content by another path) is left alone."""
+        gone = [d for d in digests if not self.cas.exists(d)]
+        try:
+            self._never_came(gone)
+        except (OSError, sqlite3.OperationalError) as e:
+            if not is_disk_full(e):
+                raise
+            log.warning("the index is full recording %d blobs that never came (%s): using its reserve", len(gone), e)
+            self.reserve.release()  # the index's own room, held for this (the reserve's job)
+            try:
+                self._never_came(gone)
+            finally:
+                self.reserve.ensure()  # back once there is room; the budget makes room when it must
+
+    def _never_came(self, digests: list[bytes]) -> None:
+        with self.ns.txn():
+            for digest in digests:
+                self.ns.blob_never_came(digest)
 
     def written(self, digest: bytes, size: int, new: bool) -> None:
         """A blob recorded by ``intend`` is on disk, verified (*new*: it was not there before)."""
@@ -152,12 +210,12 @@ class Blobs:
         if info is None or info[0] > 0:
             return 0
         self.verified.discard(digest)
-        self.cas.delete(digest)
+        gone = self.cas.delete(digest)
         with self.ns.txn():
             self.ns.forget_blob(digest)
-        if digest in self._freed_early:
-            self._freed_early.discard(digest)
-            return 0  # its bytes were counted off when the file went
+        self._freed_early.discard(digest)  # if it was, its bytes were counted off when the file went
+        if not gone:  # no file (it never came, or went early): no bytes on disk to count off
+            return 0
         self.bytes -= info[1]
         return info[1]
 
@@ -174,7 +232,8 @@ class Blobs:
         if info is None or info[0] != 1 or digest in self._freed_early:
             return False
         self.verified.discard(digest)
-        self.cas.delete(digest)
+        if not self.cas.delete(digest):
+            return False
         self._freed_early.add(digest)
         self.bytes -= info[1]
         return True

@@ -86,11 +86,13 @@ class CAS:
         except FileNotFoundError:
             return False
 
-    def delete(self, digest: bytes) -> None:
+    def delete(self, digest: bytes) -> bool:
+        """Remove the blob's file; True when there was one (the bytes it held are freed)."""
         try:
             os.unlink(self.path(digest))
         except FileNotFoundError:
-            pass
+            return False
+        return True
 
     def adopt(self, staging_path: str | os.PathLike[str], digest: bytes, *, trust_existing: bool = True) -> bool:
         """Make the finished file at *staging_path* also the blob *digest*.

@@ -391,6 +391,16 @@ class Namespace:
         """Blobs no inode points at any more (their files are to be deleted)."""
         return [r[0] for r in self.db.execute("SELECT hash FROM blobs WHERE refcount <= 0")]
 
+    def blob_never_came(self, digest: bytes) -> None:
+        """Undo ``blob_intent`` for content fetched from the shared tier whose file could not be written.
+
+        A name still pointing at it is a placeholder again (size 0: its
+        content is in the tier, fetched at the first read), not a local blob
+        gone missing; a row nothing points at goes.
+        """
+        self.db.execute("UPDATE blobs SET size = 0 WHERE hash = ? AND refcount > 0", (digest,))
+        self.db.execute("DELETE FROM blobs WHERE hash = ? AND refcount <= 0", (digest,))
+
     def forget_blob(self, digest: bytes) -> None:
         self.db.execute("DELETE FROM blobs WHERE hash = ? AND refcount <= 0", (digest,))
 
@@ -399,6 +409,10 @@ class Namespace:
 
     def physical_bytes(self) -> int:
         return self.db.execute("SELECT coalesce(sum(size), 0) FROM blobs").fetchone()[0]
+
+    def blob_sizes(self) -> dict[bytes, int]:
+        """Every blob row's size, by digest (the recount after an unclean stop checks them against the disk)."""
+        return dict(self.db.execute("SELECT hash, size FROM blobs"))
 
     # -- directory entries -----------------------------------------------
     def lookup(self, parent: int, name: bytes) -> int | None:

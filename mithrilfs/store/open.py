@@ -21,21 +21,15 @@ import platformdirs
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.cas import CAS
 from mithrilfs.store.namespace import Namespace
+from mithrilfs.store.reserve import RESERVE_BYTES, Reserve, is_disk_full
+
+#: RESERVE_BYTES and is_disk_full are the store's word to the layers above, said here
+__all__ = ["RESERVE_BYTES", "Store", "StoreError", "is_disk_full", "open_store"]
 
 FORMAT_VERSION = 1
 _FORMAT_FILE = "FORMAT"
 _INDEX_FILE = "index.sqlite3"
 _RESERVE_FILE = "reserve"
-#: Space held back on the backing disk so that, when it fills up, the index
-#: still has room to record the evictions that free space.
-RESERVE_BYTES = 1 << 20
-
-
-def is_disk_full(e: BaseException) -> bool:
-    """The store's disk (or the index's room on it) ran out."""
-    if isinstance(e, OSError):
-        return e.errno in (errno.ENOSPC, errno.EDQUOT)
-    return isinstance(e, sqlite3.OperationalError) and "full" in str(e)
 
 
 class StoreError(Exception):
@@ -55,6 +49,9 @@ class Store:
     lock_fd: int
     #: The store's filesystem is read-only: served as a read-only mount.
     read_only: bool = False
+    #: The last stop was unclean (the index's clean mark was off at open) and no garbage
+    #: collection has recounted the blob bytes against the disk since.
+    unclean: bool = False
 
     def close(self) -> None:
         """Close the index and release the store's lock (a second call does nothing)."""
@@ -66,31 +63,28 @@ class Store:
 
     def ensure_reserve(self) -> bool:
         """Hold RESERVE_BYTES of real disk blocks (best effort); True when held."""
-        path = self.root / _RESERVE_FILE
-        try:
-            if path.stat().st_size == RESERVE_BYTES:
-                return True
-        except FileNotFoundError:
-            pass
-        try:
-            with open(path, "wb") as f:
-                f.write(b"\0" * RESERVE_BYTES)
-            return True
-        except OSError:
-            path.unlink(missing_ok=True)
-            return False
+        return self.blobs.reserve.ensure()
 
     def release_reserve(self) -> None:
-        (self.root / _RESERVE_FILE).unlink(missing_ok=True)
+        self.blobs.reserve.release()
 
     def collect_garbage(self) -> int:
-        """Delete blob files no inode references; returns how many."""
+        """Delete blob files no inode references; returns how many.
+
+        The blobs' byte total is set afresh afterwards: it was summed when
+        the store opened, with these blobs in it (a kill -9 left 250 MiB of
+        dropped files counted, and the budget evicted real files for them).
+        The first collection after an unclean stop counts against the files
+        on disk (``Blobs.recount``); later ones trust the index.
+        """
         garbage = self.ns.garbage()
         for digest in garbage:
             self.cas.delete(digest)
         with self.ns.txn():
             for digest in garbage:
                 self.ns.forget_blob(digest)
+        self.blobs.recount(check_files=self.unclean)
+        self.unclean = False
         return len(garbage)
 
 
@@ -240,4 +234,5 @@ def open_store(path: str | os.PathLike[str] | None = None, *, lock_fd: int | Non
     except (OSError, sqlite3.Error) as e:
         os.close(lock_fd)
         raise StoreError(f"{root}: cannot open store: {getattr(e, 'strerror', None) or e}") from None
-    return Store(root, cas, ns, Blobs(ns, cas), lock_fd, read_only)
+    unclean = not read_only and ns.get_meta("clean") != "1"
+    return Store(root, cas, ns, Blobs(ns, cas, Reserve(root / _RESERVE_FILE)), lock_fd, read_only, unclean)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MountFactory, run_cli, still_writing, wait_for, write_committed
+from conftest import (
+    MountFactory,
+    blob_files,
+    run_cli,
+    still_writing,
+    supervisor_pid,
+    wait_for,
+    write_committed,
+)
 
 K = 1024
 
@@ -318,3 +327,30 @@ def test_full_backing_disk_evicts_and_retries(mount_factory: MountFactory, small
     for name in left:
         assert (m.mountpoint / name).read_bytes() == data[name]
     assert m.stats()["evictions"] > 0
+
+
+def test_unclean_stop_leaves_no_phantom_bytes(mount_factory: MountFactory):
+    """After a kill -9 of the daemon and its supervisor (no takeover), the recovery at the next mount
+    drops the idle-committed (unconfirmed) files and deletes their blobs: the budget must count what is
+    left on disk, not what was there at the crash (it used to, and evicted files it had room for)."""
+    m = mount_factory("phantom", "--max-size", str(4096 * K), "--min-age", "0")
+    kept = write_files(m.mountpoint, ["kept0"], size=1024 * K)
+    for name in ("dropped0", "dropped1"):  # closed, never confirmed: committed by the idle timer only
+        (m.mountpoint / name).write_bytes(os.urandom(1024 * K))
+    wait_for(lambda: len(blob_files(m.store)) == 3, 20, "the idle timer to commit the unconfirmed files")
+    supervisor = supervisor_pid(m.mountpoint)
+    assert supervisor is not None and m.pid is not None
+    os.kill(supervisor, signal.SIGKILL)  # else it would take the mount over: this is an unclean stop
+    os.kill(m.pid, signal.SIGKILL)
+    wait_for(lambda: not os.path.exists(f"/proc/{m.pid}"), 20, "the daemon to die")
+    m.pid = None
+    m.mount()  # cleans the stale mount, recovers the store
+    assert sorted(os.listdir(m.mountpoint)) == ["kept0"]
+    s = m.stats()
+    assert s["files"] == 1 and s["physical_bytes"] == store_bytes(m.store) == 1024 * K, s["physical_bytes"]
+    # room for these within the budget: nothing may be evicted for bytes that are not there
+    kept |= write_files(m.mountpoint, ["more0", "more1"], size=1024 * K)
+    s = m.stats()
+    assert s["evictions"] == 0 and s["physical_bytes"] == store_bytes(m.store) == 3072 * K
+    assert sorted(os.listdir(m.mountpoint)) == sorted(kept)
+    assert all((m.mountpoint / n).read_bytes() == d for n, d in kept.items())

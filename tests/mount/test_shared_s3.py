@@ -734,3 +734,71 @@ def test_a_stalled_endpoint_costs_one_bound_for_large_reads_and_creates(mount_fa
         assert took < bound, f"a large read on a stalled endpoint waited {took:.1f} s"
     finally:
         seaweedfs.signal(signal.SIGCONT)
+
+
+def _blob_bytes(store: Path) -> int:
+    """Bytes of the store's blob and staging files, as the disk holds them."""
+    return sum(p.stat().st_size for sub in ("objects", "staging") for p in (store / sub).rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("large", [True, False], ids=["streamed", "batched"])
+def test_prefetch_filling_the_local_disk_is_a_full_disk_not_a_remote_failure(
+        mount_factory: MountFactory, shared_seaweedfs: SeaweedFS, tmpfs, large: bool):
+    """A prefetch of more than the store's disk holds: ENOSPC named in one line, the bucket's level left
+    alone, the accounting exact, files not fetched still listed and fetched once there is room, `clear`
+    frees, fsck clean (the adversarial run saw an S3 failure, a backed-off level, -2 B and EIO).
+    *large*: a streamed blob fills the disk (written from inside the wire's call); else one pipelined
+    batch of small blobs does (written by the prefetcher)."""
+    env = shared_seaweedfs.env()
+    k = "streamed" if large else "batched"
+    bucket = f"t-prefetch-disk-full-{k}"
+    shared_seaweedfs.create_bucket(bucket)
+    a = mount_factory("a", *_s3(bucket), env=env)
+    (a.mountpoint / k).mkdir()
+    data = {f"s{i:02d}.so": os.urandom(512 << 10) for i in range(16)}  # one pipelined batch of 8 MiB
+    if large:
+        data["large.so"] = os.urandom(9 << 20)  # streamed (above the bucket's small-blob size)
+    for name, content in data.items():
+        write_committed(a.mountpoint / k / name, content)
+    wait_uploaded(a, timeout=60)
+    disk = tmpfs("14m" if large else "6m")
+    b = mount_factory("b", *_s3(bucket), "--max-size", "1G", env=env, store=disk / "store")
+    res = run_cli("prefetch", str(b.mountpoint), "--all", timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "ENOSPC" in res.stderr and "disk is full" in res.stderr and "ExceptionGroup" not in res.stderr, res.stderr
+    s = b.stats()
+    assert s["prefetch"]["state"] == "failed" and s["prefetch"]["bytes"] <= _blob_bytes(b.store), s["prefetch"]
+    assert large or s["prefetch"]["files"] > 0, s["prefetch"]  # what the stopped batch wrote counts
+    assert all(lv["reachable"] and not lv["errors"] for lv in s["remote_levels"]), s["remote_levels"]
+    assert s["remote_errors"] == 0, s["remote_last_error"]
+    assert s["physical_bytes"] == _blob_bytes(b.store), (s["physical_bytes"], _blob_bytes(b.store))
+    assert sorted(os.listdir(b.mountpoint / k)) == sorted(data)
+    b.umount()  # nothing the prefetch could not write is recorded as a local blob
+    fsck = run_cli("fsck", "--store", str(b.store))
+    assert fsck.returncode == 0 and "no problems" in fsck.stdout, fsck.stdout + fsck.stderr
+    b.mount()
+    assert b.stats()["physical_bytes"] == _blob_bytes(b.store)
+    # what was not fetched is fetched at its read, making room by evicting (one slice, one retry: a read
+    # the disk cannot take even so is refused for room, ENOSPC); never EIO, and the name stays
+    for name in sorted(data):
+        try:
+            got = (b.mountpoint / k / name).read_bytes()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, (name, e)
+            assert name in os.listdir(b.mountpoint / k), name
+        else:
+            assert got == data[name], name
+    s = b.stats()
+    assert s["physical_bytes"] == _blob_bytes(b.store) and s["remote_errors"] == 0, s
+    b.umount()
+    fsck = run_cli("fsck", "--store", str(b.store))
+    assert fsck.returncode == 0 and "no problems" in fsck.stdout, fsck.stdout + fsck.stderr
+    b.mount()
+    res = run_cli("clear", str(b.mountpoint))
+    assert res.returncode == 0 and "-" not in res.stdout.split("now holds")[1], res.stdout + res.stderr
+    wait_for(lambda: b.stats()["physical_bytes"] == _blob_bytes(b.store) == 0, 20, "clear to free the disk")
+    name = "large.so" if large else "s00.so"
+    assert (b.mountpoint / k / name).read_bytes() == data[name]  # room now: fetched (its siblings along)
+    s = b.stats()
+    assert s["physical_bytes"] == _blob_bytes(b.store) >= len(data[name]) and s["remote_errors"] == 0
