@@ -11,6 +11,7 @@ link points into the mount itself).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -96,7 +97,8 @@ def save_at_mount(store: Path, measured: dict[str, int]) -> None:
             json.dump(measured, f)
         tmp.replace(store / AT_MOUNT)
     except OSError:  # a read-only store: status just cannot say it
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def since_mount(store: Path, env: dict[str, str]) -> list[Leak]:
