@@ -244,7 +244,8 @@ def describe(label: str, snap: dict[str, dict[str, int]], files: int) -> str:
             areas = "; " + ", ".join(f"{k} {n}" for k, n in sorted(snap["s3_areas"].items(), key=lambda kv: -kv[1]))
         lines.append(f"{label} {side}: {total} requests ({total / files:.2f} a file) in"
                      f" {counts.get('connections', 0)} connections, {counts.get('round_trips', 0)} round trips:"
-                     f" {by or '-'}{areas}")
+                     f" {by or '-'}{areas}"
+                     + (f"; {counts['unparsed']} connections NOT PARSED (uncounted)" if counts.get("unparsed") else ""))
     return "\n".join(lines)
 
 

@@ -28,7 +28,7 @@ held that long.
 - ``http``: each request (request line, headers, then a body by
   Content-Length or chunked; keep-alive and pipelining aware), by method:
   GET, PUT, HEAD, POST, DELETE, and LIST (a GET of a bucket listing:
-  ``?list-type=`` or a path without a key); ``label`` (a function of the
+  ``?list-type=``, or a path-style path without a key); ``label`` (a function of the
   method and the target) counts them in finer groups (``labels()``);
 - ``redis``: each command (RESP arrays, or inline commands), by name;
 - both: ``requests``, ``connections``, ``round_trips`` (client bytes that
@@ -361,7 +361,7 @@ class DelayProxy:
             if parse is not None:
                 try:
                     parse(data)
-                except Unparsable:
+                except Exception:  # Unparsable, or a label function's error: the bytes still pass, uncounted
                     self._count("unparsed")
                     parse = None
 
