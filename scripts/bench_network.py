@@ -1,0 +1,316 @@
+"""A new node across a real network: Triton kernels from the shared tier behind a delay proxy (issue 21).
+
+``bench_newnode`` on loopback hides the price of a request; a fleet's bucket
+is 10-50 ms per request away.  Here every request of the mount to the
+shared tier goes through ``delay_proxy`` (a round trip of ``--rtt-ms``
+added to each exchange, a new connection one more, bandwidth unlimited),
+in front of a real SeaweedFS bucket (``--remote s3``) or of Redis and the
+bucket (``--remote redis+s3``), and the proxy counts the requests.  For
+each round trip in ``--rtt-ms``:
+
+- node A, an empty store, writes N kernels in Triton's layout
+  (``bench_warmstart``'s POPULATE: 8 files a kernel) and publishes them
+  through the proxy: its time and its requests, per file;
+- then, repeatedly and in rotating order, end to end (``mount`` + load):
+  **A** (its own store, remounted), **B lazy** (an empty store, fetching as
+  Triton asks), **B+prefetch** (an empty store, ``mount --prefetch``: the
+  startup set before ``mount`` returns).
+
+Every arm's load hashes every file it read (outside its timing): each must
+match node A's, byte for byte, or the benchmark fails naming the files.
+Prints per arm the mount, load and total seconds, the ratio to A's total,
+and the requests by method (S3) or command (Redis) between the mount and
+the end of the load (the unmount's own requests, the startup set sent,
+apart).  Numbers are only meaningful on an otherwise idle machine.
+
+    .venv/bin/python scripts/bench_network.py --kernels 1500 --rtt-ms 0,20,50 [--remote s3|redis+s3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _benchlib import CLI, median, redis_server, seaweedfs_s3
+from bench_warmstart import POPULATE, run_json
+from delay_proxy import DelayProxy
+
+#: bench_warmstart's LOAD, hashing every file it reads (the group file too) outside the time it reports,
+#: and writing {path under the cache: sha256} to argv[2].
+LOAD_HASHED = r"""
+import hashlib, json, os, sys, time
+from triton.runtime.cache import FileCacheManager
+keys = json.load(open(sys.argv[1]))
+root = os.environ["TRITON_CACHE_DIR"]
+digests, hashing, total = {}, 0.0, 0
+t = time.perf_counter()
+for key in keys:
+    mgr = FileCacheManager(key)
+    group = mgr.get_group("kernel.json")
+    if group is None:
+        sys.exit(f"kernel {key} is not in the cache")
+    paths = [os.path.join(mgr.cache_dir, "__grp__kernel.json"), *group.values()]
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        h = time.perf_counter()
+        digests[os.path.relpath(path, root)] = hashlib.sha256(data).hexdigest()
+        total += len(data)
+        hashing += time.perf_counter() - h
+seconds = time.perf_counter() - t - hashing
+with open(sys.argv[2], "w") as f:
+    json.dump(digests, f)
+print(json.dumps({"seconds": seconds, "files": len(digests), "bytes": total}))
+"""
+
+ARMS = ("A", "B lazy", "B+prefetch")
+#: The areas of the bucket's layout (docs/design.md, "A bucket"): what an S3 request is about.
+AREAS = ("blobs", "names", "sets", "epoch")
+
+
+def s3_area(method: str, target: str) -> str:
+    """``label`` for the S3 proxy: the method and the layout's area the key is in (else the query's first
+    parameter: a listing's ``?list-type``, a bulk delete's ``?delete``)."""
+    parts = urlsplit(target)
+    area = next((s for s in parts.path.split("/") if s in AREAS), None)
+    return f"{method} {area or '?' + parts.query.split('=')[0].split('&')[0]}"
+
+
+class Node:
+    """How a mount is made: the --remote arguments and the AWS variables, pointing at the proxies."""
+
+    def __init__(self, remote: list[str], env: dict[str, str]) -> None:
+        self.remote = remote
+        self.env = env
+
+    def mount(self, mp: Path, store: Path, *extra: str) -> str:
+        res = subprocess.run([*CLI, "mount", str(mp), "--store", str(store), *self.remote, "--min-age", "0", *extra],
+                             capture_output=True, text=True, env=dict(os.environ, **self.env), timeout=3600)
+        if res.returncode != 0:
+            sys.exit(f"mount failed: {res.stderr.strip()}")
+        return res.stdout + res.stderr
+
+    @staticmethod
+    def umount(mp: Path) -> None:
+        res = subprocess.run([*CLI, "umount", str(mp)], capture_output=True, text=True, timeout=600)
+        if res.returncode != 0:
+            sys.exit(f"umount failed: {res.stderr.strip()}")
+
+
+def drained(mp: Path) -> None:
+    """Wait until node A's uploads are all sent (its write-behind queue is empty)."""
+    while json.loads((mp / ".mithrilfs" / "stats.json").read_text())["upload_queue"]:
+        time.sleep(0.1)
+
+
+class Proxies:
+    """The S3 proxy and, with Redis in front, the Redis one: counted and reset together."""
+
+    def __init__(self, s3: DelayProxy, redis: DelayProxy | None) -> None:
+        self.s3, self.redis = s3, redis
+
+    def reset(self) -> None:
+        self.s3.reset()
+        if self.redis is not None:
+            self.redis.reset()
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        out = {"s3": requests_only(self.s3.counts()), "s3_areas": self.s3.labels()}
+        if self.redis is not None:
+            out["redis"] = requests_only(self.redis.counts())
+        return out
+
+
+def requests_only(counts: dict[str, int]) -> dict[str, int]:
+    """The proxy's counts without the byte counters (kept apart: they are not requests)."""
+    return {k: v for k, v in sorted(counts.items(), key=lambda kv: -kv[1]) if not k.startswith("bytes_")} | {
+        k: counts[k] for k in ("bytes_up", "bytes_down") if k in counts}
+
+
+def check_files(arm: str, got: dict[str, str], expected: dict[str, str]) -> None:
+    """Every file the arm read must be node A's, byte for byte (their sha256)."""
+    bad = sorted(p for p in expected if got.get(p) != expected[p]) + sorted(set(got) - set(expected))
+    if bad:
+        sys.exit(f"{arm}: {len(bad)} of {len(expected)} files differ from node A's, e.g. {', '.join(bad[:5])}")
+
+
+def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, str], redis_url: str | None,
+            say: Callable[[str], None]) -> dict:
+    """Node A publishes, then the arms load, all through proxies adding *rtt* ms; returns the figures."""
+    s3_target = urlsplit(s3_env["AWS_ENDPOINT_URL"])
+    with contextlib.ExitStack() as stack:
+        s3 = stack.enter_context(DelayProxy("127.0.0.1", s3_target.port or 80, rtt, "http",
+                                            connect_rtts=args.connect_rtts, label=s3_area))
+        rp = None
+        remote = []
+        namespace = f"rtt{rtt:g}".replace(".", "_")
+        if redis_url is not None:
+            import redis as redis_py
+
+            redis_py.Redis.from_url(redis_url).flushall()  # straight, not through the proxy: each RTT starts empty
+            target = urlsplit(redis_url)
+            rp = stack.enter_context(DelayProxy("127.0.0.1", target.port or 6379, rtt, "redis",
+                                                connect_rtts=args.connect_rtts))
+            remote += ["--remote", f"redis://127.0.0.1:{rp.port}{target.path}"]
+        remote += ["--remote", "s3://bench/network", "--remote-namespace", namespace]
+        node = Node(remote, dict(s3_env, AWS_ENDPOINT_URL=f"http://127.0.0.1:{s3.port}"))
+        proxies = Proxies(s3, rp)
+        run_dir = base / namespace
+        run_dir.mkdir()
+        mp = base / "mnt"  # one path for every node and RTT: Triton's group files hold absolute paths
+        keys_file = run_dir / "keys.json"
+        files = args.kernels * 8
+
+        node.mount(mp, run_dir / "store-a")
+        proxies.reset()
+        t = time.monotonic()
+        try:
+            keys = run_json(POPULATE, [str(args.kernels), str(random.randrange(1 << 30))], mp / "triton")
+            keys_file.write_text(json.dumps(keys))
+            written_s, written = time.monotonic() - t, proxies.snapshot()
+            drained(mp)
+            publish_s = time.monotonic() - t
+            publish = proxies.snapshot()
+        finally:
+            node.umount(mp)
+        publish_umount = proxies.snapshot()
+        say(f"\nrtt {rtt:g} ms: node A wrote and published {args.kernels} kernels ({files} files)"
+            f" in {publish_s:.1f} s (the writes {written_s:.1f} s, then the upload queue drained)")
+        say(describe("  while writing", written, files))
+        say(describe("  publish", publish, files))
+        say(describe("  publish + unmount", publish_umount, files))
+
+        expected: dict[str, str] | None = None
+        arms: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+        for rep in range(args.reps):
+            for arm in ARMS if rep % 2 == 0 else ("A", *reversed(ARMS[1:])):
+                store = run_dir / ("store-a" if arm == "A" else f"store-{rep}-{'p' if 'prefetch' in arm else 'l'}")
+                digests = run_dir / f"digests-{rep}-{arm.replace(' ', '_')}.json"
+                proxies.reset()
+                t = time.monotonic()
+                out = node.mount(mp, store, *(["--prefetch"] if arm == "B+prefetch" else []))
+                mount_s = time.monotonic() - t
+                try:
+                    load = run_json(LOAD_HASHED, [str(keys_file), str(digests)], mp / "triton")
+                    loaded = proxies.snapshot()
+                finally:
+                    node.umount(mp)
+                got = json.loads(digests.read_text())
+                if expected is None:  # the first arm is always A: its own store, the files it wrote
+                    expected = got
+                check_files(f"rtt {rtt:g} ms, rep {rep}, {arm}", got, expected)
+                m = re.search(r"prefetched .*", out)
+                fig = {"mount_s": mount_s, "load_s": load["seconds"], "total_s": mount_s + load["seconds"],
+                       "files": load["files"], "bytes": load["bytes"], "requests": loaded,
+                       "unmount_requests": diff(proxies.snapshot(), loaded),
+                       "prefetch": m.group(0) if m else None}
+                arms[arm].append(fig)
+                say(f"  rep {rep} {arm:10s} mount {mount_s:7.2f} s  load {load['seconds']:7.2f} s"
+                    f"  total {fig['total_s']:7.2f} s  ({load['files']} files checked)"
+                    + (f"  [{fig['prefetch']}]" if fig["prefetch"] else ""))
+        return {"rtt_ms": rtt, "publish_s": round(publish_s, 3), "publish_requests": publish,
+                "written_s": round(written_s, 3), "written_requests": written,
+                "publish_unmount_requests": diff(publish_umount, publish), "arms": arms}
+
+
+def diff(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Counts in *after* not yet in *before*, per proxy (zeros left out)."""
+    return {side: {k: n - before.get(side, {}).get(k, 0) for k, n in counts.items()
+                   if n - before.get(side, {}).get(k, 0)} for side, counts in after.items()}
+
+
+def describe(label: str, snap: dict[str, dict[str, int]], files: int) -> str:
+    """One line per proxy: the requests by method or command, and per file."""
+    lines = []
+    for side in ("s3", "redis"):
+        counts = snap.get(side)
+        if counts is None:
+            continue
+        total = counts.get("requests", 0)
+        kinds = {k: n for k, n in counts.items() if k.isupper() and k != "LIST"} | (
+            {"LIST": counts["LIST"]} if "LIST" in counts else {})
+        by = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+        areas = ""
+        if side == "s3" and snap.get("s3_areas"):
+            areas = "; " + ", ".join(f"{k} {n}" for k, n in sorted(snap["s3_areas"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"{label} {side}: {total} requests ({total / files:.2f} a file) in"
+                     f" {counts.get('connections', 0)} connections, {counts.get('round_trips', 0)} round trips:"
+                     f" {by or '-'}{areas}"
+                     + (f"; {counts['unparsed']} connections NOT PARSED (uncounted)" if counts.get("unparsed") else ""))
+    return "\n".join(lines)
+
+
+def summary(results: list[dict], files: int, say: Callable[[str], None]) -> None:
+    say("\nend to end (mount + load), median of the reps; requests from the mount to the end of the load")
+    say(f"{'rtt':>6s} {'arm':11s} {'mount (s)':>10s} {'load (s)':>9s} {'total (s)':>10s} {'x A':>6s}"
+        f" {'s3 req':>7s} {'/file':>6s} {'redis':>6s}")
+    for r in results:
+        a_total = median([f["total_s"] for f in r["arms"]["A"]])
+        for arm, figs in r["arms"].items():
+            total = median([f["total_s"] for f in figs])
+            s3 = median([f["requests"]["s3"].get("requests", 0) for f in figs])
+            rd = median([f["requests"].get("redis", {}).get("requests", 0) for f in figs])
+            say(f"{r['rtt_ms']:6g} {arm:11s} {median([f['mount_s'] for f in figs]):10.2f}"
+                f" {median([f['load_s'] for f in figs]):9.2f} {total:10.2f} {total / a_total:6.2f}"
+                f" {s3:7.0f} {s3 / files:6.2f} {rd:6.0f}")
+    say("\nrequests per arm (the last rep), by method / command and by area of the bucket")
+    for r in results:
+        for arm, figs in r["arms"].items():
+            say(describe(f"{r['rtt_ms']:6g} ms {arm:11s}", figs[-1]["requests"], files))
+            if any(figs[-1]["unmount_requests"].get(s, {}).get("requests") for s in ("s3", "redis")):
+                say(describe(f"{'':6s}    {arm:11s} unmount", figs[-1]["unmount_requests"], files))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", type=int, default=1500)
+    ap.add_argument("--rtt-ms", default="0,20,50", help="round trips to add, a comma-separated list (default 0,20,50)")
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--remote", choices=("s3", "redis+s3"), default="s3",
+                    help="the shared tier: a SeaweedFS bucket, or Redis in front of it (both behind proxies)")
+    ap.add_argument("--connect-rtts", type=int, default=1,
+                    help="round trips a new connection costs (1: TCP; a TLS endpoint would be 2 or 3)")
+    ap.add_argument("--base", default=None, metavar="DIR", help="where the stores and the mount point go")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    try:
+        rtts = [float(x) for x in args.rtt_ms.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--rtt-ms must be numbers separated by commas, not {args.rtt_ms!r}")
+    if not rtts or min(rtts) < 0 or args.kernels < 1 or args.reps < 1:
+        ap.error("--rtt-ms needs non-negative numbers, --kernels and --reps at least 1")
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    results = []
+    with contextlib.ExitStack() as servers, tempfile.TemporaryDirectory(prefix="mithrilfs-bench-network-",
+                                                                           dir=args.base) as tmp:
+        s3_env = servers.enter_context(seaweedfs_s3())
+        redis_url = servers.enter_context(redis_server()) if args.remote == "redis+s3" else None
+        base = Path(tmp)
+        (base / "mnt").mkdir()
+        for rtt in rtts:
+            results.append(one_rtt(rtt, args, base, s3_env, redis_url, say))
+    if args.json:
+        print(json.dumps({"kernels": args.kernels, "files": args.kernels * 8, "remote": args.remote,
+                          "connect_rtts": args.connect_rtts, "results": results}))
+    else:
+        summary(results, args.kernels * 8, say)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

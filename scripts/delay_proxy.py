@@ -1,0 +1,479 @@
+"""A TCP proxy that adds network latency and counts requests: the shared tier as a fleet sees it.
+
+Every shared-tier figure taken on loopback hides the price of a request: a
+fleet's bucket is 10-50 ms away.  This proxy sits on a loopback port in
+front of a target (SeaweedFS's S3 gateway, a redis-server) and makes each
+exchange cost a chosen round-trip time, so a benchmark shows what a
+request pattern costs on a real network, and it counts the requests, so
+the pattern itself is visible (requests per file published or loaded).
+
+**Where the delay goes.**  Each direction of each connection is a *delay
+line*: a chunk read at time t is written on at t + RTT/2, half the round
+trip on the way to the server and half on the way back, as on a symmetric
+link.  Why this and not a sleep per request: a sleep per request makes a
+pipeline (Redis: many commands sent together, one round trip on a real
+network) cost one delay per command, and a sleep before each response
+needs the responses parsed; a delay line needs neither, gives a pipeline
+one round trip (its commands arrive together, so they leave together),
+leaves the order and the bytes untouched, and limits no bandwidth (every
+byte is late by the same RTT/2, none waits for another: only latency).  A
+request/response exchange (an HTTP request on a keep-alive connection, a
+Redis command or pipeline) thus costs exactly one RTT more than on
+loopback.  A new connection costs ``connect_rtts`` more round trips (1: the
+TCP handshake; a TLS endpoint would add one or two): its first bytes are
+held that long.
+
+**What is counted** (``counts()``), from the client's bytes as they arrive:
+
+- ``http``: each request (request line, headers, then a body by
+  Content-Length or chunked; keep-alive and pipelining aware), by method:
+  GET, PUT, HEAD, POST, DELETE, and LIST (a GET of a bucket listing:
+  ``?list-type=``, or a path-style path without a key); ``label`` (a function of the
+  method and the target) counts them in finer groups (``labels()``);
+- ``redis``: each command (RESP arrays, or inline commands), by name;
+- both: ``requests``, ``connections``, ``round_trips`` (client bytes that
+  arrive after the server has answered: a pipeline is one), ``bytes_up``
+  and ``bytes_down``, and ``unparsed`` (connections whose bytes stopped
+  parsing; they still pass, uncounted).
+
+Library (a thread runs the proxy; ``.port``, ``.counts()``, ``.reset()``)::
+
+    with DelayProxy("127.0.0.1", 8333, rtt_ms=20, protocol="http") as proxy:
+        ... point the client at 127.0.0.1:proxy.port ...
+        print(proxy.counts())
+
+Command line (prints the port, then the counts as JSON at Ctrl-C)::
+
+    .venv/bin/python scripts/delay_proxy.py 127.0.0.1:8333 --rtt-ms 20 --protocol http [--port 9333]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from types import TracebackType
+from urllib.parse import urlsplit
+
+#: A read from a socket: large enough for a prefetch's throughput, small enough to keep chunks moving.
+READ_SIZE = 256 * 1024
+#: Chunks in flight per direction (at most READ_SIZE each): the bandwidth-delay product it allows,
+#: 64 MiB per connection and direction, is far above any RTT x rate measured here.
+IN_FLIGHT = 256
+#: A request line, header line or RESP header longer than this is not the protocol we parse.
+MAX_LINE = 64 * 1024
+#: Bytes of a Redis command's name kept for counting.
+MAX_NAME = 32
+
+
+class Unparsable(Exception):
+    """The client's bytes are not the protocol the proxy was told to count."""
+
+
+class HttpRequests:
+    """Counts HTTP/1.x requests in a client's byte stream, fed in arbitrary pieces.
+
+    Only the framing is parsed: the request line, the headers that say how
+    long the body is, and the body's length (Content-Length, or chunked
+    with its trailers).  Bodies are skipped without being copied.
+    """
+
+    def __init__(self, on_request: Callable[[str, str], None]) -> None:
+        self._on_request = on_request
+        self._line = bytearray()
+        self._state = "request"
+        self._left = 0  # body bytes still to skip, in state "body" / "chunk"
+        self._chunked = False
+        self._length = 0
+
+    def feed(self, data: bytes) -> None:
+        i, n = 0, len(data)
+        while i < n:
+            if self._state in ("body", "chunk"):
+                take = min(self._left, n - i)
+                self._left -= take
+                i += take
+                if self._left == 0:
+                    self._state = "chunk_end" if self._state == "chunk" else "request"
+                continue
+            j = data.find(b"\n", i)
+            if j < 0:
+                self._line += data[i:]
+                if len(self._line) > MAX_LINE:
+                    raise Unparsable("line too long")
+                return
+            self._line += data[i:j]
+            i = j + 1
+            line = bytes(self._line).rstrip(b"\r")
+            self._line.clear()
+            self._on_line(line)
+
+    def _on_line(self, line: bytes) -> None:
+        if self._state == "request":
+            if not line:
+                return  # RFC 9112: a server ignores empty lines before a request line
+            parts = line.split(b" ")
+            if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+                raise Unparsable(f"not a request line: {line[:80]!r}")
+            self._on_request(parts[0].decode("latin-1"), parts[1].decode("latin-1"))
+            self._state, self._chunked, self._length = "headers", False, 0
+        elif self._state == "headers":
+            if line:
+                name, _, value = line.partition(b":")
+                name = name.strip().lower()
+                if name == b"transfer-encoding" and b"chunked" in value.lower():
+                    self._chunked = True
+                elif name == b"content-length":
+                    try:
+                        self._length = int(value.strip())
+                    except ValueError:
+                        raise Unparsable(f"bad Content-Length: {value[:40]!r}") from None
+            elif self._chunked:
+                self._state = "chunk_size"
+            elif self._length > 0:
+                self._state, self._left = "body", self._length
+            else:
+                self._state = "request"
+        elif self._state == "chunk_size":
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise Unparsable(f"bad chunk size: {line[:40]!r}") from None
+            if size == 0:
+                self._state = "trailers"
+            else:
+                self._state, self._left = "chunk", size
+        elif self._state == "chunk_end":
+            if line:
+                raise Unparsable("chunk data longer than its size")
+            self._state = "chunk_size"
+        elif self._state == "trailers" and not line:
+            self._state = "request"
+
+
+class RedisCommands:
+    """Counts Redis commands (RESP arrays of bulk strings, or inline commands) in a client's byte stream."""
+
+    def __init__(self, on_command: Callable[[str], None]) -> None:
+        self._on_command = on_command
+        self._line = bytearray()
+        self._elements = 0  # elements of the current array still to come
+        self._left = 0  # bulk bytes (with their CRLF) still to skip
+        self._name: bytearray | None = None  # the first element's bytes, while they come
+
+    def feed(self, data: bytes) -> None:
+        i, n = 0, len(data)
+        while i < n:
+            if self._left:
+                take = min(self._left, n - i)
+                if self._name is not None and len(self._name) < MAX_NAME:
+                    self._name += data[i:i + min(take, MAX_NAME - len(self._name))]
+                self._left -= take
+                i += take
+                if self._left == 0:
+                    self._element_done()
+                continue
+            j = data.find(b"\n", i)
+            if j < 0:
+                self._line += data[i:]
+                if len(self._line) > MAX_LINE:
+                    raise Unparsable("line too long")
+                return
+            self._line += data[i:j]
+            i = j + 1
+            line = bytes(self._line).rstrip(b"\r")
+            self._line.clear()
+            self._on_line(line)
+
+    def _on_line(self, line: bytes) -> None:
+        if self._elements == 0:
+            if line.startswith(b"*"):
+                count = self._number(line)
+                if count > 0:
+                    self._elements, self._name = count, bytearray()
+            elif line.strip():
+                self._on_command(line.split()[0].decode("latin-1").upper())
+        elif line.startswith(b"$"):
+            size = self._number(line)
+            if size < 0:
+                self._element_done()
+            else:
+                self._left = size + 2  # the bytes and their CRLF
+        else:  # a client sends bulk strings; any other element is one line
+            if self._name is not None:
+                self._name += line[1:MAX_NAME]
+            self._element_done()
+
+    def _element_done(self) -> None:
+        if self._name is not None:
+            name = bytes(self._name).rstrip(b"\r\n")
+            self._name = None
+            self._on_command(name.decode("latin-1").upper() or "?")
+        self._elements -= 1
+
+    @staticmethod
+    def _number(line: bytes) -> int:
+        try:
+            return int(line[1:])
+        except ValueError:
+            raise Unparsable(f"bad RESP header: {line[:40]!r}") from None
+
+
+def http_method_key(method: str, target: str) -> str:
+    """The method a request counts under: a GET of a bucket listing counts as LIST."""
+    if method != "GET":
+        return method
+    parts = urlsplit(target)
+    if "list-type=" in parts.query or parts.path.strip("/").count("/") == 0:
+        return "LIST"
+    return "GET"
+
+
+class DelayProxy:
+    """The proxy, run by an asyncio loop in a thread of its own; a context manager.
+
+    ``target_host``/``target_port``: where connections go; ``rtt_ms``: the
+    round trip added to every exchange; ``protocol``: "http", "redis" or
+    "raw" (count connections and bytes only); ``port``: 0 for a free one;
+    ``label``: for HTTP, maps (method key, target) to a group ``labels()``
+    counts.
+    """
+
+    def __init__(self, target_host: str, target_port: int, rtt_ms: float = 0.0, protocol: str = "http",
+                 port: int = 0, connect_rtts: int = 1, label: Callable[[str, str], str] | None = None) -> None:
+        if protocol not in ("http", "redis", "raw"):
+            raise ValueError(f"unknown protocol {protocol!r} (http, redis or raw)")
+        self.target = (target_host, target_port)
+        self.rtt = rtt_ms / 1000
+        self.protocol = protocol
+        self.connect_rtts = connect_rtts
+        self._label = label
+        self._want_port = port
+        self.port = 0
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._labels: Counter[str] = Counter()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    # -- the library's face -------------------------------------------------------------------------
+
+    def start(self) -> DelayProxy:
+        self._thread = threading.Thread(target=self._run, name=f"delay-proxy-{self.target[1]}", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def close(self) -> None:
+        """Stop listening and close every connection (both ends)."""
+        if self._loop is not None and self._stop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> DelayProxy:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def counts(self) -> dict[str, int]:
+        """The counters since the start or the last ``reset()``."""
+        with self._lock:
+            return dict(self._counts)
+
+    def labels(self) -> dict[str, int]:
+        """Requests per group of ``label`` (HTTP only)."""
+        with self._lock:
+            return dict(self._labels)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+            self._labels.clear()
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[key] += n
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as e:  # reported by start() when it happens before serving
+            self._error = e
+            self._started.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        tasks: set[asyncio.Task[None]] = set()
+
+        def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.ensure_future(self._connection(reader, writer))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        server = await asyncio.start_server(accepted, "127.0.0.1", self._want_port, backlog=1024)
+        self.port = server.sockets[0].getsockname()[1]
+        self._started.set()
+        async with server:
+            await self._stop.wait()
+            server.close()
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _connection(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        self._count("connections")
+        accepted_at = time.monotonic()
+        try:
+            s_reader, s_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            self._count("connect_errors")
+            c_writer.close()
+            return
+        # The handshake's round trips: a byte sent before a real connection would be up leaves when it is
+        # (the client's connect() returned at once, so its first request waits here instead)
+        ready = accepted_at + self.connect_rtts * self.rtt
+        state = {"answered": True}
+        parse = self._parser()
+
+        def upstream(data: bytes) -> None:
+            self._count("bytes_up", len(data))
+            if state["answered"]:
+                self._count("round_trips")
+                state["answered"] = False
+            nonlocal parse
+            if parse is not None:
+                try:
+                    parse(data)
+                except Exception:  # Unparsable, or a label function's error: the bytes still pass, uncounted
+                    self._count("unparsed")
+                    parse = None
+
+        def downstream(data: bytes) -> None:
+            self._count("bytes_down", len(data))
+            state["answered"] = True
+
+        pumps = [asyncio.ensure_future(self._pump(c_reader, s_writer, upstream, ready)),
+                 asyncio.ensure_future(self._pump(s_reader, c_writer, downstream, ready))]
+        try:
+            await asyncio.gather(*pumps)
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # a reset on either side: both ends are closed below
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            for w in (s_writer, c_writer):
+                w.close()
+            for w in (s_writer, c_writer):
+                with contextlib.suppress(OSError, asyncio.CancelledError):
+                    await w.wait_closed()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Callable[[bytes], None],
+                    ready: float) -> None:
+        """One direction: each chunk goes on RTT/2 after it arrived (or after *ready*, the connection's
+        handshake done, if that is later); EOF goes on likewise (a half close)."""
+        line: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(IN_FLIGHT)
+        half = self.rtt / 2
+
+        async def send() -> None:
+            while True:
+                due, data = await line.get()
+                wait = due - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if not data:
+                    if writer.can_write_eof():
+                        writer.write_eof()
+                    return
+                writer.write(data)
+                await writer.drain()
+
+        async def receive() -> None:
+            while True:
+                data = await reader.read(READ_SIZE)
+                if data:
+                    seen(data)
+                await line.put((max(time.monotonic(), ready) + half, data))
+                if not data:
+                    return
+
+        # Either half failing (a reset, a peer gone) ends the direction at once, not at the other's next byte
+        halves = [asyncio.ensure_future(receive()), asyncio.ensure_future(send())]
+        try:
+            pending: set[asyncio.Future[None]] = set(halves)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    task.result()
+        finally:
+            for task in halves:
+                task.cancel()
+            await asyncio.gather(*halves, return_exceptions=True)
+
+    def _parser(self) -> Callable[[bytes], None] | None:
+        if self.protocol == "http":
+            return HttpRequests(self._http_request).feed
+        if self.protocol == "redis":
+            return RedisCommands(self._redis_command).feed
+        return None
+
+    def _http_request(self, method: str, target: str) -> None:
+        key = http_method_key(method, target)
+        with self._lock:
+            self._counts["requests"] += 1
+            self._counts[key] += 1
+            if self._label is not None:
+                self._labels[self._label(key, target)] += 1
+
+    def _redis_command(self, name: str) -> None:
+        with self._lock:
+            self._counts["requests"] += 1
+            self._counts[name] += 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("target", metavar="HOST:PORT", help="where the connections go")
+    ap.add_argument("--rtt-ms", type=float, default=0.0, help="round trip added to every exchange (default 0)")
+    ap.add_argument("--protocol", choices=("http", "redis", "raw"), default="http", help="what to count")
+    ap.add_argument("--port", type=int, default=0, help="the loopback port to listen on (default: a free one)")
+    ap.add_argument("--connect-rtts", type=int, default=1, help="round trips a new connection costs (default 1)")
+    args = ap.parse_args()
+    host, _, port = args.target.rpartition(":")
+    if not host or not port.isdigit():
+        ap.error(f"the target must be HOST:PORT, not {args.target!r}")
+    try:
+        proxy = DelayProxy(host, int(port), args.rtt_ms, args.protocol, args.port, args.connect_rtts).start()
+    except OSError as e:
+        print(f"delay_proxy: cannot listen on port {args.port}: {e.strerror}", file=sys.stderr)
+        return 1
+    print(f"127.0.0.1:{proxy.port} -> {args.target}, +{args.rtt_ms:g} ms a round trip ({args.protocol})",
+          flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    done.wait()
+    proxy.close()
+    print(json.dumps(proxy.counts()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

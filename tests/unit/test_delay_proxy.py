@@ -1,0 +1,231 @@
+"""scripts/delay_proxy.py, the latency benchmark's network: bytes unchanged, the delay added, requests counted.
+
+A real HTTP server (``http.server`` in a thread, keep-alive, chunked
+uploads) and a real redis-server (the ``redis_server`` fixture) sit behind
+the proxy.  Timings only have lower bounds (a loaded machine is slower,
+never faster, than the delay it is given), except one comparison: a
+pipeline must cost less than three sequential commands, which it does by
+two whole round trips.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import importlib.util
+import os
+import random
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import redis
+from conftest import RedisServer, wait_for
+
+
+def load_script() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "scripts" / "delay_proxy.py"
+    spec = importlib.util.spec_from_file_location("delay_proxy", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["delay_proxy"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+dp = load_script()
+
+
+class Objects(http.server.BaseHTTPRequestHandler):
+    """A tiny object store: PUT stores the body (Content-Length or chunked), GET returns it, the rest answer 204."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive: several requests on one connection
+    store: dict[str, bytes] = {}
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_PUT(self) -> None:
+        if "chunked" in self.headers.get("Transfer-Encoding", ""):
+            body = bytearray()
+            while size := int(self.rfile.readline().split(b";")[0], 16):
+                body += self.rfile.read(size)
+                self.rfile.readline()
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass
+        else:
+            body = bytearray(self.rfile.read(int(self.headers["Content-Length"])))
+        self.store[self.path] = bytes(body)
+        self.answer(200, b"")
+
+    def do_GET(self) -> None:
+        body = self.store.get(self.path)
+        self.answer(404, b"") if body is None else self.answer(200, body)
+
+    def do_HEAD(self) -> None:
+        self.answer(204, b"")
+
+    def do_DELETE(self) -> None:
+        self.answer(204, b"")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.answer(200, b"ok")
+
+    def answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+
+@pytest.fixture
+def http_server() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Objects)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        Objects.store.clear()
+
+
+def request(conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None,
+            chunked: bool = False) -> tuple[int, bytes]:
+    if chunked and body is not None:
+        pieces = [body[i:i + 100_000] for i in range(0, len(body), 100_000)]
+        conn.request(method, path, body=iter(pieces), encode_chunked=True)
+    else:
+        conn.request(method, path, body=body)
+    res = conn.getresponse()
+    return res.status, res.read()
+
+
+def test_http_bytes_pass_unchanged_and_every_request_is_counted(http_server: int) -> None:
+    rnd = random.Random(21)
+    payloads = {f"/bucket/k{i}": rnd.randbytes(rnd.choice([0, 1, 1000, 300_000, 3_000_000])) for i in range(8)}
+    with dp.DelayProxy("127.0.0.1", http_server, protocol="http",
+                       label=lambda method, target: f"{method} {target.split('?')[0][8:9]}") as proxy:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        for i, (path, data) in enumerate(payloads.items()):  # one keep-alive connection, every other one chunked
+            assert request(conn, "PUT", path, data, chunked=i % 2 == 1) == (200, b"")
+        for path, data in payloads.items():
+            for _ in range(2):
+                assert request(conn, "GET", path) == (200, data)
+        assert request(conn, "GET", "/bucket?list-type=2&prefix=x")[0] == 404
+        assert request(conn, "GET", "/bucket/")[0] == 404
+        assert request(conn, "HEAD", "/bucket/k1")[0] == 204
+        assert request(conn, "DELETE", "/bucket/k1")[0] == 204
+        assert request(conn, "POST", "/bucket/k1?uploads", b"x" * 5000) == (200, b"ok")
+        conn.close()
+        wait_for(lambda: proxy.counts().get("bytes_down", 0) >= sum(len(d) for d in payloads.values()) * 2,
+                 what="the responses counted")
+        counts = proxy.counts()
+        assert {k: counts.get(k) for k in ("PUT", "GET", "LIST", "HEAD", "DELETE", "POST", "requests")} == \
+            {"PUT": 8, "GET": 16, "LIST": 2, "HEAD": 1, "DELETE": 1, "POST": 1, "requests": 29}
+        assert counts["connections"] == 1 and counts["round_trips"] == 29 and "unparsed" not in counts
+        assert counts["bytes_up"] > sum(len(d) for d in payloads.values())
+        assert proxy.labels()["PUT k"] == 8 and proxy.labels()["GET k"] == 16
+        proxy.reset()
+        assert proxy.counts() == {}
+    assert {p: Objects.store[p] for p in payloads} == payloads
+
+
+def test_http_many_concurrent_connections(http_server: int) -> None:
+    with dp.DelayProxy("127.0.0.1", http_server, rtt_ms=20, protocol="http") as proxy:
+        def client(i: int) -> bool:
+            data = os.urandom(random.randrange(1, 500_000))
+            conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+            try:
+                ok = request(conn, "PUT", f"/b/c{i}", data) == (200, b"")
+                return ok and all(request(conn, "GET", f"/b/c{i}") == (200, data) for _ in range(3))
+            finally:
+                conn.close()
+
+        with ThreadPoolExecutor(32) as pool:
+            assert all(pool.map(client, range(64)))
+        counts = proxy.counts()
+        assert (counts["connections"], counts["PUT"], counts["GET"]) == (64, 64, 192)
+
+
+def test_http_a_request_costs_the_round_trip_and_a_new_connection_one_more(http_server: int) -> None:
+    with dp.DelayProxy("127.0.0.1", http_server, rtt_ms=50, protocol="http", connect_rtts=1) as proxy:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        t = time.monotonic()
+        assert request(conn, "PUT", "/b/x", b"abc") == (200, b"")
+        first = time.monotonic() - t
+        t = time.monotonic()
+        assert request(conn, "GET", "/b/x") == (200, b"abc")
+        second = time.monotonic() - t
+        conn.close()
+    assert first >= 0.100, f"a request on a new connection took {first * 1000:.0f} ms through a 50 ms proxy"
+    assert second >= 0.050, f"a request took {second * 1000:.0f} ms through a 50 ms proxy"
+
+
+def test_http_bytes_that_do_not_parse_still_pass(http_server: int) -> None:
+    with dp.DelayProxy("127.0.0.1", http_server, protocol="http") as proxy, \
+            socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        answer = b"".join(iter(lambda: sock.recv(65536), b""))  # the server answers and closes; so does the proxy
+        assert b"400" in answer and b"Bad request" in answer
+        wait_for(lambda: proxy.counts().get("unparsed") == 1, what="the connection counted as unparsed")
+        assert "requests" not in proxy.counts()
+
+
+def test_redis_commands_counted_and_a_pipeline_is_one_round_trip(redis_server: RedisServer) -> None:
+    rnd = random.Random(7)
+    values = [rnd.randbytes(rnd.choice([0, 10, 1000, 60_000])) for _ in range(10)]  # sent in well under RTT/2
+    with dp.DelayProxy("127.0.0.1", redis_server.port, rtt_ms=100, protocol="redis", connect_rtts=0) as proxy:
+        client = redis.Redis(port=proxy.port, socket_timeout=30)
+        assert client.ping()  # the connection's own handshake (HELLO, CLIENT SETINFO ...) is not counted below
+        proxy.reset()
+        t = time.monotonic()
+        pipe = client.pipeline(transaction=False)
+        for i, value in enumerate(values):
+            pipe.set(f"k{i}", value)
+        assert pipe.execute() == [True] * 10
+        pipelined = time.monotonic() - t
+        counts = proxy.counts()
+        assert (counts["SET"], counts["requests"], counts["round_trips"]) == (10, 10, 1)
+        t = time.monotonic()
+        got = [client.get(f"k{i}") for i in range(3)]
+        sequential = time.monotonic() - t
+        assert got == values[:3]
+        assert proxy.counts()["GET"] == 3 and proxy.counts()["round_trips"] == 4
+        assert [redis.Redis(port=redis_server.port).get(f"k{i}") for i in range(10)] == values
+        client.close()
+    assert pipelined >= 0.100, f"a pipeline took {pipelined * 1000:.0f} ms through a 100 ms proxy"
+    assert sequential >= 0.300, f"three commands took {sequential * 1000:.0f} ms through a 100 ms proxy"
+    assert pipelined < sequential, "a pipeline of 10 cost more than 3 sequential commands: a delay per command"
+
+
+def test_redis_connections_closed_both_ways(redis_server: RedisServer) -> None:
+    def clients() -> int:
+        return int(redis_server.cli("INFO", "clients").stdout.split("connected_clients:")[1].split()[0])
+
+    before = clients()
+    with dp.DelayProxy("127.0.0.1", redis_server.port, rtt_ms=10, protocol="redis") as proxy:
+        conns = [redis.Redis(port=proxy.port, single_connection_client=True) for _ in range(5)]
+        assert all(c.ping() for c in conns)
+        wait_for(lambda: clients() == before + 5, what="five connections through the proxy")
+        for c in conns:
+            c.close()
+        wait_for(lambda: clients() == before, what="the server's ends closed after the clients closed")
+        held = socket.create_connection(("127.0.0.1", proxy.port), timeout=30)
+        held.sendall(b"PING\r\n")
+        assert held.recv(100) == b"+PONG\r\n"
+        assert proxy.counts()["PING"] == 6  # inline commands count too
+    # closing the proxy closes what it still held, on the server's side too
+    wait_for(lambda: clients() == before, what="the proxy's connections closed with it")
+    with held:
+        assert held.recv(100) == b"", "the proxy closed, the client's connection still open"
