@@ -379,9 +379,9 @@ class RemoteTier(Tier):
                 return Fetched.NO  # the tier stalled: the read fails within the one bound (counted)
             if self.blobs.cas.exists(digest):
                 return Fetched.YES
-            if digest in self._ahead_missed:  # the tier answered it has no good copy: asking again is the same
-                self._ahead_missed.discard(digest)
-                return Fetched.NO
+        if digest in self._ahead_missed:  # a read-ahead (waited for, or done before this read came) found no
+            self._ahead_missed.discard(digest)  # good copy: asking again now is the same; the next read asks
+            return Fetched.NO
         self._read_ahead(ino)
         return Fetched.YES if await self.fetch_blob(ino, max_bytes) else Fetched.NO
 

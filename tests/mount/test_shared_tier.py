@@ -76,9 +76,13 @@ def test_tampered_blob_in_redis_is_never_served(mount_factory: MountFactory, red
     write_committed(a.mountpoint / "k.so", b"genuine kernel")
     wait_uploaded(a)
     assert redis_server.cli("SET", blob_key(b"genuine kernel"), "evilish kernel").stdout.strip() == "OK"
+    # the lookup reads the small file ahead, and finds it bad before the read comes (as on a loaded machine,
+    # where the read then asked the tier a second time)
+    os.stat(b.mountpoint / "k.so")
+    wait_for(lambda: b.stats()["remote_verify_failures"] == 1, 30, "the read-ahead to reject the blob")
     with pytest.raises(OSError) as e:
         (b.mountpoint / "k.so").read_bytes()
-    assert e.value.errno == errno.EIO  # the first read fetches and verifies: never the bad bytes
+    assert e.value.errno == errno.EIO  # never the bad bytes, and not asked again
     s = b.stats()
     assert s["remote_verify_failures"] == 1
     with pytest.raises(OSError) as e:  # the name went; when Redis names it again, the fetch is refused again
