@@ -42,6 +42,14 @@ def control_file(mountpoint: Path, name: str) -> Path:
     return path
 
 
+class DaemonChanged(daemon.MountError):
+    """The daemon that took a command died before its answer was read: its successor never saw the command.
+
+    Only a command that is safe to ask twice (``prefetch``) asks again; the
+    others report it in one line.
+    """
+
+
 def control_command(path: Path, request: str, *, answered: bool = True) -> dict:
     """Run a command through its control file: write the request, read the JSON answer back (unless not
     *answered*: ``restart``, whose answer dies with the daemon that gave it).
@@ -67,8 +75,8 @@ def control_command(path: Path, request: str, *, answered: bool = True) -> dict:
     try:
         return json.loads(answer)
     except ValueError:
-        raise daemon.MountError(f"{path.parent.parent}: '{path.name}' gave no answer (the daemon changed meanwhile?)"
-                                ) from None
+        raise DaemonChanged(f"{path.parent.parent}: '{path.name}' gave no answer (the daemon changed meanwhile?)"
+                            ) from None
 
 
 def while_drawing(command: Callable[[], dict], mountpoint: Path, draw: Callable[[int, int], None] | None,

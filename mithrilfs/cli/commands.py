@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cli.client import (
+    DaemonChanged,
     control_command,
     control_file,
     progress_bar,
@@ -559,11 +560,15 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 def _cmd_prefetch(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
-    answer = tier_command(mp, "prefetch", "all" if args.all else f"set={args.set}")
+    request = "all" if args.all else f"set={args.set}"
+    try:
+        answer = tier_command(mp, "prefetch", request)
+    except DaemonChanged:  # the daemon that started it died before answering: following asks its successor
+        answer = {"started": True}
     if not answer.get("started"):
         print(f"mithrilfs: error: cannot prefetch: {answer['error']}", file=sys.stderr)
         return 1
-    return _follow_prefetch(mp, "all" if args.all else f"set={args.set}")
+    return _follow_prefetch(mp, request)
 
 
 #: How often a prefetch is asked again of a daemon that replaced the one running it (a crash loop ends it).
@@ -583,7 +588,10 @@ def _follow_prefetch(mp: Path, request: str, *, warn_only: bool = False) -> int:
         state = read_stats(mp).get("prefetch", {})
         if state.get("state") == "idle" and resumes < PREFETCH_RESUMES:
             resumes += 1
-            answer = tier_command(mp, "prefetch", request)
+            try:
+                answer = tier_command(mp, "prefetch", request)
+            except DaemonChanged:  # replaced again between asking and answering: the next look asks again
+                continue
             if not answer.get("started"):
                 state = {"state": "failed", "error": answer.get("error")}
                 break

@@ -125,13 +125,16 @@ def test_a_prefetch_cut_by_kill9_is_run_by_the_successor(mount_factory: MountFac
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("crash_at", ["prefetch_fetch", "command_answer_read"])
 def test_a_prefetch_whose_daemon_is_killed_while_it_runs_is_finished_by_the_successor(
-        mount_factory: MountFactory, redis_server: RedisServer):
+        mount_factory: MountFactory, redis_server: RedisServer, crash_at: str):
     """Killed after it answered the command: the successor knows of no prefetch (it is "idle"), so the
-    CLI asks it again instead of reporting "prefetch failed: None"."""
+    CLI asks it again instead of reporting "prefetch failed: None".  Killed before the CLI read that
+    answer (``command_answer_read``; a loaded machine's ``prefetch_fetch`` too), the successor has no
+    answer to give: the CLI asks it again instead of failing with "gave no answer"."""
     a = mount_factory("a", *_remote(redis_server))
     files = fill(a, dirs=2, per_dir=5)
-    b = mount_factory("b", *_remote(redis_server), env={"MITHRILFS_TEST_CRASH_AT": "prefetch_fetch"})
+    b = mount_factory("b", *_remote(redis_server), env={"MITHRILFS_TEST_CRASH_AT": crash_at})
     res = run_cli("prefetch", str(b.mountpoint), "--all", timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("prefetched 10 files"), res.stdout
