@@ -32,7 +32,7 @@ def temp_mount(*extra: str, base: str | None = None) -> Iterator[tuple[Path, Pat
         yield mp, plain
     finally:
         if subprocess.run([*CLI, "umount", str(mp)]).returncode != 0:
-            subprocess.run(["fusermount3", "-u", "-z", str(mp)])
+            subprocess.run([*CLI, "umount", "--lazy", str(mp)])
         subprocess.run(["rm", "-rf", str(root)])
 
 

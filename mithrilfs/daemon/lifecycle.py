@@ -61,7 +61,7 @@ from mithrilfs.daemon.process import call_within, pid_alive, raise_fd_limit
 from mithrilfs.daemon.wiring import TierOptions
 from mithrilfs.errors import UsageError
 from mithrilfs.jitcaches import catalog
-from mithrilfs.kernel.mount import FSTYPE, mount_entries, unescape_mount_field
+from mithrilfs.kernel.mount import FSTYPE, mount_entries, unescape_mount_field, unmount
 from mithrilfs.observe.metrics import MetricsServer
 from mithrilfs.shared.connect import RemoteSpec, open_remote
 from mithrilfs.shared.s3_settings import S3Settings
@@ -203,9 +203,8 @@ def clean_stale_mount(mountpoint: Path) -> bool:
     it could not be."""
     if probe_mount(mountpoint, timeout=5.0) != "dead":
         return False
-    res = subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True, text=True)
-    if res.returncode != 0:
-        detail = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
+    detail = unmount(str(mountpoint), lazy=True)
+    if detail is not None:
         raise MountError(f"cannot detach the dead mount at {mountpoint}: {detail}")
     return True
 
@@ -783,10 +782,8 @@ def umount(mountpoint: Path, timeout: float = 60.0, *, lazy: bool = False) -> No
         store: Path | None = Path(json.loads((mountpoint / CONTROL_NAME.decode() / "stats.json").read_text())["store"])
     except (OSError, ValueError, KeyError):
         store = None
-    res = subprocess.run(["fusermount3", "-u", *(["-z"] if lazy else []), str(mountpoint)],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        detail = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
+    detail = unmount(str(mountpoint), lazy=lazy)
+    if detail is not None:
         if "busy" in detail.lower():
             users = holders(mountpoint)
             raise MountError(f"cannot unmount {mountpoint}: in use by {', '.join(users) or 'a process'}; "

@@ -72,6 +72,29 @@ def umount_path(path: str, *, lazy: bool = True) -> None:
         raise OSError(e, os.strerror(e), path)
 
 
+def unmount(mountpoint: str, *, lazy: bool) -> str | None:
+    """Unmount for the CLI (``umount``, a stale mount's clean-up); None, or the one-line reason it failed.
+
+    As root umount2(2), the way root mounts: a GPU image or a slim container
+    may have no fusermount3 at all (the device run of this project's GPU
+    benchmark mounted and then could not unmount).  As anyone else
+    ``fusermount3 -u``, which checks that the mount is theirs.
+    """
+    if os.geteuid() == 0:
+        try:
+            umount_path(mountpoint, lazy=lazy)
+        except OSError as e:
+            return e.strerror
+        return None
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (it comes with the fuse3 package)"
+    res = subprocess.run(["fusermount3", "-u", *(["-z"] if lazy else []), "--", mountpoint], capture_output=True,
+                         text=True, cwd="/")
+    if res.returncode != 0:
+        return (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
+    return None
+
+
 def detach(mountpoint: str, *, via_fusermount: bool) -> None:
     """Lazily unmount: umount2(2) as root, ``fusermount3 -u -z`` for a user's own mount."""
     if via_fusermount:

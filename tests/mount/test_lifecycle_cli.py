@@ -42,6 +42,22 @@ def test_umount_waits_for_the_daemon(mnt: Mount):
     assert not pid_alive(pid)
 
 
+def test_root_unmounts_without_fusermount3(mnt: Mount, tmp_path: Path):
+    """Root mounts with mount(2) and must unmount with umount2(2): the GPU machine's image had no fusermount3,
+    and ``umount`` failed there with "fusermount3: No such file or directory" (a mount left behind)."""
+    write_committed(mnt.mountpoint / "kept", b"data")
+    bin_dir = tmp_path / "bin"  # a PATH with python and nothing else: no fusermount3
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(os.path.realpath(os.sys.executable))
+    res = run_cli("umount", str(mnt.mountpoint), env=dict(os.environ, PATH=str(bin_dir)))
+    assert res.returncode == 0, res.stderr
+    assert not is_mounted(mnt.mountpoint) and not pid_alive(mnt.pid)
+    wait_unmounted(mnt.mountpoint)
+    mnt.pid = None
+    mnt.mount()
+    assert (mnt.mountpoint / "kept").read_bytes() == b"data"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_unmounts_cleanly_and_keeps_data(mnt: Mount, sig):
     write_committed(mnt.mountpoint / "kept", b"data")
