@@ -11,7 +11,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import REPO, Mount, MountFactory, RedisServer, daemon_pid, run_cli, wait_for, wait_uploaded
+from conftest import REPO, Mount, MountFactory, daemon_pid, run_cli, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -23,20 +23,6 @@ def _compile(cache_dir) -> dict:
     res = subprocess.run([sys.executable, str(WORKLOAD)], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.timeout(900)
-def test_torch_compile_warm_start_hits_after_remount(mnt: Mount):
-    cache = mnt.mountpoint / "inductor"
-    cold = _compile(cache)
-    assert cold["fxgraph_cache_miss"] > 0 and cold["fxgraph_cache_hit"] == 0
-    written = [p for p in cache.rglob("*") if p.is_file()]
-    assert any(p.suffix == ".so" for p in written) and any(p.suffix == ".cpp" for p in written)
-    mnt.remount()
-    warm = _compile(cache)
-    assert warm["fxgraph_cache_hit"] > 0
-    assert warm["fxgraph_cache_miss"] == 0
-    assert warm["output_sha"] == cold["output_sha"]
 
 
 @pytest.mark.timeout(900)
@@ -75,52 +61,41 @@ def test_a_cold_torch_compile_survives_a_kill9_of_the_daemon_in_its_middle(mnt: 
 
 
 @pytest.mark.timeout(900)
-def test_torch_compile_after_partial_eviction_recompiles_correctly(mount_factory: MountFactory):
-    m = mount_factory("evict", "--min-age", "0")
-    cache = m.mountpoint / "inductor"
+def test_inductor_cache_warm_after_remount_reported_exported_and_recompiled_after_a_partial_eviction(
+        mount_factory: MountFactory, tmp_path):
+    """One cold compile (about 20 s here) serves four checks that each paid their own before: a warm start
+    after a remount hits, stats report the hits under ``inductor``, an exported and imported store hits
+    too, and a store half evicted recompiles what it lost and computes the same."""
+    a = mount_factory("a", "--min-age", "0")
+    cache = a.mountpoint / "inductor"
     cold = _compile(cache)
-    physical = m.stats()["physical_bytes"]
-    out = run_cli("gc", str(m.mountpoint), "--to", str(physical // 2), check=True)
-    assert "evicted" in out.stdout and m.stats()["evictions"] > 0
-    assert m.stats()["physical_bytes"] <= physical // 2
-    m.remount()
-    warm = _compile(cache)
-    assert warm["output_sha"] == cold["output_sha"]
-
-
-@pytest.mark.timeout(900)
-def test_warm_compile_hits_reported_under_inductor_and_survive_export_import(mount_factory: MountFactory, tmp_path):
-    a = mount_factory("a")
-    cold = _compile(a.mountpoint / "inductor")
+    assert cold["fxgraph_cache_miss"] > 0 and cold["fxgraph_cache_hit"] == 0
+    written = [p for p in cache.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".so" for p in written) and any(p.suffix == ".cpp" for p in written)
     a.remount()
-    warm = _compile(a.mountpoint / "inductor")
-    assert warm["fxgraph_cache_hit"] > 0
+    warm = _compile(cache)
+    assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
+    assert warm["output_sha"] == cold["output_sha"]
     ind = a.stats()["by_dir"]["inductor"]
     assert ind["hits"] > 0 and ind["reads"] > 0
+    # exported and imported into another store: it hits there too
     archive = tmp_path / "cache.tar"
     run_cli("export", str(a.mountpoint), str(archive), check=True)
-    a.umount()
     run_cli("import", str(archive), "--store", str(tmp_path / "imported"), check=True)
     b = mount_factory("b", store=tmp_path / "imported")
     again = _compile(b.mountpoint / "inductor")
     assert again["fxgraph_cache_hit"] > 0 and again["fxgraph_cache_miss"] == 0
     assert again["output_sha"] == cold["output_sha"]
     assert b.stats()["by_dir"]["inductor"]["hits"] > 0
-
-
-@pytest.mark.timeout(900)
-def test_node_b_warm_starts_from_node_a_through_redis(mount_factory: MountFactory, redis_server: RedisServer):
-    a = mount_factory("node-a", "--remote", redis_server.url)
-    b = mount_factory("node-b", "--remote", redis_server.url)
-    cold = _compile(a.mountpoint / "inductor")
-    assert cold["fxgraph_cache_miss"] > 0
-    wait_uploaded(a, timeout=120)
-    assert b.stats()["files"] == 0  # B starts empty
-    warm = _compile(b.mountpoint / "inductor")
-    assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
-    assert warm["output_sha"] == cold["output_sha"]
-    s = b.stats()
-    assert s["remote_hits"] > 0 and s["remote_fetched_bytes"] > 0 and s["remote_verify_failures"] == 0
+    b.umount()
+    # half of A's store evicted: what is gone is compiled again, and the result is the same
+    physical = a.stats()["physical_bytes"]
+    out = run_cli("gc", str(a.mountpoint), "--to", str(physical // 2), check=True)
+    assert "evicted" in out.stdout and a.stats()["evictions"] > 0
+    assert a.stats()["physical_bytes"] <= physical // 2
+    a.remount()
+    after = _compile(cache)
+    assert after["output_sha"] == cold["output_sha"]
 
 
 TRITON_PUT = textwrap.dedent(

@@ -77,6 +77,7 @@ def test_a_new_node_compiles_nothing_with_every_cache_through_the_shared_tier(
     # node B: the same mount path, an empty store, home and TMPDIR
     m.store = tmp_path / "b-store"
     m.mount()
+    assert m.stats()["files"] == 0  # B starts empty
     b_env = _node(tmp_path, "b", cxx)
     warm, stderr = _run(m, b_env)
     assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
@@ -84,6 +85,8 @@ def test_a_new_node_compiles_nothing_with_every_cache_through_the_shared_tier(
     assert warm["output_sha"] == cold["output_sha"] and warm["extension"] == 42
     assert _builds(tmp_path / "b" / "cxx.log") == [], "node B compiled"
     assert "outside the mount" not in stderr, stderr
+    s = m.stats()
+    assert s["remote_hits"] > 0 and s["remote_fetched_bytes"] > 0 and s["remote_verify_failures"] == 0
 
 
 def test_env_links_the_headers_where_torch_looks_for_them_from_a_shell_with_no_mithrilfs(

@@ -205,7 +205,7 @@ def test_fsx_while_the_daemon_is_killed_every_two_seconds(mnt: Mount, seed: int)
     path = mnt.mountpoint / f"fsx-{seed}"
     with Killer(mnt) as killer:
         res = subprocess.run([sys.executable, "-c", FSX_RUNNER, str(Path(__file__).parent), str(path), str(seed),
-                              "30000"], capture_output=True, text=True, timeout=240)
+                              "12000"], capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     assert killer.kills >= 3, f"only {killer.kills} kills during fsx"
     _unmount_and_check(mnt)
