@@ -418,7 +418,7 @@ def _cluster_port() -> int:
 
     while True:
         port = free_port()
-        if port + 10000 > 65535:
+        if port + 10000 > 65535 or not _this_workers(port + 10000):
             continue
         with socket.socket() as s:
             try:
@@ -429,11 +429,27 @@ def _cluster_port() -> int:
 
 
 def free_port() -> int:
+    """A loopback port free now, and one no other pytest-xdist worker can be handed.
+
+    The port is released before the server binds it, so two workers asking
+    at once could be given the same one, and a server that lost that race
+    would leave its test talking to the other worker's server.  Each worker
+    takes only ports whose number modulo the worker count is its own index.
+    """
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if _this_workers(port):
+            return port
+
+
+def _this_workers(port: int) -> bool:
+    """Whether *port* is in this pytest-xdist worker's share (all of them without xdist)."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return port % count == int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
 
 
 @pytest.fixture
