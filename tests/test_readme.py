@@ -221,11 +221,14 @@ def test_object_storage_quick_start_runs_as_written(tmp_path: Path):
 
     env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}", XDG_CACHE_HOME=str(tmp_path / "home-cache"))
     mount = Mount(mp, tmp_path / "home-cache" / "mithrilfs")
-    weed = 0
+    pid_file = root / "weed.pid"
     try:
-        res = subprocess.run(["bash", "-euo", "pipefail", "-c", ours(block)], env=env, capture_output=True,
-                             text=True, timeout=120, cwd=tmp_path)
-        weed = int((root / "weed.pid").read_text()) if (root / "weed.pid").exists() else 0
+        try:
+            res = subprocess.run(["bash", "-euo", "pipefail", "-c", ours(block)], env=env, capture_output=True,
+                                 text=True, timeout=120, cwd=tmp_path)
+        except subprocess.TimeoutExpired:  # the bucket never got made: what weed said
+            log = root / "weed.log"
+            pytest.fail(f"the quick start did not finish: {log.read_text()[-2000:] if log.exists() else 'no weed.log'}")
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         assert is_mounted(mp)
         mount.pid = int((mp / ".mithrilfs" / "pid").read_text())
@@ -240,8 +243,9 @@ def test_object_storage_quick_start_runs_as_written(tmp_path: Path):
         assert res.returncode == 0, res.stderr
         assert not is_mounted(mp)  # and weed was sent SIGTERM (a wrong pid fails `kill`): it takes ~15 s to
         # stop gracefully, which this test does not wait for
-    finally:
+    finally:  # also after a timeout of the block: weed, started in the background, outlives its bash
         mount.force_cleanup()
+        weed = int(pid_file.read_text()) if pid_file.exists() else 0
         if weed and pid_alive(weed):
             os.kill(weed, signal.SIGKILL)
             wait_for(lambda: not pid_alive(weed), 10, "weed to die")
