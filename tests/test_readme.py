@@ -223,13 +223,17 @@ def test_object_storage_quick_start_runs_as_written(tmp_path: Path):
     mount = Mount(mp, tmp_path / "home-cache" / "mithrilfs")
     pid_file = root / "weed.pid"
     try:
+        # a session of its own: every process of the block (weed, a `weed shell` of its loop) is in its group
+        block_run = subprocess.Popen(["bash", "-euo", "pipefail", "-c", ours(block)], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, cwd=tmp_path, start_new_session=True)
         try:
-            res = subprocess.run(["bash", "-euo", "pipefail", "-c", ours(block)], env=env, capture_output=True,
-                                 text=True, timeout=120, cwd=tmp_path)
-        except subprocess.TimeoutExpired:  # the bucket never got made: what weed said
+            out, err = block_run.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # the bucket never got made: end the block's processes, say what weed said
+            os.killpg(block_run.pid, signal.SIGKILL)
+            block_run.communicate()
             log = root / "weed.log"
             pytest.fail(f"the quick start did not finish: {log.read_text()[-2000:] if log.exists() else 'no weed.log'}")
-        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        assert block_run.returncode == 0, out[-2000:] + err[-2000:]
         assert is_mounted(mp)
         mount.pid = int((mp / ".mithrilfs" / "pid").read_text())
         (mp / "hello.txt").write_bytes(b"through the bucket")
