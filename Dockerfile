@@ -19,7 +19,9 @@ RUN command -v fusermount3 >/dev/null || { apt-get update && apt-get install -y 
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 COPY deploy/entrypoint.sh /usr/local/bin/mithrilfs-entrypoint
-ENV MITHRILFS_MOUNTPOINT=/mithrilfs/cache MITHRILFS_STORE=/store MITHRILFS_MAX_SIZE=10G
+# no MITHRILFS_MAX_SIZE here: unset, the budget is the store's own (`mithrilfs config /store --max-size 50G`,
+# kept in the store), else 10G; set it on the container to fix one for that container
+ENV MITHRILFS_MOUNTPOINT=/mithrilfs/cache MITHRILFS_STORE=/store
 VOLUME ["/store"]
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
     CMD mithrilfs status "$MITHRILFS_MOUNTPOINT" || exit 1

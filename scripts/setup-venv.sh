@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A virtualenv in .venv with mithrilfs (editable) and its test extras
-# (torch==2.13.0 CPU and triton==3.8.0, pinned).
+# (torch==2.13.0 CPU and triton==3.8.0, pinned), and `mithrilfs` on PATH (scripts/link-cli.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -8,3 +8,5 @@ PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q -e '.[test]'
 .venv/bin/python -c 'import mithrilfs, torch, triton; print("venv ready: torch", torch.__version__, "triton", triton.__version__)'
+# `mithrilfs` on PATH: /usr/local/bin/mithrilfs -> .venv/bin/mithrilfs as root, else the line to add
+bash scripts/link-cli.sh .venv

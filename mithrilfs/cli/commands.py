@@ -453,7 +453,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if state == "live":
         print(f"{mp}: live{' (read-only store: serves cached files, writes fail)' if snap.get('read_only') else ''}, "
               f"pid {snap['pid']}, {snap['files']} files, {format_size(snap['physical_bytes'])} of "
-              f"{format_size(snap['max_bytes'])}, hit rate {snap['hit_rate']:.0%}{_restarts_line(snap)}")
+              f"{format_size(snap['max_bytes'])}, hit rate {snap['hit_rate']:.0%} of lookups{_restarts_line(snap)}")
         from mithrilfs.observe.stats import format_levels
 
         for line in format_levels(snap):

@@ -28,6 +28,10 @@ COUNTERS = (
     # small blobs read and verified right after their file's lookup, and READs answered from them (``cache.readahead``)
     "read_ahead", "read_ahead_served",
 )
+#: What ``hit_rate`` counts, said wherever it is shown: only lookups reach the daemon (the kernel keeps a
+#: found name for a minute and serves reads from its page cache), and frameworks look up many names that
+#: are not there (lock files, entries they are about to write), so a warm run can show a low rate.
+HIT_RATE_MEANS = "of the name lookups that reached the daemon found a file (hits / (hits + misses))"
 TIMED_OPS = ("lookup", "getattr", "read")
 ROOT_KEY = "/"
 _SAMPLES = 1024
@@ -173,8 +177,8 @@ def format_table(snap: dict[str, Any]) -> str:
         f"files        {snap['files']:>12}    blobs        {snap['blobs']:>12}    being written {snap['written_files']:>5}",
         f"logical      {format_size(snap['logical_bytes']):>12}    physical     {format_size(snap['physical_bytes']):>12}"
         f"    budget       {format_size(snap['max_bytes'])}",
-        f"dedup ratio  {snap['dedup_ratio']:>12.2f}    hit rate     {snap['hit_rate'] * 100:>11.1f}%"
-        f"    corrupt      {snap['corrupt_blobs']:>6}",
+        f"dedup ratio  {snap['dedup_ratio']:>12.2f}    corrupt      {snap['corrupt_blobs']:>12}",
+        f"hit rate     {snap['hit_rate'] * 100:>11.1f}% {HIT_RATE_MEANS}",
         "",
         f"{'directory':<16}{'hits':>9}{'misses':>9}{'hit%':>7}{'reads':>9}{'read':>11}{'writes':>9}{'written':>11}"
         f"{'commits':>9}{'dedup':>7}{'evicted':>9}",
@@ -192,9 +196,8 @@ def format_table(snap: dict[str, Any]) -> str:
             f"{c['commits']:>9}{c['dedup_hits']:>7}{c['evictions']:>9}{note}"
         )
     if snap.get("identical_recompiles") or snap.get("fleet_identical_recompiles"):
-        lines.append(f"identical recompiles {snap['identical_recompiles']} "
-                     f"({format_size(snap['identical_recompile_bytes'])}), {snap['fleet_identical_recompiles']} of"
-                     " bytes another node had made: mithrilfs why MOUNT")
+        lines.append(recompiles_line(snap["identical_recompiles"], snap["identical_recompile_bytes"],
+                                     snap["fleet_identical_recompiles"]) + ": mithrilfs why MOUNT")
     lat = snap["latency_us"]
     lines.append("")
     lines.append("latency (us)  " + "   ".join(f"{op} p50 {q['p50']:.0f} p99 {q['p99']:.0f}" for op, q in lat.items()))
@@ -204,6 +207,15 @@ def format_table(snap: dict[str, Any]) -> str:
         lines.append(f"daemon       pid {snap['pid']}, mithrilfs {snap.get('version', '?')}, replaced "
                      f"{snap['restarts']} times on the live mount (last: {snap['last_restart_cause']}, {at})")
     return "\n".join(lines)
+
+
+def recompiles_line(here: int, here_bytes: int, fleet: int) -> str:
+    """The identical recompiles in one sentence (``stats`` and ``why``): those of bytes this store held, and
+    those of bytes another node had uploaded (counted apart: a fleet one had no copy here)."""
+    from mithrilfs.units import format_size
+
+    return (f"{here} identical recompile{'s' if here != 1 else ''} here ({format_size(here_bytes)}); "
+            f"{fleet} recompile{'s' if fleet != 1 else ''} of bytes another node had already made")
 
 
 def format_levels(snap: dict[str, Any]) -> list[str]:

@@ -23,6 +23,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from mithrilfs.observe.stats import recompiles_line
 from mithrilfs.terminal import shown
 from mithrilfs.units import format_size
 
@@ -187,9 +188,7 @@ def format_report(groups: list[dict[str, Any]], counters: dict[str, Any] | None)
     lines = []
     if counters:
         n, fleet = counters.get("identical_recompiles", 0), counters.get("fleet_identical_recompiles", 0)
-        lines.append(f"{n} identical recompile{'s' if n != 1 else ''} here "
-                     f"({format_size(counters.get('identical_recompile_bytes', 0))}); {fleet} of bytes another node"
-                     " had already made")
+        lines.append(recompiles_line(n, counters.get("identical_recompile_bytes", 0), fleet))
     lines.append("newest first:")
     for g in groups:
         lost = f", about {g['lost_seconds']:.1f} s of compile lost" if g["lost_seconds"] is not None else ""

@@ -59,6 +59,34 @@ def test_entrypoint_mounts_from_environment_and_stops_cleanly_on_sigterm(tmp_pat
         assert proc.wait(timeout=30) == 0
 
 
+def dockerfile_env() -> dict[str, str]:
+    """The variables the image's ``ENV`` lines set (what the entrypoint sees in a container that sets none)."""
+    import shlex
+
+    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("ENV "):
+            env.update(word.split("=", 1) for word in shlex.split(line[4:]))
+    return env
+
+
+def test_image_environment_leaves_the_budget_to_the_store(tmp_path):
+    """A budget kept with ``mithrilfs config`` is the sidecar's, unless the container sets MITHRILFS_MAX_SIZE:
+    the image's own environment must not fix one (it set 10G, which overrode the store's)."""
+    mp, store = tmp_path / "cache", tmp_path / "store"
+    run_cli("config", str(store), "--max-size", "77M", check=True)
+    image = dockerfile_env()
+    assert image["MITHRILFS_MOUNTPOINT"] == "/mithrilfs/cache" and image["MITHRILFS_STORE"] == "/store"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MITHRILFS_")}
+    env.update(image, MITHRILFS_MOUNTPOINT=str(mp), MITHRILFS_STORE=str(store), MITHRILFS_BIN=MITHRILFS_BIN)
+    with running_entrypoint(env, mp, store) as proc:
+        wait_for(lambda: is_mounted(mp) and (mp / ".mithrilfs" / "stats.json").exists(), what="the mount")
+        assert json.loads((mp / ".mithrilfs" / "stats.json").read_text())["max_bytes"] == 77 << 20
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
 def test_entrypoint_bad_environment_fails_with_one_line(tmp_path):
     env = dict(os.environ, MITHRILFS_MOUNTPOINT=str(tmp_path / "c"), MITHRILFS_STORE=str(tmp_path / "s"),
                MITHRILFS_MAX_SIZE="lots", MITHRILFS_BIN=MITHRILFS_BIN)
@@ -92,7 +120,8 @@ def test_kubernetes_pod_shape():
 def test_compose_shape():
     compose = yaml.safe_load((REPO / "deploy" / "docker-compose.yaml").read_text())
     side, app = compose["services"]["mithrilfs"], compose["services"]["app"]
-    assert side["privileged"] is True and "/dev/fuse" in side["devices"]
+    # no privileged: the device and SYS_ADMIN are all a FUSE mount needs (tests/container runs it so)
+    assert "privileged" not in side and "/dev/fuse" in side["devices"] and side["cap_add"] == ["SYS_ADMIN"]
     assert side["healthcheck"]["test"] == ["CMD", "mithrilfs", "status", "/mithrilfs/cache"]
     assert side["environment"]["MITHRILFS_MOUNTPOINT"] == "/mithrilfs/cache"
     shared = next(v for v in side["volumes"] if isinstance(v, dict) and v["target"] == "/mithrilfs")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import urllib.request
@@ -62,7 +63,11 @@ def test_counters_move_as_documented(mnt: Mount):
     for op in ("lookup", "read"):
         assert s["latency_us"][op]["samples"] > 0 and s["latency_us"][op]["p99"] >= s["latency_us"][op]["p50"] > 0
     table = run_cli("stats", str(root), check=True).stdout
-    assert "inductor" in table and "hit rate" in table
+    assert "inductor" in table
+    # the rate says what it counts: lookups, not reads (a warm run's low rate is no failure to serve)
+    assert re.search(r"hit rate +50\.0% of the name lookups that reached the daemon found a file", table), table
+    status = run_cli("status", str(root), check=True).stdout
+    assert "hit rate 50% of lookups" in status, status
     as_json = json.loads(run_cli("stats", str(root), "--json", check=True).stdout)
     assert as_json["by_dir"]["inductor"]["hits"] == 1
 

@@ -63,6 +63,12 @@ def test_two_triton_keys_with_the_same_binary_are_reported_with_the_field_that_d
     assert fields == {"debug": (True, False)}
     text = run_cli("why", str(m.mountpoint)).stdout
     assert "same bytes as triton/" + "a" * 64 in text and "debug = true here, false there" in text
+    # one sentence a reader can parse: the fleet count is of recompiles, not "0 of bytes"
+    assert text.startswith("1 identical recompile here (4.0 KiB); 0 recompiles of bytes another node had already"
+                           " made\n"), text
+    table = run_cli("stats", str(m.mountpoint)).stdout
+    assert "1 identical recompile here (4.0 KiB); 0 recompiles of bytes another node had already made: mithrilfs"\
+        " why MOUNT" in table, table
     # the events say the same without the mount (no metadata then)
     m.umount()
     res = run_cli("why", "--store", str(m.store), "--json")
