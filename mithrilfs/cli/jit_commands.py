@@ -79,7 +79,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         after = read_stats(mp)
         d = {k: after[k] - before[k] for k in ("hits", "misses", "writes", "write_bytes", "commits", "dedup_hits")}
         ended = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
-        print(f"mithrilfs: {d['hits']} hits, {d['misses']} misses, {d['commits']} files written "
+        print(f"mithrilfs: {d['hits']} lookups found a file, {d['misses']} did not, {d['commits']} files written "
               f"({format_size(d['write_bytes'])}, {d['dedup_hits']} deduplicated); {ended}",
               file=sys.stderr)
         for leak in leaks.grown(outside, leaks.measure(env), env):

@@ -171,6 +171,7 @@ def test_run_mounts_runs_and_unmounts(tmp_path):
     mp = Path(res.stdout.strip()).parent
     assert not mp.exists() or not is_mounted(mp)
     assert "1 files written" in res.stderr and "exit status 3" in res.stderr
+    assert "lookups found a file" in res.stderr  # says what its hits count
     with open("/proc/self/mounts") as f:
         assert str(mp) not in f.read()
     # the artifact is in the store: mount it and look
