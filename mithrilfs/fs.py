@@ -35,7 +35,8 @@ from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.cache.names import Names
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.recompiles import Recompiles
-from mithrilfs.cache.writepath import ContentDropped, Staged, WritePath
+from mithrilfs.cache.staged import ContentDropped, Staged
+from mithrilfs.cache.writepath import WritePath
 from mithrilfs.control.node import BLKSIZE, ControlNode
 from mithrilfs.kernel import DirBuffer, EntryAttributes, FileInfo, FUSEError, SetattrFields, StatvfsData
 from mithrilfs.observe.events import EventLog
