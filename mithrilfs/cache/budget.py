@@ -30,7 +30,8 @@ import trio
 from mithrilfs.cache.eviction import EvictionPolicy, EvictionResult, Evictor, Unit
 from mithrilfs.cache.lifetime import Lifetimes, Removed
 from mithrilfs.cache.recency import Recency
-from mithrilfs.cache.writepath import ContentDropped, Staged, WritePath
+from mithrilfs.cache.staged import ContentDropped, Staged
+from mithrilfs.cache.writepath import WritePath
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import Stats
 from mithrilfs.observe.tops import TopDirs

@@ -23,7 +23,7 @@ import trio
 from mithrilfs.cache.budget import Budget
 from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.cache.readahead import ReadAhead
-from mithrilfs.cache.writepath import OFFLOAD_MIN
+from mithrilfs.cache.staging import OFFLOAD_MIN
 from mithrilfs.kernel import FUSEError
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import ROOT_KEY, Stats

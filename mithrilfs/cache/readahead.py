@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 
-from mithrilfs.cache.writepath import OFFLOAD_MIN
+from mithrilfs.cache.staging import OFFLOAD_MIN
 from mithrilfs.observe.stats import Stats
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.namespace import Inode

@@ -33,7 +33,7 @@ import sqlite3
 import time
 from typing import Any
 
-from mithrilfs.cache.writepath import Staged
+from mithrilfs.cache.staged import Staged
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import Stats
 from mithrilfs.observe.tops import TopDirs

@@ -8,7 +8,7 @@ whose other end the supervisor reads (``daemon.supervisor``):
 - ``lookups`` with a descriptor: the kernel's lookup counts
   (``cache.lookups``), shared with every daemon of the mount;
 - ``session MINOR CAPS MAX_WRITE``: what INIT agreed, once it has;
-- what is being written (``cache.writepath.WriteWatcher``): ``s INO
+- what is being written (``cache.staged.WriteWatcher``): ``s INO
   [PATH]`` with a file descriptor attached (SCM_RIGHTS): the inode's
   staging content lives there; ``w INO``: it has uncommitted writes; ``x
   INO``: its uncommitted content was dropped; ``c INO``: nothing
@@ -34,7 +34,7 @@ import socket
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from mithrilfs.cache.writepath import NoWriteWatcher, WriteWatcher
+from mithrilfs.cache.staged import NoWriteWatcher, WriteWatcher
 from mithrilfs.kernel import SessionParameters
 
 log = logging.getLogger(__name__)

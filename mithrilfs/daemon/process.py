@@ -17,7 +17,7 @@ def raise_fd_limit() -> None:
     """Raise this process's descriptor limit to its hard limit (best effort).
 
     The daemon and its supervisor hold a descriptor per file being written
-    (a memfd mirror or a staging file, ``cache.writepath``): thousands while
+    (a memfd mirror or a staging file, ``cache.staging``): thousands while
     a compile writes its cache, more than the usual soft limit of 1024.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -10,7 +10,9 @@ round trip short.  A handler that really suspends (a worker thread, Redis)
 makes its worker hand the reader role to a new worker first and then finish
 the handler as an ordinary trio task; at most ``MAX_WORKERS`` handlers are
 suspended at once (beyond that the reader finishes its handler before
-reading more).
+reading more).  What each request's body holds, the filesystem method it
+calls and how its answer is packed is ``requests``'s job; the session
+serves only the connection's own requests (INIT, DESTROY, INTERRUPT).
 
 Errors: a handler's ``FUSEError`` is its answer; any other exception is
 logged and answered EIO; a request we cannot decode gets EIO and an unknown
@@ -26,8 +28,8 @@ daemon read and never answered back in the queue, marked with bit 63 of
 its unique id, which the reply echoes.  The old daemon may have carried
 such a request out before it died, so a resent request that finds its
 work done is answered as done: a resent create, mkdir, mknod, symlink or
-link that meets EEXIST with the entry that is there, a resent unlink,
-rmdir or rename that meets ENOENT with success.
+link that meets EEXIST with the entry that is there (``requests``), a
+resent unlink, rmdir or rename that meets ENOENT with success.
 
 Work after the reply (``AfterReply``): a handler may leave a head start
 for the request it expects next (the blob of a file just looked up); the
@@ -48,7 +50,6 @@ import logging
 import os
 import time
 import types
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +57,9 @@ import trio
 
 from . import abi
 from .after_reply import AfterReply
-from .api import DirBuffer, EntryAttributes, FUSEError, Operations, RequestContext, SetattrFields, pack_attr, pack_entry
+from .api import FUSEError, Operations, RequestContext
 from .notify import Notifier
+from .requests import Handler, Malformed, Requests
 
 log = logging.getLogger(__name__)
 
@@ -120,29 +122,8 @@ class ProtocolError(Exception):
     """The kernel speaks a protocol this session cannot serve (said in one line)."""
 
 
-class _Malformed(Exception):
-    pass
-
-
-def _cstr(buf: Any, start: int, end: int) -> tuple[bytes, int]:
-    """The NUL-terminated name at *start*; and where the next field begins."""
-    i = buf.find(b"\0", start, end)
-    if i < 0:
-        raise _Malformed("name without its terminating NUL")
-    return bytes(buf[start:i]), i + 1
-
-
-#: The handler of each opcode (a method of ``Session``); anything else is answered ENOSYS.
-_HANDLERS = {
-    abi.INIT: "_init", abi.DESTROY: "_destroy", abi.INTERRUPT: "_interrupt", abi.LOOKUP: "_lookup",
-    abi.FORGET: "_forget", abi.BATCH_FORGET: "_batch_forget", abi.GETATTR: "_getattr", abi.SETATTR: "_setattr",
-    abi.READLINK: "_readlink", abi.SYMLINK: "_symlink", abi.MKNOD: "_mknod", abi.MKDIR: "_mkdir",
-    abi.UNLINK: "_unlink", abi.RMDIR: "_rmdir", abi.RENAME: "_rename", abi.RENAME2: "_rename2",
-    abi.LINK: "_link", abi.OPEN: "_open", abi.READ: "_read", abi.WRITE: "_write", abi.STATFS: "_statfs",
-    abi.RELEASE: "_release", abi.FSYNC: "_fsync", abi.FLUSH: "_flush", abi.OPENDIR: "_opendir",
-    abi.READDIR: "_readdir", abi.READDIRPLUS: "_readdirplus", abi.RELEASEDIR: "_releasedir",
-    abi.FSYNCDIR: "_fsyncdir", abi.CREATE: "_create",
-}
+#: The requests the session serves itself (the connection's own); ``requests.Requests`` serves the rest.
+_OWN = {abi.INIT: "_init", abi.DESTROY: "_destroy", abi.INTERRUPT: "_interrupt"}
 
 
 def wanted_capabilities(readdirplus: bool) -> int:
@@ -197,8 +178,9 @@ class Session:
         self.request_times: RequestTimes = request_times if request_times is not None else RequestTimes()
         #: Head starts the filesystem's handlers leave, run after each reply (the filesystem's, when it has one).
         self.after_reply = after_reply if after_reply is not None else AfterReply()
-        self._handlers: dict[int, Callable[..., Awaitable[bytes | None]]] = {
-            opcode: getattr(self, name) for opcode, name in _HANDLERS.items()}
+        #: The handler of each opcode; anything else is answered ENOSYS.
+        self._handlers: dict[int, Handler] = {
+            **Requests(ops).handlers(), **{opcode: getattr(self, name) for opcode, name in _OWN.items()}}
 
     @property
     def parameters(self) -> SessionParameters:
@@ -367,7 +349,7 @@ class Session:
                 elif opcode not in _NO_REPLY:
                     self._reply_error(unique, e.errno)
                 return
-            except (_Malformed, ValueError, IndexError) as e:
+            except (Malformed, ValueError, IndexError) as e:
                 log.error("malformed %s request: %s", abi.OPCODE_NAMES.get(opcode, opcode), e)
                 if opcode not in _NO_REPLY:
                     self._reply_error(unique, errno.EIO)
@@ -451,182 +433,6 @@ class Session:
         if scope is not None:
             scope.cancel()
         return None
-
-    # ------------------------------------------------------------------
-    # names
-    # ------------------------------------------------------------------
-    async def _lookup(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        name, _ = _cstr(buf, off, end)
-        return pack_entry(await self.ops.lookup(nodeid, name, ctx))
-
-    async def _forget(self, nodeid, ctx, buf, view, off, end) -> None:
-        (n,) = abi.FORGET_IN.unpack_from(buf, off)
-        await self.ops.forget([(nodeid, n)])
-
-    async def _batch_forget(self, nodeid, ctx, buf, view, off, end) -> None:
-        (count, _) = abi.BATCH_FORGET_IN.unpack_from(buf, off)
-        off += abi.BATCH_FORGET_IN.size
-        count = min(count, (end - off) // abi.FORGET_ONE.size)
-        await self.ops.forget([abi.FORGET_ONE.unpack_from(buf, off + i * abi.FORGET_ONE.size) for i in range(count)])
-
-    async def _getattr(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        return pack_attr(await self.ops.getattr(nodeid, ctx))
-
-    async def _setattr(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        (valid, _, fh, size, _lock_owner, atime, mtime, ctime, atimensec, mtimensec, ctimensec, mode, _, uid, gid,
-         _) = abi.SETATTR_IN.unpack_from(buf, off)
-        attr = EntryAttributes()
-        fields = SetattrFields()
-        now = time.time_ns()
-        if valid & abi.FATTR_MODE:
-            fields.update_mode, attr.st_mode = True, mode
-        if valid & abi.FATTR_UID:
-            fields.update_uid, attr.st_uid = True, uid
-        if valid & abi.FATTR_GID:
-            fields.update_gid, attr.st_gid = True, gid
-        if valid & abi.FATTR_SIZE:
-            fields.update_size, attr.st_size = True, size
-        if valid & (abi.FATTR_ATIME | abi.FATTR_ATIME_NOW):
-            fields.update_atime = True
-            attr.st_atime_ns = now if valid & abi.FATTR_ATIME_NOW else atime * 1_000_000_000 + atimensec
-        if valid & (abi.FATTR_MTIME | abi.FATTR_MTIME_NOW):
-            fields.update_mtime = True
-            attr.st_mtime_ns = now if valid & abi.FATTR_MTIME_NOW else mtime * 1_000_000_000 + mtimensec
-        if valid & abi.FATTR_CTIME:
-            fields.update_ctime, attr.st_ctime_ns = True, ctime * 1_000_000_000 + ctimensec
-        handle = fh if valid & abi.FATTR_FH else None
-        return pack_attr(await self.ops.setattr(nodeid, attr, fields, handle, ctx))
-
-    async def _readlink(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        return await self.ops.readlink(nodeid, ctx)
-
-    async def _made(self, nodeid: int, name: bytes, ctx: RequestContext,
-                    make: Awaitable[EntryAttributes]) -> EntryAttributes:
-        """The entry a request makes; for a resent one the previous daemon already made, the entry there."""
-        try:
-            return await make
-        except FUSEError as e:
-            if not (ctx.resent and e.errno == errno.EEXIST):
-                raise
-        return await self.ops.lookup(nodeid, name, ctx)
-
-    async def _symlink(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        name, off = _cstr(buf, off, end)
-        target, _ = _cstr(buf, off, end)
-        return pack_entry(await self._made(nodeid, name, ctx, self.ops.symlink(nodeid, name, target, ctx)))
-
-    async def _mknod(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        mode, rdev, umask, _ = abi.MKNOD_IN.unpack_from(buf, off)
-        name, _ = _cstr(buf, off + abi.MKNOD_IN.size, end)
-        ctx.umask = umask
-        return pack_entry(await self._made(nodeid, name, ctx, self.ops.mknod(nodeid, name, mode, rdev, ctx)))
-
-    async def _mkdir(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        mode, umask = abi.MKDIR_IN.unpack_from(buf, off)
-        name, _ = _cstr(buf, off + abi.MKDIR_IN.size, end)
-        ctx.umask = umask
-        return pack_entry(await self._made(nodeid, name, ctx, self.ops.mkdir(nodeid, name, mode, ctx)))
-
-    async def _unlink(self, nodeid, ctx, buf, view, off, end) -> None:
-        name, _ = _cstr(buf, off, end)
-        await self.ops.unlink(nodeid, name, ctx)
-
-    async def _rmdir(self, nodeid, ctx, buf, view, off, end) -> None:
-        name, _ = _cstr(buf, off, end)
-        await self.ops.rmdir(nodeid, name, ctx)
-
-    async def _rename(self, nodeid, ctx, buf, view, off, end) -> None:
-        (newdir,) = abi.RENAME_IN.unpack_from(buf, off)
-        old, off = _cstr(buf, off + abi.RENAME_IN.size, end)
-        new, _ = _cstr(buf, off, end)
-        await self.ops.rename(nodeid, old, newdir, new, 0, ctx)
-
-    async def _rename2(self, nodeid, ctx, buf, view, off, end) -> None:
-        newdir, flags, _ = abi.RENAME2_IN.unpack_from(buf, off)
-        old, off = _cstr(buf, off + abi.RENAME2_IN.size, end)
-        new, _ = _cstr(buf, off, end)
-        if flags & ~(abi.RENAME_NOREPLACE | abi.RENAME_EXCHANGE):
-            raise FUSEError(errno.EINVAL)  # RENAME_WHITEOUT: no overlay upper layers here
-        await self.ops.rename(nodeid, old, newdir, new, flags, ctx)
-
-    async def _link(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        (old,) = abi.LINK_IN.unpack_from(buf, off)
-        name, _ = _cstr(buf, off + abi.LINK_IN.size, end)
-        return pack_entry(await self._made(nodeid, name, ctx, self.ops.link(old, nodeid, name, ctx)))
-
-    # ------------------------------------------------------------------
-    # files
-    # ------------------------------------------------------------------
-    async def _open(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        flags, _ = abi.OPEN_IN.unpack_from(buf, off)
-        fi = await self.ops.open(nodeid, flags, ctx)
-        return abi.OPEN_OUT.pack(fi.fh, fi.open_flags(), 0)
-
-    async def _create(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        flags, mode, umask, _ = abi.CREATE_IN.unpack_from(buf, off)
-        name, _ = _cstr(buf, off + abi.CREATE_IN.size, end)
-        ctx.umask = umask
-        try:
-            fi, attr = await self.ops.create(nodeid, name, mode, flags, ctx)
-        except FUSEError as e:
-            if not (ctx.resent and e.errno == errno.EEXIST):
-                raise
-            # the previous daemon made it: the caller opens the file that is there
-            return pack_entry(await self.ops.lookup(nodeid, name, ctx)) + abi.OPEN_OUT.pack(0, 0, 0)
-        return pack_entry(attr) + abi.OPEN_OUT.pack(fi.fh, fi.open_flags(), 0)
-
-    async def _read(self, nodeid, ctx, buf, view, off, end) -> bytes | memoryview:
-        fh, offset, size, *_ = abi.READ_IN.unpack_from(buf, off)
-        return await self.ops.read(nodeid, fh, offset, size)
-
-    async def _write(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        fh, offset, size, *_ = abi.WRITE_IN.unpack_from(buf, off)
-        start = off + abi.WRITE_IN.size
-        if start + size > end:
-            raise _Malformed(f"write of {size} bytes carries {end - start}")
-        n = await self.ops.write(nodeid, fh, offset, view[start : start + size])
-        return abi.WRITE_OUT.pack(n, 0)
-
-    async def _flush(self, nodeid, ctx, buf, view, off, end) -> None:
-        (fh, *_) = abi.FLUSH_IN.unpack_from(buf, off)
-        await self.ops.flush(nodeid, fh)
-
-    async def _release(self, nodeid, ctx, buf, view, off, end) -> None:
-        (fh, *_) = abi.RELEASE_IN.unpack_from(buf, off)
-        await self.ops.release(nodeid, fh)
-
-    async def _fsync(self, nodeid, ctx, buf, view, off, end) -> None:
-        fh, flags, _ = abi.FSYNC_IN.unpack_from(buf, off)
-        await self.ops.fsync(nodeid, fh, bool(flags & abi.FSYNC_FDATASYNC))
-
-    async def _statfs(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        s = await self.ops.statfs(ctx)
-        return abi.STATFS_OUT.pack(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_bsize, s.f_namemax,
-                                   s.f_frsize, 0)
-
-    # ------------------------------------------------------------------
-    # directories
-    # ------------------------------------------------------------------
-    async def _opendir(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        fh = await self.ops.opendir(nodeid, ctx)
-        return abi.OPEN_OUT.pack(fh, 0, 0)
-
-    async def _readdir(self, nodeid, ctx, buf, view, off, end, plus: bool = False) -> bytes:
-        fh, offset, size, *_ = abi.READ_IN.unpack_from(buf, off)
-        out = DirBuffer(size, plus)
-        await self.ops.readdir(fh, offset, out)
-        return out.payload()
-
-    async def _readdirplus(self, nodeid, ctx, buf, view, off, end) -> bytes:
-        return await self._readdir(nodeid, ctx, buf, view, off, end, plus=True)
-
-    async def _releasedir(self, nodeid, ctx, buf, view, off, end) -> None:
-        (fh, *_) = abi.RELEASE_IN.unpack_from(buf, off)
-        await self.ops.releasedir(fh)
-
-    async def _fsyncdir(self, nodeid, ctx, buf, view, off, end) -> None:
-        fh, flags, _ = abi.FSYNC_IN.unpack_from(buf, off)
-        await self.ops.fsyncdir(fh, bool(flags & abi.FSYNC_FDATASYNC))
 
 
 @types.coroutine

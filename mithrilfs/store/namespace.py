@@ -2,79 +2,27 @@
 
 It is the one source of truth for what the mount shows; blobs on disk are
 only reachable through it.  Every mutating call runs inside ``txn()`` so a
-crash leaves either the old or the new state.  WAL mode with
-``synchronous=NORMAL`` makes a commit survive a crash of the daemon (the WAL
-is in the page cache) without an fsync per commit.
-
-Blob refcounts count *inodes* that point at a hash (hard links share one
-inode, hence one reference).  A blob row with refcount 0 is garbage: its file
-may or may not exist and is removed by ``collect_garbage``.  A row is written
-with refcount 0 *before* a staging file is renamed into ``objects/``, so a
-crash between the rename and the pointing transaction leaves a row that
-startup collects, never an untracked file.
+crash leaves either the old or the new state.  The tables and the
+connection's settings are in ``schema``, the blob rows' refcounts in
+``blob_rows`` (a ``Namespace`` is a ``BlobRows``), the repair at each
+mount in ``recovery``.
 """
 
 from __future__ import annotations
 
 import os
-import sqlite3
 import stat
 import time
-import urllib.parse
 import weakref
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
-ROOT_INODE = 1
+from mithrilfs.store import recovery, schema
+from mithrilfs.store.blob_rows import BlobRows
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS blobs (
-    hash BLOB PRIMARY KEY,
-    size INTEGER NOT NULL,
-    refcount INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS blobs_garbage ON blobs(refcount) WHERE refcount = 0;
-CREATE TABLE IF NOT EXISTS inodes (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    mode INTEGER NOT NULL,
-    uid INTEGER NOT NULL,
-    gid INTEGER NOT NULL,
-    nlink INTEGER NOT NULL,
-    size INTEGER NOT NULL DEFAULT 0,
-    atime_ns INTEGER NOT NULL,
-    mtime_ns INTEGER NOT NULL,
-    ctime_ns INTEGER NOT NULL,
-    hash BLOB,
-    target BLOB,
-    rdev INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS inodes_unlinked ON inodes(id) WHERE nlink = 0;
-CREATE INDEX IF NOT EXISTS inodes_hash ON inodes(hash) WHERE hash IS NOT NULL;
-CREATE INDEX IF NOT EXISTS inodes_lru ON inodes(atime_ns, id) WHERE hash IS NOT NULL AND nlink > 0;
-CREATE TABLE IF NOT EXISTS dentries (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    parent INTEGER NOT NULL,
-    name BLOB NOT NULL,
-    inode INTEGER NOT NULL,
-    -- 1 once the name may be in the shared tier (uploaded, or materialized from it):
-    -- removing it then publishes a tombstone
-    published INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (parent, name)
-);
-CREATE INDEX IF NOT EXISTS dentries_readdir ON dentries(parent, id);
-CREATE INDEX IF NOT EXISTS dentries_inode ON dentries(inode);
--- content committed by the idle timer that no rename, fsync, chmod, link or
--- forget has confirmed yet: it may be a snapshot of a paused writer, so an
--- unclean stop drops these names
-CREATE TABLE IF NOT EXISTS unconfirmed (inode INTEGER PRIMARY KEY);
--- the shared tier's write-behind queue, kept here so it survives unmounts and crashes:
--- inodes whose names are to be published, and removed paths whose tombstones are
-CREATE TABLE IF NOT EXISTS upload_queue (inode INTEGER PRIMARY KEY, queued_ns INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS tombstone_queue (path TEXT PRIMARY KEY, version INTEGER NOT NULL);
-"""
+ROOT_INODE = 1
 
 #: Inodes loaded most recently are kept in memory (beyond those still in use elsewhere).
 INODE_CACHE_SIZE = 65536
@@ -122,7 +70,7 @@ class Dentry:
     inode: int
 
 
-class Namespace:
+class Namespace(BlobRows):
     """The index.  ``get`` answers from an identity map of inodes before asking SQLite.
 
     Every Inode object in use (a file being written holds one) is the one object
@@ -155,33 +103,14 @@ class Namespace:
         self._names_kept = not read_only or immutable
         #: Directories ``preload_dir`` read (whole, or found too large), since the names were last emptied.
         self._preloaded: set[int] = set()
-        if read_only:
-            # immutable (a read-only filesystem: nothing can change it under
-            # us) needs neither locks nor a writable -shm
-            uri = "file:" + urllib.parse.quote(path) + "?mode=ro" + ("&immutable=1" if immutable else "")
-            self.db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-            self._depth = 0
-            self._undo = {}
-            self.unconfirmed = set()
-            return
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        # after each automatic checkpoint the WAL shrinks back to this size
-        self.db.execute("PRAGMA journal_size_limit=4194304")
-        self.db.execute("PRAGMA foreign_keys=OFF")
+        self.db = schema.connect(path, read_only=read_only, immutable=immutable)
         self._depth = 0
         self._undo = {}
+        if read_only:
+            self.unconfirmed = set()
+            return
         with self.txn():
-            for stmt in _SCHEMA.split(";"):
-                if stmt.strip():
-                    self.db.execute(stmt)
-            columns = {row[1] for row in self.db.execute("PRAGMA table_info(inodes)")}
-            if "rdev" not in columns:  # an index made before device nodes were stored
-                self.db.execute("ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0")
-            columns = {row[1] for row in self.db.execute("PRAGMA table_info(dentries)")}
-            if "published" not in columns:  # an index made before tombstones
-                self.db.execute("ALTER TABLE dentries ADD COLUMN published INTEGER NOT NULL DEFAULT 0")
+            schema.create(self.db)
         self.unconfirmed = self._load_unconfirmed()
         if self.get(ROOT_INODE) is None:
             now = time.time_ns()
@@ -319,22 +248,6 @@ class Namespace:
             self._decref(row[0])
 
     # -- content ---------------------------------------------------------
-    def blob_intent(self, digest: bytes, size: int) -> None:
-        """Record a blob about to appear on disk (refcount 0 until pointed at).
-
-        A row that exists keeps its refcount; a placeholder's size 0 (content
-        still remote) becomes the real size.
-        """
-        self.db.execute(
-            "INSERT INTO blobs (hash, size, refcount) VALUES (?, ?, 0)"
-            " ON CONFLICT (hash) DO UPDATE SET size = excluded.size WHERE size != excluded.size",
-            (digest, size),
-        )
-
-    def add_placeholder(self, digest: bytes) -> None:
-        """A blob known by name only (its content is elsewhere, fetched on first use): size 0."""
-        self.db.execute("INSERT OR IGNORE INTO blobs (hash, size, refcount) VALUES (?, 0, 0)", (digest,))
-
     def set_content(self, ino: Inode, digest: bytes, size: int, mtime_ns: int, *, confirmed: bool = True) -> None:
         """Point *ino* at blob *digest* (which must already have a row).
 
@@ -366,18 +279,6 @@ class Namespace:
             self.db.execute("DELETE FROM unconfirmed WHERE inode = ?", (ino,))
             self.unconfirmed.discard(ino)
 
-    def _decref(self, digest: bytes) -> None:
-        self.db.execute("UPDATE blobs SET refcount = refcount - 1 WHERE hash = ?", (digest,))
-
-    def refcount(self, digest: bytes) -> int | None:
-        row = self.db.execute("SELECT refcount FROM blobs WHERE hash = ?", (digest,)).fetchone()
-        return row[0] if row else None
-
-    def blob_info(self, digest: bytes) -> tuple[int, int] | None:
-        """(refcount, size) of a blob row."""
-        row = self.db.execute("SELECT refcount, size FROM blobs WHERE hash = ?", (digest,)).fetchone()
-        return (row[0], row[1]) if row else None
-
     def drop_content(self, ino: Inode) -> None:
         """Forget an inode's content (its blob reference goes; the inode row stays)."""
         old = ino.hash
@@ -386,33 +287,6 @@ class Namespace:
         self.db.execute("UPDATE inodes SET hash = NULL, size = 0 WHERE id = ?", (ino.id,))
         if old is not None:
             self._decref(old)
-
-    def garbage(self) -> list[bytes]:
-        """Blobs no inode points at any more (their files are to be deleted)."""
-        return [r[0] for r in self.db.execute("SELECT hash FROM blobs WHERE refcount <= 0")]
-
-    def blob_never_came(self, digest: bytes) -> None:
-        """Undo ``blob_intent`` for content fetched from the shared tier whose file could not be written.
-
-        A name still pointing at it is a placeholder again (size 0: its
-        content is in the tier, fetched at the first read), not a local blob
-        gone missing; a row nothing points at goes.
-        """
-        self.db.execute("UPDATE blobs SET size = 0 WHERE hash = ? AND refcount > 0", (digest,))
-        self.db.execute("DELETE FROM blobs WHERE hash = ? AND refcount <= 0", (digest,))
-
-    def forget_blob(self, digest: bytes) -> None:
-        self.db.execute("DELETE FROM blobs WHERE hash = ? AND refcount <= 0", (digest,))
-
-    def blob_count(self) -> int:
-        return self.db.execute("SELECT count(*) FROM blobs WHERE refcount > 0").fetchone()[0]
-
-    def physical_bytes(self) -> int:
-        return self.db.execute("SELECT coalesce(sum(size), 0) FROM blobs").fetchone()[0]
-
-    def blob_sizes(self) -> dict[bytes, int]:
-        """Every blob row's size, by digest (the recount after an unclean stop checks them against the disk)."""
-        return dict(self.db.execute("SELECT hash, size FROM blobs"))
 
     # -- directory entries -----------------------------------------------
     def lookup(self, parent: int, name: bytes) -> int | None:
@@ -564,56 +438,19 @@ class Namespace:
 
     # -- recovery --------------------------------------------------------
     def recover(self, *, after_crash: bool | None = None, live: bool = False) -> dict[str, int]:
-        """Repair what an unclean stop can leave: run at every mount, before serving.
+        """Repair what an unclean stop can leave (``recovery.repair``): run at every mount, before serving.
 
-        Inodes with no names were only kept alive by kernel references, which
-        do not survive a remount.  Refcounts are recomputed from the inodes
-        so a crash between steps can never leak or double-free a blob.  After
-        an unclean stop (*after_crash*; by default what the clean mark says,
-        and the unmount's own tidy-up passes False) the names of unconfirmed
-        commits are dropped; after a clean one (and at the unmount's tidy-up)
-        every unconfirmed mark is settled: kept for good.
-
-        *live*: a daemon taking over a mount the kernel still holds.  Inodes
-        with no names may be open or mapped, and unconfirmed content may
-        belong to a writer that is still running, so both stay; only the
-        refcounts are repaired.
+        *after_crash*: by default what the clean mark says (the unmount's
+        own tidy-up passes False).  *live*: a daemon taking over a mount the
+        kernel still holds: only the refcounts are repaired.
         """
         with self.txn():
-            unconfirmed = unlinked = 0
             clean = self.get_meta("clean") == "1" if after_crash is None else not after_crash
-            if live:
-                pass
-            elif not clean:
-                # idle-timer commits nothing confirmed may be snapshots of a paused writer:
-                # their names go, and the framework sees a miss and recompiles
-                unconfirmed = self.db.execute(
-                    "DELETE FROM dentries WHERE inode IN (SELECT inode FROM unconfirmed)").rowcount
-                self.db.execute("UPDATE inodes SET nlink = 0 WHERE id IN (SELECT inode FROM unconfirmed)")
-                self.db.execute("DELETE FROM unconfirmed")
-            else:
-                # a clean stop keeps what it committed (as it always has), so the mark has done its
-                # work; kept, it would drop at some later unclean stop a name every mount since served
-                self.db.execute("DELETE FROM unconfirmed")
-            if not live:
-                unlinked = self.db.execute("DELETE FROM inodes WHERE nlink <= 0").rowcount
-            dangling = 0
-            if not clean or unlinked:
-                # full scans: only after an unclean stop (or when inodes were dropped)
-                dangling = self.db.execute(
-                    "DELETE FROM dentries WHERE inode NOT IN (SELECT id FROM inodes)"
-                ).rowcount
-                self.db.execute(
-                    "UPDATE blobs SET refcount = (SELECT count(*) FROM inodes WHERE inodes.hash = blobs.hash)"
-                )
-                self.db.execute(
-                    "INSERT OR IGNORE INTO blobs (hash, size, refcount)"
-                    " SELECT hash, size, count(*) FROM inodes WHERE hash IS NOT NULL GROUP BY hash"
-                )
+            counts = recovery.repair(self.db, clean=clean, live=live)
             self.set_meta("clean", "0")
         self.forget_cached()
         self.unconfirmed = self._load_unconfirmed()
-        return {"dangling_entries": dangling, "unlinked_inodes": unlinked, "unconfirmed_names_dropped": unconfirmed}
+        return counts
 
     def unlinked_inodes(self) -> list[int]:
         """Inodes with no name left (kept while the kernel holds them)."""

@@ -17,7 +17,7 @@ import trio
 from mithrilfs import kernel
 from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.lifetime import NoKernelCaches
-from mithrilfs.cache.writepath import OFFLOAD_MIN
+from mithrilfs.cache.staging import OFFLOAD_MIN
 from mithrilfs.control.files import CONTROL_NAME
 from mithrilfs.daemon.duties import Duties
 from mithrilfs.daemon.wiring import build
@@ -455,7 +455,7 @@ def test_staging_in_memory_and_in_files_reads_and_commits_alike(ops, monkeypatch
     """Small files stage in memory, larger ones (or past the memory cap) in staging files; holes,
     truncates and a file growing from one to the other read back and commit the same, and the
     staging byte total returns to zero."""
-    from mithrilfs.cache import writepath
+    from mithrilfs.cache import staging
 
     async def t():
         attr = (await ops.create(ROOT_INODE, b"grow", stat.S_IFREG | 0o644, os.O_WRONLY, CTX))[1]
@@ -469,7 +469,7 @@ def test_staging_in_memory_and_in_files_reads_and_commits_alike(ops, monkeypatch
         await _truncate(ops, ino, 2)
         await _truncate(ops, ino, 5)
         assert await ops.read(ino, 0, 0, 100) == b"he\0\0\0"
-        big = os.urandom(writepath.MEM_STAGING_MAX)
+        big = os.urandom(staging.MEM_STAGING_MAX)
         await ops.write(ino, 0, 5, big)  # past the in-memory size: moves to a staging file
         assert of.mem is None and len(os.listdir(ops.store.cas.staging)) == 1
         assert await ops.read(ino, 0, 0, 1 << 20) == b"he\0\0\0" + big
@@ -483,7 +483,7 @@ def test_staging_in_memory_and_in_files_reads_and_commits_alike(ops, monkeypatch
         assert ops.writes.staged[small].mem is not None
         assert await ops.read(small, 0, 0, 100) == b"012abc6789"
         # with the memory cap reached, new staging goes to a file
-        monkeypatch.setattr(writepath, "MEM_STAGING_TOTAL", 0)
+        monkeypatch.setattr(staging, "MEM_STAGING_TOTAL", 0)
         other = (await ops.create(ROOT_INODE, b"other", stat.S_IFREG | 0o644, os.O_WRONLY, CTX))[1].st_ino
         await ops.write(other, 0, 0, b"on disk")
         assert ops.writes.staged[other].mem is None and ops.writes.staged[other].staging_fd is not None
@@ -500,7 +500,7 @@ def test_staging_in_memory_and_in_files_reads_and_commits_alike(ops, monkeypatch
 def test_idle_commit_of_many_small_files_in_batches(ops, monkeypatch):
     """The idle timer commits files staged in memory in batches (unconfirmed, deduplicated, counted);
     a large file and one removed meanwhile are left to the one-by-one path."""
-    from mithrilfs.cache import writepath
+    from mithrilfs.cache import staging, writepath
 
     monkeypatch.setattr(writepath, "COMMIT_BATCH_MAX", 3)
 
@@ -512,7 +512,7 @@ def test_idle_commit_of_many_small_files_in_batches(ops, monkeypatch):
             await ops.write(attr.st_ino, 0, 0, data)
             inos[attr.st_ino] = data
         big = (await ops.create(ROOT_INODE, b"big", stat.S_IFREG | 0o644, os.O_WRONLY, CTX))[1].st_ino
-        await ops.write(big, 0, 0, os.urandom(writepath.MEM_STAGING_MAX + 1))
+        await ops.write(big, 0, 0, os.urandom(staging.MEM_STAGING_MAX + 1))
         blobs_before = ops.store.blobs.bytes
         left = await ops.writes.commit_idle(ops.writes.idle(float("inf")))
         assert [of.inode.id for of in left] == [big]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import Mount, run_cli
 
-from mithrilfs.cache.writepath import WRITE_OFFLOAD_MIN
+from mithrilfs.cache.staging import WRITE_OFFLOAD_MIN
 
 OPS = 3000
 MAX_SIZE = 1 << 20

@@ -34,7 +34,7 @@ from conftest import (
     write_committed,
 )
 
-from mithrilfs.cache.writepath import MEM_STAGING_MAX
+from mithrilfs.cache.staging import MEM_STAGING_MAX
 from mithrilfs.daemon.supervisor import CRASH_LOOP_LIMIT
 
 K = 1024

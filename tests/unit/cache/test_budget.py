@@ -24,7 +24,8 @@ from mithrilfs.cache.budget import Budget
 from mithrilfs.cache.eviction import EvictionPolicy, Unit
 from mithrilfs.cache.lifetime import Lifetimes, NoKernelCaches
 from mithrilfs.cache.recency import Recency
-from mithrilfs.cache.writepath import CommitListener, ContentDropped, WritePath
+from mithrilfs.cache.staged import ContentDropped
+from mithrilfs.cache.writepath import CommitListener, WritePath
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import ROOT_KEY, Stats
 from mithrilfs.observe.tops import TopDirs

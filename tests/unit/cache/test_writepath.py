@@ -15,7 +15,9 @@ import blake3
 import pytest
 import trio
 
-from mithrilfs.cache.writepath import MEM_STAGING_MAX, ContentDropped, Staged, WritePath
+from mithrilfs.cache.staged import ContentDropped, Staged
+from mithrilfs.cache.staging import MEM_STAGING_MAX
+from mithrilfs.cache.writepath import WritePath
 from mithrilfs.observe.stats import ROOT_KEY, Stats
 from mithrilfs.store.namespace import ROOT_INODE, Inode, Namespace
 from mithrilfs.store.open import Store

@@ -1,7 +1,7 @@
 """The filesystem's answers to kernel requests: it translates requests, nothing else.
 
 Each handler looks things up in the namespace, hands content to the write
-path (``writepath``: staging and commits), inode lifetimes to ``lifetime``
+path (``staging`` and ``writepath``: staging and commits), inode lifetimes to ``lifetime``
 (kernel references, names removed, content freed), blobs to ``blobs``, and
 records what happened in ``stats``.  Everything runs on one trio event
 loop, so namespace access needs no locks; the code re-checks what it relies
@@ -13,6 +13,9 @@ reaches the daemon, and READ, WRITE and SETATTR carry the inode.  Commit
 points (``writepath``): a rename of a written file, fsync, link, chmod,
 FORGET, a clean unmount and the idle timer.  Content stays while the kernel
 holds the inode (an open file, an mmapped ``.so``) and goes at FORGET.
+
+What a handler's failure answers, and its latency: ``policy``; the
+attributes an answer carries: ``attributes``.
 """
 
 from __future__ import annotations
@@ -24,119 +27,31 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from mithrilfs import kernel
-from mithrilfs.cache.budget import Budget, room_would_help
+from mithrilfs.cache.budget import Budget
 from mithrilfs.cache.integrity import Integrity
 from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.cache.names import Names
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.recompiles import Recompiles
-from mithrilfs.cache.writepath import ContentDropped, Staged, WritePath
-from mithrilfs.control.node import BLKSIZE, ControlNode
+from mithrilfs.cache.staged import ContentDropped, Staged
+from mithrilfs.cache.writepath import WritePath
+from mithrilfs.control.node import ControlNode
+from mithrilfs.fs.attributes import Attributes
+from mithrilfs.fs.policy import data_request, request, timed
 from mithrilfs.kernel import DirBuffer, EntryAttributes, FileInfo, FUSEError, SetattrFields, StatvfsData
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import Stats
 from mithrilfs.observe.tops import TopDirs
 from mithrilfs.shared.tier import Tier
 from mithrilfs.store.namespace import NAME_MAX, ROOT_INODE, Inode
-from mithrilfs.store.open import Store, is_disk_full
+from mithrilfs.store.open import Store
 
-log = logging.getLogger(__name__)
-
-#: Kernel caching of names and attributes.  Changes made through the kernel
-#: keep its caches right by themselves; the daemon invalidates what it
-#: changes on its own.  The kernel revalidates a name or attributes it uses
-#: after a minute, and that LOOKUP or GETATTR is the daemon's only sign of
-#: use (reads are served from the page cache), so a minute is the grain of
-#: eviction's recency: fine for a compile cache, where a working set lives
-#: for hours.
-ENTRY_TIMEOUT = 60.0
-
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
-
-def _sqlite_errno(e: sqlite3.Error) -> int:
-    """The errno a failed index operation means for the caller."""
-    if is_disk_full(e):
-        return errno.ENOSPC
-    text = str(e)
-    if "readonly" in text or "read-only" in text:
-        return errno.EROFS
-    return errno.EIO
-
-
-def _error_policy(*, data: bool) -> Callable[[F], F]:
-    """Error policy of the request handlers.
-
-    A full backing disk gets one eviction pass to make room and one retry
-    (handlers are written so that a failed attempt changes nothing); *data*
-    says the handler writes file data (see ``Budget.retry_after_room``).  Stray
-    OSErrors become their errno and anything else EIO, logged here with
-    the operation's name and counted in the event log.
-    """
-
-    def wrap(fn: F) -> F:
-        @functools.wraps(fn)
-        async def wrapper(self: Operations, *args: Any, **kwargs: Any) -> Any:
-            try:
-                # Budget.retry_when_full, with its first attempt inlined: no closure or extra coroutine
-                # per request
-                try:
-                    return await fn(self, *args, **kwargs)
-                except (OSError, sqlite3.OperationalError) as e:
-                    if not room_would_help(e):
-                        raise
-                return await self.budget.retry_after_room(lambda: fn(self, *args, **kwargs), data=data)
-            except FUSEError:
-                raise
-            except OSError as e:
-                if e.errno in (None, errno.EIO, errno.ENOSPC, errno.EROFS):
-                    log.warning("%s failed: %s", fn.__name__, e)
-                    self.events.emit("error", op=fn.__name__, error=str(e))
-                raise FUSEError(e.errno or errno.EIO) from None
-            except sqlite3.Error as e:
-                code = _sqlite_errno(e)
-                if code == errno.EIO:
-                    log.exception("%s failed", fn.__name__)
-                else:
-                    log.warning("%s failed: %s", fn.__name__, e)
-                self.events.emit("error", op=fn.__name__, error=str(e))
-                raise FUSEError(code) from None
-            except Exception as e:
-                log.exception("%s failed", fn.__name__)
-                self.events.emit("error", op=fn.__name__, error=repr(e))
-                raise FUSEError(errno.EIO) from None
-
-        return wrapper  # type: ignore[return-value]
-
-    return wrap
-
-
-_request = _error_policy(data=False)
-#: Handlers that write file data into the store: ``write``, ``setattr`` (a truncate copies the blob),
-#: and ``read`` (a first read of content in the shared tier fetches it).
-_data_request = _error_policy(data=True)
-
-
-def _timed(op: str) -> Callable[[F], F]:
-    """Record the handler's latency (success or not) under *op* for the stats' percentiles."""
-
-    def wrap(fn: F) -> F:
-        @functools.wraps(fn)
-        async def wrapper(self: Operations, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter_ns()
-            try:
-                return await fn(self, *args, **kwargs)
-            finally:
-                self.stats.record_latency(op, time.perf_counter_ns() - start)
-
-        return wrapper  # type: ignore[return-value]
-
-    return wrap
-
+log = logging.getLogger("mithrilfs.fs")  # the name the handlers have always logged under
 
 def _check_name_length(name: bytes) -> None:
     if len(name) > NAME_MAX:
@@ -187,33 +102,8 @@ class Operations(kernel.Operations):
         self.after_reply = parts.after_reply
         #: An inode by number, ENOENT when gone (``Names.inode``); bound once: every request asks.
         self._inode = parts.names.inode
-        # revalidations are the only sign of use: an idle TTL shorter than the timeouts needs them sooner
-        self.cache_timeout = min(ENTRY_TIMEOUT, self.policy.idle_ttl / 4) if self.policy.idle_ttl else ENTRY_TIMEOUT
-
-    # ------------------------------------------------------------------
-    # attributes
-    # ------------------------------------------------------------------
-    def _attr(self, ino: Inode) -> EntryAttributes:
-        e = EntryAttributes()
-        e.st_ino = ino.id
-        e.generation = 0
-        e.entry_timeout = e.attr_timeout = self.cache_timeout
-        e.st_mode = ino.mode
-        e.st_nlink = ino.nlink
-        e.st_uid = ino.uid
-        e.st_gid = ino.gid
-        e.st_rdev = ino.rdev
-        size, mtime = ino.size, ino.mtime_ns
-        of = self.writes.staged.get(ino.id)
-        if of is not None:
-            size, mtime = of.size, of.mtime_ns
-        e.st_size = size
-        e.st_blksize = BLKSIZE
-        e.st_blocks = (size + 511) // 512
-        e.st_atime_ns = self.recency.get(ino.id, ino.atime_ns)
-        e.st_mtime_ns = mtime
-        e.st_ctime_ns = ino.ctime_ns
-        return e
+        #: An inode's attributes for an answer (``attributes.Attributes.of``); bound once, as ``_inode``.
+        self._attr = Attributes(parts.writes, parts.recency, self.policy.idle_ttl).of
 
     def _check_not_control(self, parent: int, name: bytes) -> None:
         _check_name_length(name)
@@ -222,8 +112,8 @@ class Operations(kernel.Operations):
     # ------------------------------------------------------------------
     # lookups
     # ------------------------------------------------------------------
-    @_timed("lookup")
-    @_request
+    @timed("lookup")
+    @request
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> EntryAttributes:
         _check_name_length(name)
         if self.control.owns(parent_inode) or self.control.is_its_name(parent_inode, name):
@@ -296,8 +186,8 @@ class Operations(kernel.Operations):
             log.warning("cannot delete inode %d yet: %s", ino, e)
             self.lifetimes.doomed.add(ino)
 
-    @_timed("getattr")
-    @_request
+    @timed("getattr")
+    @request
     async def getattr(self, inode: int, ctx: Any = None) -> EntryAttributes:
         if self.control.owns(inode):
             return await self.control.getattr(inode)
@@ -307,7 +197,7 @@ class Operations(kernel.Operations):
             self.recency.touch(inode)
         return self._attr(ino)
 
-    @_data_request
+    @data_request
     async def setattr(
         self, inode: int, attr: EntryAttributes, fields: SetattrFields, fh: int | None, ctx: Any
     ) -> EntryAttributes:
@@ -346,7 +236,7 @@ class Operations(kernel.Operations):
             self.ns.update_attrs(ino, **changes)
         return self._attr(ino)
 
-    @_request
+    @request
     async def readlink(self, inode: int, ctx: Any = None) -> bytes:
         ino = self._inode(inode)
         if not stat.S_ISLNK(ino.mode) or ino.target is None:
@@ -361,7 +251,7 @@ class Operations(kernel.Operations):
         self._check_not_control(parent, name)
         return self.names.create(parent, name, mode, ctx.uid, ctx.gid, target=target, rdev=rdev)
 
-    @_request
+    @request
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> EntryAttributes:
         # device nodes are stored with their device number; the mount is nodev, so none can be opened
         if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
@@ -370,15 +260,15 @@ class Operations(kernel.Operations):
         dev = rdev if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else 0
         return self._attr(self._new_entry(parent_inode, name, mode, ctx, rdev=dev))
 
-    @_request
+    @request
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> EntryAttributes:
         return self._attr(self._new_entry(parent_inode, name, stat.S_IFDIR | stat.S_IMODE(mode), ctx))
 
-    @_request
+    @request
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> EntryAttributes:
         return self._attr(self._new_entry(parent_inode, name, stat.S_IFLNK | 0o777, ctx, target=target))
 
-    @_request
+    @request
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> EntryAttributes:
         self._check_not_control(new_parent_inode, new_name)
         if self.control.owns(inode) or self._inode(inode).is_dir:
@@ -387,17 +277,17 @@ class Operations(kernel.Operations):
             await self.writes.commit_inode(inode)  # a second name: the content is whole
         return self._attr(self.names.link(inode, new_parent_inode, new_name))
 
-    @_request
+    @request
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         self._check_not_control(parent_inode, name)
         await self._delete_if_unused(self.names.remove(parent_inode, name, is_dir=False))
 
-    @_request
+    @request
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         self._check_not_control(parent_inode, name)
         await self._delete_if_unused(self.names.remove(parent_inode, name, is_dir=True))
 
-    @_request
+    @request
     async def rename(
         self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Any
     ) -> None:
@@ -432,7 +322,7 @@ class Operations(kernel.Operations):
             raise FUSEError(errno.EINVAL)
         return self.writes.staged_for(inode, self.tops.of_file(ino))
 
-    @_request
+    @request
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[FileInfo, EntryAttributes]:
@@ -441,8 +331,8 @@ class Operations(kernel.Operations):
         # no handle: the kernel opens files itself (OPEN is answered ENOSYS) and sends no RELEASE
         return FileInfo(fh=0, keep_cache=True), self._attr(ino)
 
-    @_timed("read")
-    @_data_request  # a first read of content in the shared tier writes it into the store
+    @timed("read")
+    @data_request  # a first read of content in the shared tier writes it into the store
     async def read(self, inode: int, fh: int, off: int, size: int) -> bytes | memoryview:
         if self.control.owns(inode):
             return await self.control.read(inode, off, size)
@@ -475,7 +365,7 @@ class Operations(kernel.Operations):
         counters["read_bytes"] += len(data)
         return data
 
-    @_data_request
+    @data_request
     async def write(self, inode: int, fh: int, off: int, buf: bytes) -> int:
         if self.control.owns(inode):
             return await self.control.write(inode, buf)
@@ -489,7 +379,7 @@ class Operations(kernel.Operations):
         counters["write_bytes"] += n
         return n
 
-    @_request
+    @request
     async def fsync(self, inode: int, fh: int, datasync: bool) -> None:
         if not self.control.owns(inode):
             await self.writes.commit_inode(inode)
@@ -497,7 +387,7 @@ class Operations(kernel.Operations):
     # ------------------------------------------------------------------
     # directories
     # ------------------------------------------------------------------
-    @_request
+    @request
     async def opendir(self, inode: int, ctx: Any) -> int:
         if self.control.owns(inode):
             return self.control.opendir(inode)
@@ -506,7 +396,7 @@ class Operations(kernel.Operations):
         await self.tier.list_dir(inode)
         return inode
 
-    @_request
+    @request
     async def readdir(self, fh: int, start_id: int, token: DirBuffer) -> None:
         if self.control.owns(fh):
             self.control.readdir(start_id, token)
@@ -529,7 +419,7 @@ class Operations(kernel.Operations):
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         pass
 
-    @_request
+    @request
     async def statfs(self, ctx: Any) -> StatvfsData:
         """``df MNT``: the store's bytes are used; the size is the budget, or what the cache can reach on
         its disk (its bytes plus the disk's room) when that is less, so free is the room either leaves
