@@ -25,8 +25,12 @@ it back ``If-Match`` that ETag (``If-None-Match: *`` for a new one).  A 412
 means another writer got there first: read again, merge again.  Every
 successful put is a merge of the previous state, so no writer's entry is
 ever lost, and every reader sees one manifest, so a directory's names come
-in one request.  Startup sets are chunks written once each, merged by
-union when read (and compacted into one by a reader that finds many).
+in one request.  A writer merges into the manifest as it last read or
+wrote it and puts at once (``s3_seen``): a 412 makes it read first.
+Small blobs travel in packs that the entries locate (``s3_packs``), the
+blob requests are ``s3_blobs``'s.  Startup sets are chunks written once
+each, merged by union when read (and compacted into one by a reader that
+finds many).
 
 Everything read from the bucket is hostile: a manifest larger than
 ``MAX_MANIFEST_BYTES`` or not JSON is ignored (and replaced by the next
