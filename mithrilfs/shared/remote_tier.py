@@ -161,7 +161,7 @@ class RemoteTier(Tier):
         trip per directory, not per name, and a name another node just
         published is seen within a second.
         """
-        if self._made_here(parent):  # no other node's names can be in it: not one request per create
+        if self._being_made_here(parent):  # no other node's names can be in it: not a request per create
             self.counters["remote_misses"] += 1
             return None
         last = self._dir_synced.get(parent)
@@ -176,12 +176,22 @@ class RemoteTier(Tier):
             self._read_ahead(node, itself=True)  # a file the framework is about to open, and its neighbours
         return ino
 
-    def _made_here(self, d: int) -> bool:
-        """A directory this node made and has not published: the tier holds no names in it (had another
-        node published it, the lookup that preceded the mkdir would have found it), so a writer's creates
-        there (Triton: a temporary directory per file) ask nothing.  Once published, the usual rule."""
+    def made_here(self, d: int) -> bool:
+        """A directory this node made and has not published: the tier has no manifest of it to read,
+        unless another node made the same one meanwhile."""
         names = self.ns.names_of(d) if d != ROOT_INODE else []
         return bool(names) and not self.ns.is_published(*names[0])
+
+    def _being_made_here(self, d: int) -> bool:
+        """A directory this node made, has not published, and changed in the last ``DIR_SYNC_SECONDS``:
+        a missing name in it asks nothing.  Had another node published it, the lookup before the mkdir
+        would have found it; a writer's creates there (Triton: a temporary directory per file, a manifest
+        GET each) cost nothing.  Two nodes making the same directory at once see each other's names at
+        the next listing, or once it is quiet for a few seconds."""
+        if not self.made_here(d):
+            return False
+        node = self.ns.get(d)
+        return node is not None and time.time_ns() - node.ctime_ns < DIR_SYNC_SECONDS * 1e9
 
     async def list_dir(self, d: int) -> None:
         await self.sync_dir(d)

@@ -183,7 +183,7 @@ class WriteBehind:
         tomb_items = [(path, RemoteEntry("x", version, self.tier.node)) for path, version in tombs]
         # directories this node made and never published have nothing to read
         await self.tier.thread(self.tier.remote.will_publish, [path for (path, _), (parent, _) in zip(items, names)
-                                                              if not self.tier._made_here(parent)]
+                                                              if not self.tier.made_here(parent)]
                                + [path for path, _ in tomb_items])
         gone, held = await self._send_blobs(in_directory_order(blobs, items))
         keep = [i for i, (_, e) in enumerate(items) if e.hash not in gone]
