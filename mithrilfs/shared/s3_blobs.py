@@ -52,11 +52,12 @@ class S3Blobs:
         pack does not give it right, from its own object."""
         if size == 0:
             return blake3.blake3(b"").digest()
-        in_pack = self.store.packs.location(hex_digest) is not None
+        in_pack = self.store.packs.location(hex_digest) is not None and size <= PACK_BLOB_BYTES
         if in_pack:
             got: list[bytes | None] = [None]
-            if not self.store.packs.fetch([(hex_digest, size)], got):
-                out.write(got[0])  # type: ignore[arg-type]
+            self.store.packs.fetch([(hex_digest, size)], got)
+            if got[0] is not None:  # verified: its size and hash
+                out.write(got[0])
                 return bytes.fromhex(hex_digest)
         digest = self._fetch_own_object(hex_digest, size, out)
         if digest is None and in_pack:
@@ -113,7 +114,7 @@ class S3Blobs:
         def run() -> list[bytes | None]:
             out: list[bytes | None] = [b"" if size == 0 else None for _, size in blobs]
             failed = set(self.store.packs.fetch(blobs, out))
-            rest = [i for i, (h, size) in enumerate(blobs) if size and (i in failed or self.store.packs.location(h) is None)]
+            rest = [i for i, (_, size) in enumerate(blobs) if size and out[i] is None]
             for i, data in zip(rest, self.store._parallel(own, rest)):
                 out[i] = data
                 if data is None and i in failed:

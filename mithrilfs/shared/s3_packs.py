@@ -89,7 +89,7 @@ class Packs:
             for e in entries:
                 if e.type != "f" or e.hash is None:
                     continue
-                if e.pack is not None:
+                if e.pack is not None and e.size <= PACK_BLOB_BYTES:  # no reader holds more in memory
                     self._remember(e.hash, (e.pack, e.offset))
                 elif e.hash not in self._where:
                     self._remember(e.hash, None)
@@ -174,7 +174,7 @@ class Packs:
         located: dict[str, list[tuple[int, int, int]]] = {}
         for i, (h, size) in enumerate(blobs):
             loc = self.location(h)
-            if loc is not None and size > 0:
+            if loc is not None and 0 < size <= PACK_BLOB_BYTES:
                 located.setdefault(loc[0], []).append((loc[1], size, i))
         runs: list[tuple[str, int, int, list[tuple[int, int, int]]]] = []
         for pack_id, members in located.items():
