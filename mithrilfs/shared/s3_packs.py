@@ -60,8 +60,9 @@ PACK_BLOB_BYTES = 1 << 20
 GAP_BYTES = 256 << 10
 #: One coalesced range GET spans at most this.
 RANGE_BYTES = 8 << 20
-#: Places of blobs remembered; the oldest are forgotten first (re-learned from their directory).
-KNOWN_BLOBS = 1 << 20
+#: Places of blobs remembered (about 250 bytes each); the oldest are forgotten first (re-learned from
+#: their directory when read).  1,500 Triton kernels are 10,500 files.
+KNOWN_BLOBS = 1 << 18
 
 assert PACK_BYTES + PACK_BLOB_BYTES <= MAX_PACK_BYTES
 
