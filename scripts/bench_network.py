@@ -77,7 +77,7 @@ print(json.dumps({"seconds": seconds, "files": len(digests), "bytes": total}))
 
 ARMS = ("A", "B lazy", "B+prefetch")
 #: The areas of the bucket's layout (docs/design.md, "A bucket"): what an S3 request is about.
-AREAS = ("blobs", "names", "sets", "epoch")
+AREAS = ("blobs", "packs", "names", "sets", "epoch", "bad")
 
 
 def s3_area(method: str, target: str) -> str:

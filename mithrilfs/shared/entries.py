@@ -34,8 +34,11 @@ MAX_ENTRY_BYTES = 8192
 MAX_VERSION = 1 << 53
 MAX_SIZE = 1 << 53
 MAX_TARGET = 4095
+#: A pack object (``s3_wire``'s ``packs/``) is at most this large: a location past it is not one.
+MAX_PACK_BYTES = 64 << 20
 _NODE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
-_KEYS = {"t", "v", "n", "h", "s", "m", "mt", "tg", "mac"}
+_PACK_RE = re.compile(r"[0-9a-f]{32}")
+_KEYS = {"t", "v", "n", "h", "s", "m", "mt", "tg", "pk", "po", "mac"}
 
 
 class RemoteError(Exception):
@@ -52,6 +55,10 @@ class RemoteEntry:
     mode: int = 0o644
     mtime_ns: int = 0
     target: str | None = None
+    #: Where a bucket holds the file's blob: a pack's id and the blob's offset in it (``s3_wire``'s
+    #: packs); None: in its own object.  Signed like every other field, so it cannot be redirected.
+    pack: str | None = None
+    offset: int = 0
 
     @property
     def is_tombstone(self) -> bool:
@@ -66,6 +73,8 @@ class RemoteEntry:
             d.update(m=self.mode, mt=self.mtime_ns)
         if self.type == "f":
             d.update(h=self.hash, s=self.size)
+            if self.pack is not None:
+                d.update(pk=self.pack, po=self.offset)
         if self.type == "l":
             d["tg"] = self.target
         return d
@@ -98,6 +107,8 @@ def parse_entry(raw: bytes) -> tuple[RemoteEntry, str | None]:
     mac = d.get("mac")
     if mac is not None and not isinstance(mac, str):
         raise ValueError("bad mac")
+    if t != "f" and ("pk" in d or "po" in d):
+        raise ValueError("a location on an entry that is no file")
     if t == "x":
         return RemoteEntry("x", version, node), mac
     mode = _int(d, "m", 0, 0o10000)
@@ -106,13 +117,28 @@ def parse_entry(raw: bytes) -> tuple[RemoteEntry, str | None]:
         h = d.get("h")
         if not is_hex_digest(h):
             raise ValueError("bad hash")
-        return RemoteEntry("f", version, node, h, _int(d, "s", 0, MAX_SIZE), mode, mtime), mac
+        size = _int(d, "s", 0, MAX_SIZE)
+        pack, offset = _location(d, size)
+        return RemoteEntry("f", version, node, h, size, mode, mtime, pack=pack, offset=offset), mac
     if t == "l":
         tg = d.get("tg")
         if not isinstance(tg, str) or not 0 < len(tg.encode(errors="surrogateescape")) <= MAX_TARGET or "\0" in tg:
             raise ValueError("bad symlink target")
         return RemoteEntry("l", version, node, mode=mode, mtime_ns=mtime, target=tg), mac
     return RemoteEntry("d", version, node, mode=mode, mtime_ns=mtime), mac
+
+
+def _location(d: dict, size: int) -> tuple[str | None, int]:
+    """A file entry's pack and offset (None, 0 without one): both or neither, inside one pack."""
+    if "pk" not in d and "po" not in d:
+        return None, 0
+    pack = d.get("pk")
+    if not isinstance(pack, str) or not _PACK_RE.fullmatch(pack):
+        raise ValueError("bad pack id")
+    offset = _int(d, "po", 0, MAX_PACK_BYTES)
+    if offset + size > MAX_PACK_BYTES:
+        raise ValueError("location past the end of any pack")
+    return pack, offset
 
 
 def is_hex_digest(value: Any) -> bool:

@@ -54,6 +54,7 @@ class LayeredStore(RemoteStore):
         self.namespace = back.namespace
         self.counters = back.counters
         self.small_blob_bytes = min(HOT_BLOB_BYTES, back.small_blob_bytes)
+        self.packs_by_directory = back.packs_by_directory
         #: Directories whose writes Redis missed (it was away): read from the bucket until it has them.
         self._front_missed: set[str] = set()
 
@@ -95,6 +96,12 @@ class LayeredStore(RemoteStore):
         return self.list_dirs([dir_path])[dir_path]
 
     def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
+        out = self._list_dirs(dir_paths)
+        for d, entries in out.items():  # names Redis answered: the bucket learns where their blobs are
+            self.back.learn(d, entries)
+        return out
+
+    def _list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
         front: dict[str, tuple[dict[bytes, RemoteEntry], bool]] = {}
         try:
             self._mend_front()
@@ -118,6 +125,8 @@ class LayeredStore(RemoteStore):
             for name, entry in back[d].items():
                 best = newest(held.get(name), entry)
                 assert best is not None
+                if best is not entry and best.pack is None and entry.pack is not None and best.hash == entry.hash:
+                    best = entry  # the same version: the bucket's names where its blob is (a pack)
                 merged[name] = best
                 if best is entry and held.get(name) != entry:
                     fill.append((f"{d}/{name.decode(errors='surrogateescape')}" if d else
@@ -143,9 +152,22 @@ class LayeredStore(RemoteStore):
         return sorted(dirs)
 
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
+        items = self.back.with_locations(items)  # Redis's names say where the bucket holds each blob too
         results = self.back.publish_entries(items)
         self._to_front(lambda: self.front.publish_entries(items), {path.rpartition("/")[0] for path, _ in items})
         return results
+
+    def knows_where(self, hex_digest: str) -> bool:
+        return self.back.knows_where(hex_digest)
+
+    def learn(self, dir_path: str, entries: dict[bytes, RemoteEntry]) -> None:
+        self.back.learn(dir_path, entries)
+
+    def with_locations(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
+        return self.back.with_locations(items)
+
+    def will_publish(self, paths: list[str]) -> None:
+        self.back.will_publish(paths)
 
     # -- blobs ---------------------------------------------------------------
     def fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:

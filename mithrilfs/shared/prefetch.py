@@ -150,6 +150,8 @@ class Prefetcher:
                 continue
             room -= node.size
             todo.append(node)
+        order = {node.id: i for i, node in enumerate(by_hash.values())}
+        todo.sort(key=lambda n: order[n.id])  # a directory's blobs together: one range of a pack for a bucket
         self.state["total_files"] = len(todo)
         self.state["total_bytes"] = sum(n.size for n in todo)
         small = [n for n in todo if n.size <= self.remote.small_blob_bytes]

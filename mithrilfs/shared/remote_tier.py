@@ -161,6 +161,9 @@ class RemoteTier(Tier):
         trip per directory, not per name, and a name another node just
         published is seen within a second.
         """
+        if self._being_made_here(parent):  # no other node's names can be in it: not a request per create
+            self.counters["remote_misses"] += 1
+            return None
         last = self._dir_synced.get(parent)
         if last is None or time.monotonic() - last >= MISS_RESYNC_SECONDS:
             await self.sync_dir(parent, force=True)
@@ -172,6 +175,23 @@ class RemoteTier(Tier):
         if node is not None and node.is_reg and node.hash is not None:
             self._read_ahead(node, itself=True)  # a file the framework is about to open, and its neighbours
         return ino
+
+    def made_here(self, d: int) -> bool:
+        """A directory this node made and has not published: the tier has no manifest of it to read,
+        unless another node made the same one meanwhile."""
+        names = self.ns.names_of(d) if d != ROOT_INODE else []
+        return bool(names) and not self.ns.is_published(*names[0])
+
+    def _being_made_here(self, d: int) -> bool:
+        """A directory this node made, has not published, and changed in the last ``DIR_SYNC_SECONDS``:
+        a missing name in it asks nothing.  Had another node published it, the lookup before the mkdir
+        would have found it; a writer's creates there (Triton: a temporary directory per file, a manifest
+        GET each) cost nothing.  Two nodes making the same directory at once see each other's names at
+        the next listing, or once it is quiet for a few seconds."""
+        if not self.made_here(d):
+            return False
+        node = self.ns.get(d)
+        return node is not None and time.time_ns() - node.ctime_ns < DIR_SYNC_SECONDS * 1e9
 
     async def list_dir(self, d: int) -> None:
         await self.sync_dir(d)
@@ -382,8 +402,18 @@ class RemoteTier(Tier):
         if digest in self._ahead_missed:  # a read-ahead (waited for, or done before this read came) found no
             self._ahead_missed.discard(digest)  # good copy: asking again now is the same; the next read asks
             return Fetched.NO
+        if not self.remote.knows_where(digest.hex()):  # named in an earlier mount: its entry says where
+            await self._relearn(ino)
         self._read_ahead(ino)
         return Fetched.YES if await self.fetch_blob(ino, max_bytes) else Fetched.NO
+
+    async def _relearn(self, ino: Inode) -> None:
+        """Read the directory of a file again so the store learns where its blob (and its neighbours')
+        are: a bucket's packs are found from the names (``s3_packs``), and this mount never read them."""
+        names = self.ns.names_of(ino.id)
+        dir_path = self.paths.of_dir(names[0][0]) if names else None
+        if dir_path is not None:
+            await self._call(self.remote.list_dir, dir_path)
 
     def _read_ahead(self, ino: Inode, *, itself: bool = False) -> None:
         """Fetch, in the background, the small files of the directory a file is found or first read in.

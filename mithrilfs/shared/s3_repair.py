@@ -4,8 +4,10 @@ An object of the right size with other bytes passes the uploader's HEAD,
 so nothing would ever replace it (issue 19: every new node got EIO, and a
 node holding the right bytes pushed "0 B of new blobs").  A reader that
 hashes one (``S3Store``'s streamed and batch fetches) leaves a report, an
-empty object ``bad/HEX``; ``S3Store.missing_blobs`` lists the reports once
-per upload batch and counts a reported blob as missing, so the next upload
+empty object ``bad/HEX``; ``S3Store.missing_blobs`` lists the reports (at
+most once per ``REPORTS_SECONDS``, and in the first upload batch after a
+``push`` or ``prefetch`` asked the bucket: a listing per batch was one
+request in seven of a writer's) and counts a reported blob as missing, so the next upload
 of it (at the latest a ``push`` of a node holding it) writes it over, once
 the local copy hashes right (a planted report must not let a corrupt local
 file replace a good object), and then deletes the report.
@@ -14,6 +16,7 @@ file replace a good object), and then deletes the report.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import blake3
@@ -25,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: Reports read per upload batch (one listing page): more wait for the next batch.
 REPORTS_READ = 1000
+#: The reports are listed again after this long (or once a user asked the bucket: ``refresh``).
+REPORTS_SECONDS = 60.0
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -33,6 +38,12 @@ class BadBlobReports:
 
     def __init__(self, store: S3Store) -> None:
         self.store = store
+        self._listed: set[str] = set()
+        self._listed_at: float | None = None
+
+    def refresh(self) -> None:
+        """List the reports again at the next ``reported`` (a ``push`` is how a repair is asked for)."""
+        self._listed_at = None
 
     def _key(self, hex_digest: str) -> str:
         return f"bad/{hex_digest}"
@@ -47,11 +58,20 @@ class BadBlobReports:
         try:
             s._put(s.quick, self._key(hex_digest), b"", "overwrite", 0)
             s._count("remote_bad_blobs_reported")
+            self._listed.add(hex_digest)
         except (obstore.exceptions.BaseError, OSError) as e:
             log.warning("cannot report bad blob %s: %s", hex_digest, s._why(e))
 
     def reported(self) -> set[str]:
-        """The blobs reported bad (one listing; what is not a blake3 hex name is ignored)."""
+        """The blobs reported bad (one listing, at most every ``REPORTS_SECONDS``; what is not a blake3 hex
+        name is ignored)."""
+        if self._listed_at is not None and time.monotonic() - self._listed_at < REPORTS_SECONDS:
+            return set(self._listed)
+        listed = self._list()
+        self._listed, self._listed_at = listed, time.monotonic()
+        return set(listed)
+
+    def _list(self) -> set[str]:
         import obstore
 
         s = self.store
@@ -67,6 +87,7 @@ class BadBlobReports:
 
         s = self.store
         obstore.delete(s.quick, s.base + self._key(hex_digest))
+        self._listed.discard(hex_digest)
         s._count("remote_blobs_repaired")
         log.warning("blob %s in %s written over with verified bytes (a reader reported it bad)", hex_digest, s.url)
 

@@ -5,10 +5,14 @@ Layout under ``s3://BUCKET/PREFIX/NAMESPACE/``
                         each after a ``~``, so no directory's manifest is another's
                         directory): JSON ``{"mithrilfs": 1, "entries": {name: entry}}``,
                         each entry the same signed JSON as in Redis (``entries``)
-  ``blobs/HH/HEX``      blob content, one immutable object per blake3 hash,
-                        written only if absent (``If-None-Match: *``); a large one
-                        (a conditional put is one request, buffered whole by the
-                        client) goes in 8 MiB parts once a HEAD found it absent
+  ``packs/HH/ID``       small blobs (up to 1 MiB), many to an object of up to
+                        32 MiB, written once; each file's entry names its blob's
+                        pack and offset (``s3_packs``)
+  ``blobs/HH/HEX``      a larger blob (or one repaired), one immutable object per
+                        blake3 hash, written only if absent (``If-None-Match: *``);
+                        a large one (a conditional put is one request, buffered
+                        whole by the client) goes in 8 MiB parts once a HEAD found
+                        it absent
   ``sets/~NAME/T-R``    a startup set in chunks, one per batch a node sent (T its
                         time, R random): JSON lists of paths; the set is their union
   ``epoch``             a random token: gone means the bucket was emptied, and
@@ -21,8 +25,12 @@ it back ``If-Match`` that ETag (``If-None-Match: *`` for a new one).  A 412
 means another writer got there first: read again, merge again.  Every
 successful put is a merge of the previous state, so no writer's entry is
 ever lost, and every reader sees one manifest, so a directory's names come
-in one request.  Startup sets are chunks written once each, merged by
-union when read (and compacted into one by a reader that finds many).
+in one request.  A writer merges into the manifest as it last read or
+wrote it and puts at once (``s3_seen``): a 412 makes it read first.
+Small blobs travel in packs that the entries locate (``s3_packs``), the
+blob requests are ``s3_blobs``'s.  Startup sets are chunks written once
+each, merged by union when read (and compacted into one by a reader that
+finds many).
 
 Everything read from the bucket is hostile: a manifest larger than
 ``MAX_MANIFEST_BYTES`` or not JSON is ignored (and replaced by the next
@@ -38,21 +46,22 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, BinaryIO
 from urllib.parse import quote, unquote_to_bytes
 
-import blake3
-
 from mithrilfs.shared.entries import MAX_DIR_NAMES, EntryCodec, RemoteEntry, RemoteError
-from mithrilfs.shared.s3_repair import BadBlobReports, hashes_to
+from mithrilfs.shared.s3_blobs import PART_BYTES, PROGRESS_BYTES, S3Blobs
+from mithrilfs.shared.s3_packs import Packs
+from mithrilfs.shared.s3_repair import BadBlobReports
+from mithrilfs.shared.s3_seen import SeenManifests
 from mithrilfs.shared.s3_settings import S3Location, S3Settings
 from mithrilfs.shared.wire import Level, RemoteStore, new_counters
 from mithrilfs.store.namespace import valid_name
@@ -83,10 +92,6 @@ NAMES_TIMEOUT = timedelta(seconds=10)
 BULK_TIMEOUT = timedelta(seconds=120)
 #: Blobs up to this size go through the quick client.
 QUICK_BLOB_BYTES = 1 << 20
-#: Bodies are read in chunks of this size, each counted as it arrives: the mount's bound on a wait
-#: (``bounded.REMOTE_WAIT`` without progress) then holds for links down to 128 KiB/s.
-PROGRESS_BYTES = 256 << 10
-PART_BYTES = 8 << 20
 
 
 def _quoted(text: str) -> str:
@@ -101,6 +106,7 @@ class S3Store(RemoteStore):
     """One namespace in one bucket (see the module doc); every method may raise RemoteError."""
 
     small_blob_bytes = SMALL_BLOB_BYTES
+    packs_by_directory = True
 
     def __init__(self, location: S3Location, namespace: str, key: bytes | None, settings: S3Settings, *,
                  counters: dict[str, int] | None = None) -> None:
@@ -115,13 +121,13 @@ class S3Store(RemoteStore):
         self._clients: dict[timedelta, Any] = {}
         self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="s3")
         self._lock = threading.Lock()
-        #: Blobs found in the bucket at the wrong size (planted or cut short) or reported bad by a reader:
-        #: written over, not if-absent.
-        self._bad_blobs: set[str] = set()
-        #: Of those, the ones reported bad: our copy is hashed before it replaces theirs (a planted report
-        #: must not let a corrupt local file replace a good object), and the report goes once replaced.
-        self._verify_first: set[str] = set()
         self.reports = BadBlobReports(self)
+        self.blobs = S3Blobs(self)
+        self.packs = Packs(self)
+        #: Each manifest as last read or written: a publish merges into it without reading (``s3_seen``).
+        self.seen = SeenManifests()
+        #: The epoch token last seen: another one means the bucket was emptied (its packs are gone).
+        self._epoch_seen: str | None = None
 
     # -- clients and errors ---------------------------------------------------
     def _client(self, timeout: timedelta) -> Any:
@@ -256,8 +262,11 @@ class S3Store(RemoteStore):
 
     # -- availability and epoch -------------------------------------------------
     def ping(self) -> None:
-        """The bucket answers a listing with these credentials (a missing bucket or bad key names itself)."""
+        """The bucket answers a listing with these credentials (a missing bucket or bad key names itself).
+
+        A user asks now (``push``, ``prefetch``): the next upload batch lists the bad-blob reports again."""
         self.level.retry_now()
+        self.reports.refresh()
 
         def probe() -> None:
             stream = _obstore().list(self.quick, prefix=self.base + "epoch", chunk_size=1)
@@ -267,19 +276,24 @@ class S3Store(RemoteStore):
         self._call(probe)
 
     def epoch(self) -> tuple[str, bool]:
-        def check() -> tuple[str, bool]:
-            for _ in range(3):
-                got = self._get(self.names, "epoch", 64)
-                if got is not None and got[0] is not None and got[0].isascii() and got[0].isalnum():
-                    return got[0].decode(), False
-                # none: the bucket was emptied; not a token: planted or broken, replaced (nodes upload again)
-                token = secrets.token_hex(8)
-                mode: Any = "create" if got is None else ({"e_tag": got[1]} if got[1] else "overwrite")
-                if self._put(self.names, "epoch", token.encode(), mode, len(token)):
-                    return token, True
-            raise RemoteError("the epoch object keeps changing")
+        token, made = self._call(self._check_epoch)
+        if made or (self._epoch_seen is not None and token != self._epoch_seen):
+            self.packs.forget_all()  # emptied: no pack this node knew of is there any more, no manifest
+            self.seen.forget_all()
+        self._epoch_seen = token
+        return token, made
 
-        return self._call(check)
+    def _check_epoch(self) -> tuple[str, bool]:
+        for _ in range(3):
+            got = self._get(self.names, "epoch", 64)
+            if got is not None and got[0] is not None and got[0].isascii() and got[0].isalnum():
+                return got[0].decode(), False
+            # none: the bucket was emptied; not a token: planted or broken, replaced (nodes upload again)
+            token = secrets.token_hex(8)
+            mode: Any = "create" if got is None else ({"e_tag": got[1]} if got[1] else "overwrite")
+            if self._put(self.names, "epoch", token.encode(), mode, len(token)):
+                return token, True
+        raise RemoteError("the epoch object keeps changing")
 
     # -- names ------------------------------------------------------------------
     def _manifest_key(self, dir_path: str) -> str:
@@ -293,6 +307,11 @@ class S3Store(RemoteStore):
         its ETag still guards the next writer's put; so does every entry
         this node cannot read (it is dropped, and counted).
         """
+        raw, etag = self._parse_manifest(dir_path)
+        self.seen.saw(dir_path, raw, etag)  # the next publish to it merges into this without reading
+        return raw, etag
+
+    def _parse_manifest(self, dir_path: str) -> tuple[dict[bytes, bytes], str | None]:
         got = self._get(self.names, self._manifest_key(dir_path), MAX_MANIFEST_BYTES)
         if got is None:
             return {}, None
@@ -330,16 +349,29 @@ class S3Store(RemoteStore):
             errors="surrogateescape") for n, v in raw.items()}}, sort_keys=True).encode(errors="surrogateescape")
 
     def _write_manifest(self, dir_path: str, raw: dict[bytes, bytes], etag: str | None) -> bool:
+        """Put If-Match *etag* (None: only if absent); False when another writer got there first."""
+        import obstore.exceptions
+
         data = self._manifest(raw)
         mode: Any = "create" if etag is None else {"e_tag": etag}
-        return self._put(self.names, self._manifest_key(dir_path), data, mode, len(data))
+        try:
+            result = _obstore().put(self.names, self.base + self._manifest_key(dir_path), data, mode=mode)
+        except (obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
+            self.level.moved()
+            self.seen.forget(dir_path)
+            return False
+        self.level.moved(up=len(data))
+        self.seen.saw(dir_path, raw, result.get("e_tag") if isinstance(result, dict) else None)
+        return True
 
     def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
-        return self._call(lambda: self.codec.entries(dir_path, self._read_manifest(dir_path)[0]))
+        return self.list_dirs([dir_path])[dir_path]
 
     def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
         def one(d: str) -> dict[bytes, RemoteEntry]:
-            return self.codec.entries(d, self._read_manifest(d)[0])
+            entries = self.codec.entries(d, self._read_manifest(d)[0])
+            self.packs.learn(entries.values())  # where their blobs are: the names say
+            return entries
 
         return self._call(lambda: dict(zip(dir_paths, self._parallel(one, dir_paths))))
 
@@ -365,9 +397,32 @@ class S3Store(RemoteStore):
 
         return self._call(scan)
 
+    # -- where blobs are (``s3_packs``) ----------------------------------------------
+    def knows_where(self, hex_digest: str) -> bool:
+        return self.packs.knows(hex_digest)
+
+    def learn(self, dir_path: str, entries: dict[bytes, RemoteEntry]) -> None:
+        self.packs.learn(entries.values())
+
+    def with_locations(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
+        return self.packs.locate(items)
+
+    def will_publish(self, paths: list[str]) -> None:
+        """Read the manifests the publish will merge into that this node has not seen: their entries say
+        which blobs the bucket holds (no HEAD per blob), and the publish merges into what was read."""
+        dirs = sorted(d for d in {p.rpartition("/")[0] for p in paths} if self.seen.get(d) is None)
+
+        def read() -> None:
+            for d, (raw, _) in zip(dirs, self._parallel(self._read_manifest, dirs)):
+                self.packs.learn(self.codec.entries(d, raw).values())
+
+        if dirs:
+            self._call(read)
+
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         if not items:
             return []
+        items = self.packs.locate(items)
         by_dir: dict[str, list[int]] = {}
         for i, (path, _) in enumerate(items):
             by_dir.setdefault(path.rpartition("/")[0], []).append(i)
@@ -382,9 +437,18 @@ class S3Store(RemoteStore):
         return results
 
     def _merge_into(self, dir_path: str, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
-        """One directory's compare-and-swap: merge *items* newest-wins, put If-Match, retry on a 412."""
+        """One directory's compare-and-swap: merge *items* newest-wins, put If-Match, retry on a 412.
+
+        The first attempt merges into the manifest as this node last saw it
+        (``s3_seen``; never seen: absent), without reading it: a 412 says
+        another writer came in between, and the next attempts read first.
+        """
+        seen = self.seen.get(dir_path)
         for attempt in range(CAS_ATTEMPTS):
-            raw, etag = self._read_manifest(dir_path)
+            if attempt == 0:
+                raw, etag = seen if seen is not None else ({}, None)
+            else:
+                raw, etag = self._read_manifest(dir_path)
             out: list[tuple[bool, RemoteEntry | None]] = []
             changed = False
             for path, entry in items:
@@ -394,6 +458,10 @@ class S3Store(RemoteStore):
                 if cur is not None and cur.newer_than(entry.version, entry.node):
                     out.append((False, cur))
                     continue
+                if (cur is not None and cur.pack is not None and entry.type == "f" and entry.pack is None
+                        and cur.hash == entry.hash):
+                    entry = replace(entry, pack=cur.pack, offset=cur.offset)  # where the bucket has it
+
                 if held is None and len(raw) >= MAX_DIR_NAMES:  # readers would refuse the manifest whole
                     self._count("remote_rejected")
                     log.warning("%r not published: directory %r holds %d names already", path, dir_path, len(raw))
@@ -404,131 +472,26 @@ class S3Store(RemoteStore):
                     raw[name] = new
                     changed = True
                 out.append((True, cur))
+            if attempt == 0 and seen is not None and not all(w for w, _ in out):
+                continue  # lost to what this node saw: the newest that stayed is read, not remembered
             if not changed or self._write_manifest(dir_path, raw, etag):
                 return out
-            time.sleep(random.uniform(0, min(0.5, 0.01 * (2 ** attempt))))  # another writer won: merge again
+            if attempt:  # the first try merged into what this node saw last: read it at once
+                time.sleep(random.uniform(0, min(0.5, 0.01 * (2 ** attempt))))  # another writer won: merge again
         raise RemoteError(f"directory {dir_path!r}: {CAS_ATTEMPTS} writers in a row got there first")
 
-    # -- blobs ------------------------------------------------------------------
-    def _blob_key(self, hex_digest: str) -> str:
-        return f"blobs/{hex_digest[:2]}/{hex_digest}"
-
+    # -- blobs (``s3_blobs``) ------------------------------------------------------
     def fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
-        return self._call(self._fetch_blob, hex_digest, size, out)
-
-    def _fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
-        result = self._unless_absent(
-            lambda: _obstore().get(self.blobs_for(size), self.base + self._blob_key(hex_digest)))
-        if result is None:
-            return None
-        if result.meta["size"] != size:
-            return b""  # never read: more (or fewer) bytes than the entry says
-        hasher = blake3.blake3()
-        got = 0
-        for chunk in result.stream(min_chunk_size=PROGRESS_BYTES):
-            part = bytes(chunk)
-            if len(part) > size - got:
-                return b""
-            hasher.update(part)
-            out.write(part)
-            got += len(part)
-            self.level.moved(down=len(part), requests=0)  # as it arrives: the bound on a wait sees progress
-        if got != size:
-            return b""
-        self._count("remote_fetched_bytes", got)
-        digest = hasher.digest()
-        if digest.hex() != hex_digest:
-            self.reports.report(hex_digest)
-        return digest
+        return self._call(self.blobs.fetch_blob, hex_digest, size, out)
 
     def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
-        def one(item: tuple[str, int]) -> bytes | None:
-            h, size = item
-            got = self._get(self.blobs_for(size), self._blob_key(h), size)
-            if got is None:
-                return None
-            if got[0] is None or len(got[0]) != size:  # another size than its entry says: bad data
-                self._count("remote_verify_failures")
-                return None
-            self._count("remote_fetched_bytes", size)
-            if blake3.blake3(got[0]).hexdigest() != h:  # the caller rejects it; the bucket learns it is bad
-                self.reports.report(h)
-            return got[0]
-
-        return self._call(lambda: self._parallel(one, blobs))
+        return self._call(self.blobs.fetch_small, blobs)
 
     def missing_blobs(self, blobs: dict[str, int]) -> list[str]:
-        """What the bucket lacks in full, at the wrong size, or holds with bytes a reader reported bad
-        (a node holding verified bytes writes those over: ``upload_blobs``)."""
-        def one(item: tuple[str, int]) -> str | None:
-            h, size = item
-            if h in bad:
-                return h
-            meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + self._blob_key(h)))
-            if meta is None:
-                return h
-            if meta["size"] != size:
-                with self._lock:
-                    self._bad_blobs.add(h)
-                return h
-            return None
-
-        if not blobs:
-            return []
-
-        def check() -> list[str]:
-            bad.update(h for h in self.reports.reported() if h in blobs)
-            with self._lock:
-                self._bad_blobs |= bad
-                self._verify_first.update(bad)
-            return [h for h in self._parallel(one, blobs.items()) if h is not None]
-
-        bad: set[str] = set()
-        return self._call(check)
+        return self._call(self.blobs.missing, blobs) if blobs else []
 
     def upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
-        gone: set[str] = set()
-
-        def one(item: tuple[str, str]) -> None:
-            """Small blobs: one PUT if absent.  Large ones: in parts, streamed from the file, unconditional
-            (the client buffers a conditional put whole in memory); ``missing_blobs`` found them absent, and
-            a writer that raced us wrote the same bytes under the same name."""
-            h, path = item
-            with self._lock:
-                bad = h in self._bad_blobs
-            if not path:
-                self._put(self.quick, self._blob_key(h), b"", "overwrite" if bad else "create", 0)
-                return
-            try:
-                f = open(path, "rb")
-            except FileNotFoundError:
-                with self._lock:
-                    gone.add(h)  # evicted before it could be uploaded: publish nothing for it
-                return
-            with f:
-                size = os_size(f)
-                with self._lock:
-                    verify = h in self._verify_first
-                if verify and not hashes_to(f, h):
-                    log.error("local copy of blob %s does not match its hash: not uploaded", h)
-                    with self._lock:
-                        gone.add(h)
-                    return
-                if size <= PART_BYTES:
-                    written = self._put(self.blobs_for(size), self._blob_key(h), f.read(),
-                                        "overwrite" if bad else "create", size)
-                else:
-                    written = self._put(self.blobs_for(size), self._blob_key(h), f, "overwrite", size)
-                if written:
-                    self._count("remote_uploaded_bytes", size)
-            if verify:
-                self.reports.repaired(h)
-            with self._lock:
-                self._bad_blobs.discard(h)
-                self._verify_first.discard(h)
-
-        self._call(lambda: self._parallel(one, files))
-        return gone
+        return self._call(self.blobs.upload, files)
 
     # -- startup sets -----------------------------------------------------------
     def _set_prefix(self, name: str) -> str:
@@ -604,8 +567,4 @@ def _obstore() -> Any:
     import obstore
 
     return obstore
-
-
-def os_size(f: BinaryIO) -> int:
-    return os.fstat(f.fileno()).st_size
 

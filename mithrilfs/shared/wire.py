@@ -110,6 +110,9 @@ class RemoteStore(ABC):
     counters: dict[str, int]
     #: Blobs up to this size are fetched in batches by the prefetcher (``fetch_small_blobs``).
     small_blob_bytes: int
+    #: Whether the uploader sends a directory's names together (``write_behind``): a bucket packs the
+    #: blobs of one batch together, so a directory sent whole is one range for its readers.
+    packs_by_directory: bool = False
 
     @property
     def last_error(self) -> str:
@@ -189,6 +192,29 @@ class RemoteStore(ABC):
     @abstractmethod
     def startup_set(self, name: str) -> list[str]:
         """The paths of a startup set."""
+
+    def knows_where(self, hex_digest: str) -> bool:
+        """Whether a fetch of this blob can find it without its entry being read first.
+
+        A bucket holds small blobs in packs and learns where from the
+        entries it reads (``s3_wire``); a node that materialized a name in
+        an earlier mount and never read its content must read the directory
+        again before the fetch.  Stores that find blobs by hash alone: always.
+        """
+        return True
+
+    def learn(self, dir_path: str, entries: dict[bytes, RemoteEntry]) -> None:
+        """Entries read through another level (Redis in front of a bucket): where their blobs are."""
+        return None
+
+    def with_locations(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
+        """*items* with where this store holds each file's blob, where it knows (what other levels copy)."""
+        return items
+
+    def will_publish(self, paths: list[str]) -> None:
+        """The paths the next ``publish_entries`` writes, before its blobs go: a store that reads their
+        directories to publish may read them now and learn which blobs it holds (``missing_blobs``)."""
+        return None
 
     def note_blob_names(self, names: dict[str, str]) -> None:
         """Remember the path each of these blobs (hex -> path) was first published under, where a store can

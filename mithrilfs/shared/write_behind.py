@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 #: A queued name waits this long before it is sent (a temporary name renamed away never is).
 UPLOAD_DELAY = 0.3
 UPLOAD_BATCH = 512
+#: A directory still being written holds its due names back at most this long (``_quiet_directories``).
+HOLD_BUSY_DIRECTORY = 3.0
 #: How often the uploader asks whether the tier lost its data (its epoch token).
 EPOCH_SECONDS = 2.0
 
@@ -36,6 +38,20 @@ EPOCH_SECONDS = 2.0
 def version_of(ino: Inode) -> int:
     """An inode's version: the microsecond it last changed (ctime; users cannot set it)."""
     return ino.ctime_ns // 1000
+
+
+def in_directory_order(blobs: dict[str, tuple[str, int]],
+                       items: list[tuple[str, RemoteEntry]]) -> dict[str, tuple[str, int]]:
+    """*blobs* with each directory's together, directories and files in the order they were queued: a
+    bucket packs them in this order, so a reader fetches a directory's files in one range."""
+    rank: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for path, e in items:
+        d = path.rpartition("/")[0]
+        rank.setdefault(d, len(rank))
+        if e.hash is not None:
+            first.setdefault(e.hash, rank[d])
+    return dict(sorted(blobs.items(), key=lambda kv: first.get(kv[0], len(rank))))
 
 
 class WriteBehind:
@@ -131,6 +147,8 @@ class WriteBehind:
         """Send one batch of what waited UPLOAD_DELAY; how many queue rows it settled."""
         now = time.time_ns()
         due = self.tier.queue.due(now - int(UPLOAD_DELAY * 1e9), UPLOAD_BATCH)
+        if due and self.tier.remote.packs_by_directory:
+            due = self._quiet_directories(due, now)
         tombs = self.tier.queue.tombstones(UPLOAD_BATCH)
         if not due and not tombs:
             return 0
@@ -162,11 +180,15 @@ class WriteBehind:
                     blobs[digest.hex()] = (str(self.tier.blobs.cas.path(digest)) if node.hash else "", node.size)
                 items.append((path, entry))
                 names.append((parent, name))
-        gone, held = await self._send_blobs(blobs)
+        tomb_items = [(path, RemoteEntry("x", version, self.tier.node)) for path, version in tombs]
+        # directories this node made and never published have nothing to read
+        await self.tier.thread(self.tier.remote.will_publish, [path for (path, _), (parent, _) in zip(items, names)
+                                                              if not self.tier.made_here(parent)]
+                               + [path for path, _ in tomb_items])
+        gone, held = await self._send_blobs(in_directory_order(blobs, items))
         keep = [i for i, (_, e) in enumerate(items) if e.hash not in gone]
         items = [items[i] for i in keep]
         names = [names[i] for i in keep]
-        tomb_items = [(path, RemoteEntry("x", version, self.tier.node)) for path, version in tombs]
         results = await self.tier.thread(self.tier.remote.publish_entries, items + tomb_items)
         with self.tier.ns.txn():
             self.tier.ns.mark_published(names)
@@ -184,6 +206,19 @@ class WriteBehind:
                 self.tier._conflict(path, ours, other, kept=self.tier.node)
         await self._blobs_seen_elsewhere(items, results, held)
         return len(settled) + len(tombs)
+
+    def _quiet_directories(self, due: list[tuple[int, int]], now: int) -> list[tuple[int, int]]:
+        """The due names, less those of directories still being written (a name queued there less than
+        ``UPLOAD_DELAY`` ago), for at most ``HOLD_BUSY_DIRECTORY``: a bucket packs a batch's blobs together,
+        so a kernel's files sent in one batch are one range GET for a reader, not one per batch they
+        straddled (measured: three packs a kernel for a writer on a loaded machine)."""
+        young = self.tier.queue.queued_after(now - int(UPLOAD_DELAY * 1e9), UPLOAD_BATCH)
+        busy = {parent for ino in young for parent, _ in self.tier.ns.names_of(ino)}
+        if not busy:
+            return due
+        held_until = now - int(HOLD_BUSY_DIRECTORY * 1e9)
+        return [(ino, queued) for ino, queued in due
+                if queued <= held_until or not any(p in busy for p, _ in self.tier.ns.names_of(ino))]
 
     def _add_dirs(self, parent: int, items: list, names: list, done: set[int]) -> str | None:
         """Entries for *parent* and its ancestors (once per batch); the parent's path."""

@@ -32,6 +32,11 @@ class TierQueue:
             "SELECT inode, queued_ns FROM upload_queue WHERE queued_ns <= ? ORDER BY queued_ns LIMIT ?",
             (before_ns, limit)).fetchall()
 
+    def queued_after(self, after_ns: int, limit: int) -> list[int]:
+        """Inodes queued after *after_ns* (not due yet): which directories are still being written."""
+        return [row[0] for row in self.ns.db.execute(
+            "SELECT inode FROM upload_queue WHERE queued_ns > ? LIMIT ?", (after_ns, limit))]
+
     def sent(self, done: list[tuple[int, int]]) -> None:
         """Drop sent (inode, queued_ns) rows; one queued again since keeps its newer row."""
         self.ns.db.executemany("DELETE FROM upload_queue WHERE inode = ? AND queued_ns = ?", done)

@@ -77,6 +77,23 @@ def blob_key(data: bytes) -> str:
     return f"{BASE}blobs/{h[:2]}/{h}"
 
 
+def stored_blob(weed: SeaweedFS, bucket: str, path: str) -> bytes | None:
+    """The bytes the bucket holds for a file's blob where its entry says: its range of a pack, or its own
+    object (none: None)."""
+    dir_path, _, name = path.rpartition("/")
+    e = manifest(weed, bucket, dir_path).get(name)
+    if e is None:
+        return None
+    if "pk" not in e:
+        return get(weed, bucket, f"{BASE}blobs/{e['h'][:2]}/{e['h']}")
+    pack = get(weed, bucket, pack_key(e["pk"]))
+    return None if pack is None else pack[e["po"]:e["po"] + e["s"]]
+
+
+def pack_key(pack_id: str) -> str:
+    return f"{BASE}packs/{pack_id[:2]}/{pack_id}"
+
+
 def set_entry(weed: SeaweedFS, bucket: str, dir_path: str, name: str, entry: dict | str) -> None:
     """Plant an entry into a directory's manifest (as someone with write access to the bucket could)."""
     raw = get(weed, bucket, manifest_key(dir_path))
@@ -119,9 +136,11 @@ def test_names_and_blobs_flow_between_nodes_through_a_bucket(mount_factory: Moun
     big = os.urandom(20 << 20)  # more than one part
     write_committed(a.mountpoint / "inductor" / "big.bin", big)
     wait_uploaded(a, 60)
-    # the layout: one manifest per directory, one object per blob
+    # the layout: one manifest per directory, small blobs in a pack its entries locate, large ones alone
     assert set(manifest(shared_seaweedfs, bucket, "inductor/ab")) == {"kernel.so"}  # tmp never published
-    assert get(shared_seaweedfs, bucket, blob_key(payload)) == payload
+    assert "pk" in manifest(shared_seaweedfs, bucket, "inductor/ab")["kernel.so"]
+    assert stored_blob(shared_seaweedfs, bucket, "inductor/ab/kernel.so") == payload
+    assert get(shared_seaweedfs, bucket, blob_key(big)) == big
     p = b.mountpoint / "inductor" / "ab" / "kernel.so"
     assert p.stat().st_size == len(payload)
     assert os.listdir(b.mountpoint / "inductor" / "ab") == ["kernel.so"]
@@ -139,7 +158,9 @@ def test_blobs_are_verified_and_hostile_objects_are_never_served_nor_fatal(
         mount_factory: MountFactory, shared_seaweedfs: SeaweedFS, bucket: str):
     weed, env = shared_seaweedfs, shared_seaweedfs.env()
     a = mount_factory("a", *_s3(bucket), env=env)
-    good, swapped, longer, shorter = (os.urandom(5000) for _ in range(4))
+    good = os.urandom(5000)
+    # larger than a pack takes: each its own object, planted over below
+    swapped, longer, shorter = (os.urandom((1 << 20) + 5000) for _ in range(3))
     for name, data in (("good.so", good), ("swapped.so", swapped), ("longer.so", longer), ("shorter.so", shorter)):
         write_committed(a.mountpoint / name, data)
     (a.mountpoint / "sub").mkdir()
@@ -353,7 +374,7 @@ def test_queue_survives_unmount_and_kill_while_the_bucket_is_down(mount_factory:
         restarted.wait_ready()
         a.mount()
         wait_for(lambda: len(manifest(restarted, "fleet")) == 22, 60, "the queued uploads")
-        assert get(restarted, "fleet", blob_key(b"queued 20")) == b"queued 20"
+        assert stored_blob(restarted, "fleet", "queued20") == b"queued 20"
     finally:
         restarted.stop()
 
@@ -472,14 +493,15 @@ def test_redis_in_front_of_the_bucket(mount_factory: MountFactory, shared_seawee
     assert redis_names() == set(data)
     some = hash_bytes(data["f0.so"]).hex()
     assert int(redis_server.cli("TTL", f"mfs:default:b:{{{some}}}:0").stdout) > 0
-    assert get(weed, bucket, blob_key(data["f0.so"])) == data["f0.so"]
+    assert stored_blob(weed, bucket, "k/f0.so") == data["f0.so"]
     levels = [lv["kind"] for lv in a.stats()["remote_levels"]]
     assert levels == ["redis", "s3"]
     # B reads from Redis: the bucket is not asked for a blob
     b = mount_factory("b", *both, env=env)
     assert all((b.mountpoint / "k" / n).read_bytes() == c for n, c in data.items())
     s3_level = b.stats()["remote_levels"][1]
-    assert s3_level["bytes_in"] < 3000, s3_level  # names at most (the epoch, a manifest): not one blob
+    names_bytes = sum(len(get(weed, bucket, manifest_key(d)) or b"") for d in ("", "k")) + 64  # and the epoch
+    assert s3_level["bytes_in"] <= names_bytes, s3_level  # names at most: not one blob
     # the directory is marked complete in Redis: a node now lists it from Redis alone (a name only the
     # bucket's manifest has, planted meanwhile, is not asked for)
     import redis
@@ -628,17 +650,22 @@ def test_a_remote_with_control_characters_is_refused_in_one_escaped_line(tmp_pat
 # ----------------------------------------------------------------------
 def test_a_corrupted_blob_in_the_bucket_is_reported_and_repaired_by_push(mount_factory: MountFactory,
                                                                          shared_seaweedfs: SeaweedFS, bucket: str):
-    """Same-size garbage over a blob: a reader gets EIO (never the garbage) and reports it; the push of a node
-    holding the right bytes writes them over (a HEAD alone sees the right size and skipped it), and a new node
-    reads them.  Both fetch paths: a small blob (read-ahead, batch GET) and a large one (streamed)."""
+    """Same-size garbage over a blob (its range of a pack, a large blob's own object): a reader gets EIO
+    (never the garbage) and reports it; the push of a node holding the right bytes writes them as the blob's
+    own object (a HEAD alone sees the right size and skipped it), and a new node reads them (the pack's range
+    is still bad: never served).  Both fetch paths: a small blob (read-ahead, batch GET) and a large one
+    (streamed)."""
     weed, env = shared_seaweedfs, shared_seaweedfs.env()
     a = mount_factory("a", *_s3(bucket), env=env)
     small, large = os.urandom(5000), os.urandom(3 << 20)
     write_committed(a.mountpoint / "small.so", small)
     write_committed(a.mountpoint / "large.bin", large)
     wait_uploaded(a)
-    for data in (small, large):
-        put(weed, bucket, blob_key(data), os.urandom(len(data)))
+    e = manifest(weed, bucket)["small.so"]  # the small one is in a pack: garbage over its range
+    pack = get(weed, bucket, pack_key(e["pk"]))
+    assert pack is not None and pack[e["po"]:e["po"] + len(small)] == small
+    put(weed, bucket, pack_key(e["pk"]), pack[:e["po"]] + os.urandom(len(small)) + pack[e["po"] + len(small):])
+    put(weed, bucket, blob_key(large), os.urandom(len(large)))
     b = mount_factory("b", *_s3(bucket), env=env)
     for name in ("small.so", "large.bin"):
         assert errno_of_read(b.mountpoint / name) == errno.EIO, name

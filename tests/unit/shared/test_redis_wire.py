@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import RedisServer
 
-from mithrilfs.shared.entries import MAX_ENTRY_BYTES, MAX_SIZE, MAX_VERSION, RemoteEntry, parse_entry
+from mithrilfs.shared.entries import MAX_ENTRY_BYTES, MAX_PACK_BYTES, MAX_SIZE, MAX_VERSION, RemoteEntry, parse_entry
 from mithrilfs.shared.redis_wire import RedisStore
 
 HASH = "ab" * 32
@@ -93,6 +93,18 @@ def tiers(redis_server: RedisServer) -> Iterator[Callable[..., RedisStore]]:
     (raw({"t": "l", "v": 1, "n": "a", "m": 0o777, "mt": 0, "tg": ""}), "bad symlink target"),
     (raw({"t": "l", "v": 1, "n": "a", "m": 0o777, "mt": 0, "tg": "a\0b"}), "bad symlink target"),
     (raw({"t": "l", "v": 1, "n": "a", "m": 0o777, "mt": 0, "tg": "x" * 4096}), "bad symlink target"),
+    # a blob's place in a pack: both fields or neither, a pack id, inside one pack, only on files
+    (raw(good_file(pk="ab" * 16)), "'po' out of range"),
+    (raw(good_file(po=0)), "bad pack id"),
+    (raw(good_file(pk="AB" * 16, po=0)), "bad pack id"),
+    (raw(good_file(pk="ab" * 15, po=0)), "bad pack id"),
+    (raw(good_file(pk=7, po=0)), "bad pack id"),
+    (raw(good_file(pk="ab" * 16, po=-1)), "'po' out of range"),
+    (raw(good_file(pk="ab" * 16, po=True)), "'po' out of range"),
+    (raw(good_file(pk="ab" * 16, po=MAX_PACK_BYTES)), "'po' out of range"),
+    (raw(good_file(pk="ab" * 16, po=MAX_PACK_BYTES - 100, s=101)), "past the end of any pack"),
+    (raw({"t": "d", "v": 1, "n": "a", "m": 0o755, "mt": 0, "pk": "ab" * 16, "po": 0}), "no file"),
+    (raw({"t": "x", "v": 1, "n": "a", "po": 0}), "no file"),
 ])
 def test_parse_entry_rejects_hostile_entries(value: bytes, why: str) -> None:
     """Each way an entry can be wrong is refused with a reason (and never raises anything but ValueError)."""
@@ -112,6 +124,9 @@ def test_parse_entry_accepts_good_entries() -> None:
     assert (link.type, link.target) == ("l", "../lib.so")
     d, _ = parse_entry(raw({"t": "d", "v": MAX_VERSION - 1, "n": "d", "m": 0o755, "mt": 0}))
     assert (d.type, d.version) == ("d", MAX_VERSION - 1)
+    located, _ = parse_entry(raw(good_file(pk="0f" * 16, po=MAX_PACK_BYTES - 123)))
+    assert (located.pack, located.offset) == ("0f" * 16, MAX_PACK_BYTES - 123)
+    assert parse_entry(raw(located.fields()))[0] == located  # the place survives a round trip
 
 
 def test_hostile_entries_in_redis_are_ignored_and_counted(redis_server: RedisServer,

@@ -102,24 +102,51 @@ def test_many_writers_on_one_directory_lose_nothing_and_keep_the_newest(stores: 
     assert stores[2].all_dirs() == ["", "k"] or "k" in stores[2].all_dirs()
 
 
-def test_blobs_are_written_once_and_read_back_verified(stores: list[S3Store], tmp_path: Path):
+def test_small_blobs_are_packed_found_from_their_names_and_read_back_verified(stores: list[S3Store],
+                                                                             tmp_path: Path):
+    """Small blobs go into one pack (one PUT), larger ones their own objects; another node learns where from
+    the names, fetches a directory's small blobs with one range GET, and verifies every blob."""
     import io
+    import os
+
+    import obstore
 
     from mithrilfs.store.cas import hash_bytes
 
-    data = b"kernel bytes" * 1000
-    h = hash_bytes(data).hex()
-    src = tmp_path / "blob"
-    src.write_bytes(data)
-    assert stores[0].missing_blobs({h: len(data)}) == [h]
-    assert stores[0].upload_blobs([(h, str(src)), ("cd" * 32, str(tmp_path / "gone"))]) == {"cd" * 32}
-    assert stores[1].missing_blobs({h: len(data)}) == []
-    assert stores[1].missing_blobs({h: len(data) + 1}) == [h]  # the wrong size is missing (and written over)
+    a, b, c = stores
+    blobs = {f"f{i}": os.urandom(1000 * (i + 1)) for i in range(6)} | {"big": os.urandom(2 << 20)}
+    hashes = {n: hash_bytes(d).hex() for n, d in blobs.items()}
+    for n, d in blobs.items():
+        (tmp_path / n).write_bytes(d)
+    sizes = {hashes[n]: len(d) for n, d in blobs.items()}
+    assert sorted(a.missing_blobs(sizes)) == sorted(sizes)
+    before = a.level.requests
+    assert a.upload_blobs([(hashes[n], str(tmp_path / n)) for n in blobs] + [("cd" * 32, str(tmp_path / "gone"))]
+                          ) == {"cd" * 32}
+    assert a.level.requests - before == 2  # one pack, one object of its own
+    objects = [m["path"][len(a.base):] for batch in obstore.list(a.quick, prefix=a.base) for m in batch]
+    assert sum(k.startswith("packs/") for k in objects) == 1 and sum(k.startswith("blobs/") for k in objects) == 1
+    assert a.missing_blobs(sizes) == []  # it knows what it packed: no HEAD for those
+    a.publish_entries([(f"k/{n}", RemoteEntry("f", 1, "a", hashes[n], len(d))) for n, d in blobs.items()])
+    # another node knows nothing until it reads the names, which say where each blob is
+    assert not b.knows_where(hashes["f0"])
+    names = b.list_dir("k")
+    assert all(names[n.encode()].pack is not None for n in blobs if n != "big") and names[b"big"].pack is None
+    assert b.knows_where(hashes["f0"]) and b.missing_blobs(sizes) == []
+    assert b.missing_blobs({hashes["big"]: (2 << 20) + 1}) == [hashes["big"]]  # the wrong size: written over
+    before = b.level.requests
+    small = [(hashes[n], len(d)) for n, d in blobs.items() if n != "big"]
+    assert b.fetch_small_blobs(small) == [d for n, d in blobs.items() if n != "big"]
+    assert b.level.requests - before == 1  # one range GET for the directory's six files
     out = io.BytesIO()
-    assert stores[2].fetch_blob(h, len(data), out) == hash_bytes(data) and out.getvalue() == data
-    assert stores[2].fetch_blob(h, len(data) - 1, io.BytesIO()) == b""  # not the size the entry says: never read
-    assert stores[2].fetch_blob("ef" * 32, 10, io.BytesIO()) is None
-    assert stores[2].fetch_small_blobs([(h, len(data)), ("ef" * 32, 3)]) == [data, None]
+    assert b.fetch_blob(hashes["f3"], 4000, out) == bytes.fromhex(hashes["f3"]) and out.getvalue() == blobs["f3"]
+    out = io.BytesIO()
+    assert b.fetch_blob(hashes["big"], 2 << 20, out) == bytes.fromhex(hashes["big"]) and out.getvalue() == blobs["big"]
+    assert b.fetch_blob(hashes["big"], (2 << 20) - 1, io.BytesIO()) == b""  # not its size: never read
+    assert b.fetch_blob("ef" * 32, 10, io.BytesIO()) is None
+    assert b.fetch_small_blobs([(hashes["f0"], 1000), ("ef" * 32, 3)]) == [blobs["f0"], None]
+    assert c.fetch_small_blobs([(hashes["f0"], 1000)]) == [None]  # not told where: its own object, absent
+    assert b.counters["remote_verify_failures"] == 0
 
 
 def test_a_manifest_too_large_to_read_is_still_replaced_only_if_unchanged(stores: list[S3Store], monkeypatch):
@@ -214,3 +241,21 @@ def test_a_directory_with_too_many_names_is_refused_and_never_grown_past_the_lim
     assert results == [(True, RemoteEntry("f", 5, "a", HASH, 1)), (False, None)]
     listed = b.list_dir("full")
     assert len(listed) == 50 and b"extra" not in listed and listed[b"n0"].version == 6
+
+
+def test_a_publish_merges_into_the_manifest_as_last_seen_without_reading_it(stores: list[S3Store]):
+    """A writer's next batch to a directory is one PUT If-Match (no GET); one that changes nothing sends
+    nothing; another writer in between costs a 412 and a read, and nothing is lost."""
+    a, b = stores[0], stores[1]
+
+    def cost(store: S3Store, items: list) -> int:
+        before = store.level.requests
+        store.publish_entries(items)
+        return store.level.requests - before
+
+    assert cost(a, [("d/x", RemoteEntry("f", 1, "a", HASH, 1))]) == 1  # never seen: tried as absent
+    assert cost(a, [("d/y", RemoteEntry("f", 2, "a", HASH, 1))]) == 1  # If-Match what it wrote
+    assert cost(a, [("d/y", RemoteEntry("f", 2, "a", HASH, 1))]) == 0  # nothing new: nothing sent
+    assert cost(b, [("d/z", RemoteEntry("f", 3, "b", HASH, 1))]) == 3  # exists: 412, read, put
+    assert cost(a, [("d/w", RemoteEntry("f", 4, "a", HASH, 1))]) == 3  # b came in between: 412, read, put
+    assert set(stores[2].list_dir("d")) == {b"x", b"y", b"z", b"w"}

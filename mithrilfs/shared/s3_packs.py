@@ -1,0 +1,244 @@
+"""Small blobs in a bucket travel in packs: one PUT for a batch's blobs, one range GET for a directory's files.
+
+One object per blob costs one request per file to publish and one per file
+to read, and a fleet's bucket is 10-50 ms per request away (issue 21:
+84,000 requests to publish 1,500 Triton kernels).  So the uploader puts the
+small blobs of a batch (up to ``PACK_BLOB_BYTES`` each; larger ones stay
+their own objects, ``blobs/HH/HEX``) into *packs*: ``packs/HH/ID``, the
+blobs concatenated in the order the batch gives them (one directory's
+together, in the order they were written), cut at ``PACK_BYTES``, written
+once (``If-None-Match: *``); ID is the first 128 bits of the pack's own
+blake3, so a pack is never two things.  A pack has no index of its own:
+each file's entry in its directory's manifest carries its blob's pack and
+offset (``RemoteEntry.pack``/``offset``, signed and validated like every
+other field), so a reader learns where a directory's blobs are from the
+same GET that lists it, and fetches a kernel's files with one range GET
+(adjacent ranges of one pack coalesced: gaps up to ``GAP_BYTES``, at most
+``RANGE_BYTES`` a request).
+
+Content addressing and verification stay per blob: every range is cut into
+its blobs and each must hash to its name at its size.  A range that does
+not (a corrupted or truncated pack, a pack gone, a location that lies) is
+never served: the blob's own object is tried instead, and when that is not
+good either the blob is reported bad (``s3_repair``), so the next upload of
+it by a node holding the bytes (at the latest a ``push``) writes it as its
+own object, where readers then find it.
+
+Where blobs are is remembered per store (``KNOWN_BLOBS``, oldest forgotten
+first), learned from every entry this node reads or writes and from its
+own uploads; the uploader counts a small blob it knows the place of as
+present (no HEAD), and one it does not as missing: two nodes racing to
+publish the same bytes may both pack them (a duplicate, never a loss).  A
+blob materialized in an earlier mount whose place is not known is found by
+reading its directory again (``RemoteStore.knows_where``).  The map is
+forgotten when the bucket's epoch changes (emptied: every pack is gone).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import blake3
+
+from mithrilfs.cache.writepath import crash_point
+from mithrilfs.shared.entries import MAX_PACK_BYTES, RemoteEntry
+
+if TYPE_CHECKING:
+    from mithrilfs.shared.s3_wire import S3Store
+
+log = logging.getLogger(__name__)
+
+#: A pack is cut once it would grow past this (``MAX_PACK_BYTES`` bounds what a reader accepts).
+PACK_BYTES = 32 << 20
+#: Blobs up to this size go into packs; larger ones stay their own objects.
+PACK_BLOB_BYTES = 1 << 20
+#: Ranges of one pack this close are fetched in one request (the gap's bytes are read and dropped).
+GAP_BYTES = 256 << 10
+#: One coalesced range GET spans at most this.
+RANGE_BYTES = 8 << 20
+#: Places of blobs remembered (about 250 bytes each); the oldest are forgotten first (re-learned from
+#: their directory when read).  1,500 Triton kernels are 10,500 files.
+KNOWN_BLOBS = 1 << 18
+
+assert PACK_BYTES + PACK_BLOB_BYTES <= MAX_PACK_BYTES
+
+#: Where a blob is: (pack id, offset), or None for its own object.
+Location = tuple[str, int] | None
+
+
+def pack_key(pack_id: str) -> str:
+    return f"packs/{pack_id[:2]}/{pack_id}"
+
+
+class Packs:
+    """One store's packs: where blobs are, writing packs, reading ranges (see the module doc)."""
+
+    def __init__(self, store: S3Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._where: dict[str, Location] = {}
+
+    # -- where blobs are ---------------------------------------------------------
+    def learn(self, entries: Iterable[RemoteEntry]) -> None:
+        """Entries read or written: a located one tells where its blob is; one without a location says
+        the blob is its own object (unless a pack of it is known)."""
+        with self._lock:
+            for e in entries:
+                if e.type != "f" or e.hash is None:
+                    continue
+                if e.pack is not None and e.size <= PACK_BLOB_BYTES:  # no reader holds more in memory
+                    self._remember(e.hash, (e.pack, e.offset))
+                elif e.hash not in self._where:
+                    self._remember(e.hash, None)
+
+    def _remember(self, h: str, loc: Location) -> None:
+        self._where.pop(h, None)
+        self._where[h] = loc
+        if len(self._where) > KNOWN_BLOBS:
+            del self._where[next(iter(self._where))]
+
+    def knows(self, h: str) -> bool:
+        with self._lock:
+            return h in self._where
+
+    def location(self, h: str) -> Location:
+        with self._lock:
+            return self._where.get(h)
+
+    def in_own_object(self, h: str) -> None:
+        """The blob was just written as its own object (a repair): readers go there first."""
+        with self._lock:
+            self._remember(h, None)
+
+    def forget_all(self) -> None:
+        """The bucket was emptied (a new epoch): no pack this node knew of is there."""
+        with self._lock:
+            self._where.clear()
+
+    def locate(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
+        """File entries with the place of their blob where it is in a known pack."""
+        out = []
+        with self._lock:
+            for path, e in items:
+                loc = self._where.get(e.hash) if e.type == "f" and e.pack is None and e.hash else None
+                out.append((path, replace(e, pack=loc[0], offset=loc[1]) if loc is not None else e))
+        return out
+
+    # -- writing -----------------------------------------------------------------
+    def upload(self, files: list[tuple[str, str, int]], gone: set[str]) -> None:
+        """Pack these blobs (hex, file, size) in their order, one pack at a time (memory: one pack).
+
+        Each file is hashed as it is packed: a local copy that does not
+        match its name is not uploaded (it joins *gone*: its names are not
+        published), so a corrupt local file never reaches the fleet.
+        """
+        buf = bytearray()
+        members: list[tuple[str, int]] = []
+        for h, path, _size in files:
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(PACK_BLOB_BYTES + 1)
+            except FileNotFoundError:
+                gone.add(h)  # evicted before it could be uploaded: publish nothing for it
+                continue
+            if blake3.blake3(data).hexdigest() != h:
+                log.error("local copy of blob %s does not match its hash: not uploaded", h)
+                gone.add(h)
+                continue
+            if buf and len(buf) + len(data) > PACK_BYTES:
+                self._put_pack(bytes(buf), members)
+                buf, members = bytearray(), []
+            members.append((h, len(buf)))
+            buf += data
+        if members:
+            self._put_pack(bytes(buf), members)
+
+    def _put_pack(self, data: bytes, members: list[tuple[str, int]]) -> None:
+        pack_id = blake3.blake3(data).hexdigest()[:32]
+        s = self.store
+        if s._put(s.blobs_for(len(data)), pack_key(pack_id), data, "create", len(data)):
+            s._count("remote_uploaded_bytes", len(data))
+        # else: a pack with these very bytes is there already (its id is their hash)
+        with self._lock:
+            for h, offset in members:
+                self._remember(h, (pack_id, offset))
+        crash_point("pack_uploaded")  # the tests': a node killed between a pack and its names
+
+    # -- reading -----------------------------------------------------------------
+    def fetch(self, blobs: list[tuple[str, int]], out: list[bytes | None]) -> list[int]:
+        """Fill *out* with the verified bytes of the blobs known to be in packs, coalescing each pack's
+        ranges; the indices whose pack did not give good bytes (the caller tries their own objects)."""
+        located: dict[str, list[tuple[int, int, int]]] = {}
+        for i, (h, size) in enumerate(blobs):
+            loc = self.location(h)
+            if loc is not None and 0 < size <= PACK_BLOB_BYTES:
+                located.setdefault(loc[0], []).append((loc[1], size, i))
+        runs: list[tuple[str, int, int, list[tuple[int, int, int]]]] = []
+        for pack_id, members in located.items():
+            members.sort()
+            run: list[tuple[int, int, int]] = []
+            start = end = 0
+            for offset, size, i in members:
+                if run and (offset - end > GAP_BYTES or offset + size - start > RANGE_BYTES):
+                    runs.append((pack_id, start, end, run))
+                    run = []
+                if not run:
+                    start, end = offset, offset
+                run.append((offset, size, i))
+                end = max(end, offset + size)
+            runs.append((pack_id, start, end, run))
+        failed: list[int] = []
+        lock = threading.Lock()
+
+        def one(item: tuple[str, int, int, list[tuple[int, int, int]]]) -> None:
+            pack_id, start, end, members = item
+            data = self.read_range(pack_id, start, end)
+            for offset, size, i in members:
+                piece = data[offset - start:offset - start + size] if data is not None else b""
+                if len(piece) == size and blake3.blake3(piece).hexdigest() == blobs[i][0]:
+                    out[i] = piece
+                    self.store._count("remote_fetched_bytes", size)
+                else:
+                    with lock:
+                        failed.append(i)
+
+        self.store._parallel(one, runs)
+        return sorted(failed)
+
+    def read_range(self, pack_id: str, start: int, end: int) -> bytes | None:
+        """Bytes [start, end) of a pack (fewer when it is shorter), counted as they arrive; None when the
+        pack is not there or the range is past its end (a location that lies: bad data, no failure)."""
+        import obstore.exceptions
+
+        s = self.store
+        client = s.blobs_for(end - start)
+        try:
+            result = s._unless_absent(lambda: _obstore().get(client, s.base + pack_key(pack_id),
+                                                             options={"range": (start, end)}))
+        except obstore.exceptions.GenericError as e:
+            if "416" not in str(e) and "Range" not in str(e):
+                raise
+            s.level.moved()
+            return None
+        if result is None:
+            return None
+        parts: list[bytes] = []
+        got = 0
+        for chunk in result.stream(min_chunk_size=256 << 10):
+            part = bytes(chunk)
+            parts.append(part[:end - start - got])
+            got += len(part)
+            s.level.moved(down=len(part), requests=0)  # as it arrives: the bound on a wait sees progress
+            if got >= end - start:
+                break
+        return b"".join(parts)
+
+
+def _obstore() -> Any:
+    import obstore
+
+    return obstore

@@ -1,0 +1,277 @@
+"""Small blobs travel through a bucket in packs (``shared/s3_packs``): cheap to publish, cheap to read.
+
+A real SeaweedFS, real mounts; requests are counted by the project's delay
+proxy (``scripts/delay_proxy.py``, no delay added) in front of the bucket,
+by method and by area of the layout (names, packs, blobs, sets, epoch).
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import json
+import os
+import secrets
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import MountFactory, RedisServer, SeaweedFS, run_cli, wait_for, wait_uploaded
+from test_shared_s3 import BASE, _s3, errno_of_read, get, keys, manifest, pack_key, put, stored_blob
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def _delay_proxy() -> Any:
+    spec = importlib.util.spec_from_file_location("delay_proxy", SCRIPTS / "delay_proxy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["delay_proxy"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+AREAS = ("blobs", "packs", "names", "sets", "epoch", "bad")
+
+
+def area(method: str, target: str) -> str:
+    """The proxy's label: the method and the area of the layout ("GET packs"), else the query's first key."""
+    path, _, query = target.partition("?")
+    found = next((s for s in path.split("/") if s in AREAS), None)
+    return f"{method} {found or '?' + query.split('=')[0].split('&')[0]}"
+
+
+@pytest.fixture
+def proxy(shared_seaweedfs: SeaweedFS) -> Iterator[Any]:
+    """The delay proxy (no delay) in front of the module's SeaweedFS, counting requests by area."""
+    dp = _delay_proxy()
+    with dp.DelayProxy("127.0.0.1", shared_seaweedfs.ports["s3"], protocol="http", label=area) as p:
+        yield p
+
+
+@pytest.fixture
+def bucket(shared_seaweedfs: SeaweedFS, request: pytest.FixtureRequest) -> str:
+    name = "p-" + request.node.name.replace("_", "-")[:40].rstrip("-").lower()
+    shared_seaweedfs.create_bucket(name)
+    return name
+
+
+def write_kernel(cache: Path, key: str, files: dict[str, bytes]) -> None:
+    """As Triton's ``FileCacheManager.put``: each file written in a temporary directory of its own inside
+    the kernel's directory, renamed into place, the temporary directory removed."""
+    d = cache / key
+    d.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        tmp_dir = d / f"tmp.pid_{os.getpid()}_{secrets.token_hex(4)}"
+        tmp_dir.mkdir()
+        (tmp_dir / name).write_bytes(data)
+        os.replace(tmp_dir / name, d / name)
+        tmp_dir.rmdir()
+
+
+def workload(kernels: int, seed: int = 0) -> dict[str, dict[str, bytes]]:
+    """Triton-like kernel directories: six small files each, 1-30 KB."""
+    import random
+
+    rnd = random.Random(seed)
+    return {format(rnd.getrandbits(128), "032x"): {
+        f"kernel.{s}": rnd.randbytes(rnd.randrange(1000, 30_000)) for s in ("cubin", "ptx", "ttir", "ttgir", "llir")}
+        | {"kernel.json": json.dumps({"i": i}).encode()} for i in range(kernels)}
+
+
+def count(proxy: Any, label: str) -> int:
+    return proxy.labels().get(label, 0)
+
+
+@pytest.mark.timeout(240)
+def test_a_new_node_loads_a_packed_workload_with_a_bounded_number_of_requests(
+        mount_factory: MountFactory, shared_seaweedfs: SeaweedFS, bucket: str, proxy: Any):
+    """Node A publishes 40 kernels in Triton's layout (a temporary directory per file) at <= 2 requests a
+    file (measured before packs: 4.85 a file, a HEAD and a PUT per blob and a manifest GET per create); the
+    bucket holds packs, not one object per blob; a new node reads every kernel lazily, byte for byte, at
+    one manifest GET per kernel and one range GET per pack its files are in (design.md, "Packs")."""
+    env = shared_seaweedfs.env(AWS_ENDPOINT_URL=f"http://127.0.0.1:{proxy.port}")
+    kernels = workload(40)
+    files = sum(len(f) for f in kernels.values())
+    a = mount_factory("a", *_s3(bucket), env=env)
+    wait_for(lambda: a.stats()["remote_levels"][0]["requests"] > 0, 10, "the first epoch check")
+    proxy.reset()
+    for key, kfiles in kernels.items():
+        write_kernel(a.mountpoint / "triton", key, kfiles)
+    wait_uploaded(a, 60)
+    published = proxy.counts()["requests"]
+    assert published <= 2 * files, (published, proxy.labels())
+    # what the writes cost beyond the publish itself: no HEAD, no loose blob, no manifest GET per create
+    assert count(proxy, "HEAD blobs") == 0 and count(proxy, "PUT blobs") == 0, proxy.labels()
+    assert count(proxy, "GET names") <= 3 * len(kernels), proxy.labels()
+    stored = keys(shared_seaweedfs, bucket)
+    assert not [k for k in stored if "/blobs/" in k]
+    print("publish", published, proxy.labels())
+    assert 1 <= len([k for k in stored if "/packs/" in k]) <= files // 2
+    # a kernel's files are in as many packs as the upload batches they went in (one when written together)
+    ranges = sum(len({e["pk"] for e in manifest(shared_seaweedfs, bucket, f"triton/{key}").values()})
+                 for key in kernels)
+    assert ranges < files // 2
+    # a new node, lazily: every byte equals A's; per kernel one manifest GET and a range GET per pack
+    b = mount_factory("b", *_s3(bucket), env=env)
+    proxy.reset()
+    for key, kfiles in kernels.items():
+        for name, data in kfiles.items():
+            assert (b.mountpoint / "triton" / key / name).read_bytes() == data, (key, name)
+    labels = proxy.labels()
+    assert count(proxy, "GET names") <= len(kernels) + 2, labels  # + the root and triton/, once
+    assert count(proxy, "GET packs") <= ranges, labels
+    assert count(proxy, "GET blobs") == 0, labels
+    s = b.stats()
+    assert s["remote_verify_failures"] == 0 and s["remote_fetched_bytes"] == sum(
+        len(d) for f in kernels.values() for d in f.values())
+
+
+def test_a_name_materialized_before_a_remount_is_read_after_it(mount_factory: MountFactory,
+                                                               shared_seaweedfs: SeaweedFS, bucket: str):
+    """B lists a kernel's directory (its names come, not their content), unmounts, mounts again and reads:
+    where each blob is was in the names it read in the first mount, so it reads the directory again."""
+    env = shared_seaweedfs.env()
+    kernels = workload(2, seed=1)
+    a = mount_factory("a", *_s3(bucket), env=env)
+    for key, kfiles in kernels.items():
+        write_kernel(a.mountpoint, key, kfiles)
+    wait_uploaded(a)
+    b = mount_factory("b", *_s3(bucket), env=env)
+    for key, kfiles in kernels.items():
+        assert sorted(os.listdir(b.mountpoint / key)) == sorted(kfiles)
+    assert b.stats()["physical_bytes"] == 0
+    b.remount()
+    for key, kfiles in kernels.items():
+        for name, data in kfiles.items():
+            assert (b.mountpoint / key / name).read_bytes() == data, (key, name)
+
+
+@pytest.mark.timeout(120)
+def test_a_node_killed_between_a_pack_and_its_names_loses_nothing(mount_factory: MountFactory,
+                                                                  shared_seaweedfs: SeaweedFS, bucket: str):
+    """Killed after its first pack went and before the names that locate it: the successor sends the queue
+    again; every location in the bucket gives the right bytes, and a new node reads everything."""
+    env = shared_seaweedfs.env()
+    kernels = workload(6, seed=2)
+    a = mount_factory("a", *_s3(bucket), env=env | {"MITHRILFS_TEST_CRASH_AT": "pack_uploaded"})
+    for key, kfiles in kernels.items():
+        write_kernel(a.mountpoint, key, kfiles)
+    wait_for(lambda: a.stats()["restarts"] == 1, 60, "the daemon killed at its first pack to be replaced")
+    a.pid = a.stats()["pid"]
+    wait_uploaded(a, 60)
+    for key, kfiles in kernels.items():
+        for name, data in kfiles.items():
+            assert stored_blob(shared_seaweedfs, bucket, f"{key}/{name}") == data, (key, name)
+    b = mount_factory("b", *_s3(bucket), env=env)
+    for key, kfiles in kernels.items():
+        for name, data in kfiles.items():
+            assert (b.mountpoint / key / name).read_bytes() == data, (key, name)
+
+
+def test_two_nodes_publishing_the_same_blobs_at_once_both_end_readable(mount_factory: MountFactory,
+                                                                        shared_seaweedfs: SeaweedFS, bucket: str):
+    """Neither knows the other packed the same bytes: both pack them (a duplicate, never a loss), the
+    names converge on one version each, and a third node reads every file."""
+    env = shared_seaweedfs.env()
+    kernels = workload(8, seed=3)
+    a = mount_factory("a", *_s3(bucket), env=env)
+    b = mount_factory("b", *_s3(bucket), env=env)
+    writers = [threading.Thread(target=lambda m=m: [write_kernel(m.mountpoint, k, f) for k, f in kernels.items()])
+               for m in (a, b)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    wait_uploaded(a)
+    wait_uploaded(b)
+    c = mount_factory("c", *_s3(bucket), env=env)
+    for key, kfiles in kernels.items():
+        for name, data in kfiles.items():
+            assert stored_blob(shared_seaweedfs, bucket, f"{key}/{name}") == data, (key, name)
+            assert (c.mountpoint / key / name).read_bytes() == data, (key, name)
+
+
+def test_a_location_that_lies_is_never_served(mount_factory: MountFactory, shared_seaweedfs: SeaweedFS,
+                                              bucket: str):
+    """An entry planted with another blob's place (unsigned mode: anyone with write access), or a place past
+    the pack's end: the bytes there do not hash to the entry's name, so the read is EIO, never them."""
+    from test_shared_s3 import file_entry, set_entry
+
+    weed, env = shared_seaweedfs, shared_seaweedfs.env()
+    a = mount_factory("a", *_s3(bucket), env=env)
+    write_kernel(a.mountpoint, "k", {"real.so": os.urandom(5000), "other.so": os.urandom(5000)})
+    wait_uploaded(a)
+    real = manifest(weed, bucket, "k")["real.so"]
+    wanted = os.urandom(5000)
+    set_entry(weed, bucket, "k", "redirected.so", file_entry(wanted, pk=real["pk"], po=real["po"]))
+    set_entry(weed, bucket, "k", "past-the-end.so", file_entry(wanted, pk=real["pk"], po=(32 << 20)))
+    set_entry(weed, bucket, "k", "no-such-pack.so", file_entry(wanted, pk="0" * 32, po=0))
+    b = mount_factory("b", *_s3(bucket), env=env)
+    for name in ("redirected.so", "past-the-end.so", "no-such-pack.so"):
+        assert errno_of_read(b.mountpoint / "k" / name) == errno.EIO, name
+    assert (b.mountpoint / "k" / "real.so").read_bytes() == stored_blob(weed, bucket, "k/real.so")
+    assert b.stats()["remote_levels"][0]["reachable"]  # bad data, not a failure of the bucket
+
+
+def test_redis_in_front_passes_the_locations_through(mount_factory: MountFactory, shared_seaweedfs: SeaweedFS,
+                                                     bucket: str, redis_server: RedisServer):
+    """Names written to Redis, by the writer or copied from the bucket's manifest, keep where the bucket
+    holds each blob: a node that lists from Redis alone and finds a blob only in the bucket reads it."""
+    env = shared_seaweedfs.env()
+    both = ("--remote", redis_server.url, *_s3(bucket))
+    a = mount_factory("a", *both, env=env)
+    kfiles = {f"f{i}.so": os.urandom(3000) for i in range(5)}
+    write_kernel(a.mountpoint, "k", kfiles)
+    wait_uploaded(a)
+
+    def redis_entries() -> dict[str, dict]:
+        out = redis_server.cli("HGETALL", "mfs:default:d:k").stdout.split("\n")
+        pairs = dict(zip(out[0::2], out[1::2]))
+        return {n: json.loads(v) for n, v in pairs.items() if n in kfiles}
+
+    assert all("pk" in e for e in redis_entries().values()), redis_entries()
+    # Redis restarted empty: the names come back into it from the bucket, with their places
+    redis_server.stop()
+    redis_server.start()
+    c = mount_factory("c", *both, env=env)
+    assert sorted(os.listdir(c.mountpoint / "k")) == sorted(kfiles)
+    wait_for(lambda: set(redis_entries()) == set(kfiles), 10, "Redis to hold the names again")
+    assert all("pk" in e for e in redis_entries().values()), redis_entries()
+    # D lists from Redis alone (complete), Redis holds no blob: each comes from its pack
+    d = mount_factory("d", *both, env=env)
+    for name, data in kfiles.items():
+        assert (d.mountpoint / "k" / name).read_bytes() == data, name
+    assert d.stats()["remote_levels"][1]["bytes_in"] >= sum(len(v) for v in kfiles.values())
+
+
+def test_a_corrupted_pack_is_never_served_and_is_repaired(mount_factory: MountFactory,
+                                                          shared_seaweedfs: SeaweedFS, bucket: str):
+    """A pack's bytes flipped in the bucket: every file whose range is hit reads EIO (none served), each is
+    reported; the push of the node holding them writes each as its own object; a new node reads all (its
+    pack's range still bad, its own object good) without reporting again."""
+    weed, env = shared_seaweedfs, shared_seaweedfs.env()
+    a = mount_factory("a", *_s3(bucket), env=env)
+    kfiles = {f"f{i}.so": os.urandom(4000) for i in range(4)}
+    write_kernel(a.mountpoint, "k", kfiles)
+    wait_uploaded(a)
+    entries = manifest(weed, bucket, "k")
+    pack_id = entries["f0.so"]["pk"]
+    pack = get(weed, bucket, pack_key(pack_id))
+    assert pack is not None and all(e["pk"] == pack_id for e in entries.values())
+    put(weed, bucket, pack_key(pack_id), bytes(b ^ 0xFF for b in pack))  # every byte wrong, the size kept
+    b = mount_factory("b", *_s3(bucket), env=env)
+    for name in kfiles:
+        assert errno_of_read(b.mountpoint / "k" / name) == errno.EIO, name
+    assert b.stats()["physical_bytes"] == 0
+    wait_for(lambda: len(keys(weed, bucket, BASE + "bad/")) == len(kfiles), 10, "every bad blob reported")
+    res = run_cli("push", str(a.mountpoint))
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: keys(weed, bucket, BASE + "bad/") == [], 30, "the push to repair every reported blob")
+    c = mount_factory("c", *_s3(bucket), env=env)
+    for name, data in kfiles.items():
+        assert (c.mountpoint / "k" / name).read_bytes() == data, name
+    assert keys(weed, bucket, BASE + "bad/") == [] and c.stats()["remote_bad_blobs_reported"] == 0
