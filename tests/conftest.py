@@ -434,7 +434,7 @@ def free_port() -> int:
     The port is released before the server binds it, so two workers asking
     at once could be given the same one, and a server that lost that race
     would leave its test talking to the other worker's server.  Each worker
-    takes only ports whose number modulo the worker count is its own index.
+    takes only ports whose number halved, modulo the worker count, is its own index.
     """
     import socket
 
@@ -449,7 +449,9 @@ def free_port() -> int:
 def _this_workers(port: int) -> bool:
     """Whether *port* is in this pytest-xdist worker's share (all of them without xdist)."""
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return port % count == int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    # by port // 2: Linux hands out even ports to bind(0) (odd ones go to connect), so the port's parity
+    # alone would leave a second worker no port at all
+    return (port // 2) % count == int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
 
 
 @pytest.fixture

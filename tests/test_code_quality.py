@@ -62,6 +62,7 @@ _BIG_MODULES_ALLOWED = {
 _TYPE_CYCLES_ALLOWED = [
     {"mithrilfs.shared.prefetch", "mithrilfs.shared.remote_tier", "mithrilfs.shared.write_behind"},
     {"mithrilfs.shared.s3_wire", "mithrilfs.shared.s3_repair"},
+    {"mithrilfs.shared.s3_wire", "mithrilfs.shared.s3_blobs"},
 ]
 
 
