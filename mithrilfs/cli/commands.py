@@ -28,9 +28,12 @@ from mithrilfs.cli.client import (
 )
 from mithrilfs.cli.parser import given_settings
 from mithrilfs.daemon import ended
-from mithrilfs.daemon import lifecycle as daemon
+from mithrilfs.daemon.launch import mount
+from mithrilfs.daemon.mountpoint import clean_stale_mount, daemon_pid, forbidden_message, is_fuse_mount, probe_mount
+from mithrilfs.daemon.options import MountOptions
 from mithrilfs.daemon.process import call_within, in_child
-from mithrilfs.errors import UsageError
+from mithrilfs.daemon.umount import pending_uploads, umount
+from mithrilfs.errors import MountError, UsageError
 from mithrilfs.jitcaches import catalog, leaks
 from mithrilfs.shared.redis_wire import url_password, without_password
 from mithrilfs.store.open import StoreError, default_store
@@ -86,7 +89,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     if not args.remote_namespace or not all(c.isalnum() or c in "-_." for c in args.remote_namespace):
         usage_error(f"invalid namespace {args.remote_namespace!r} (letters, digits, - _ .)")
     password = _remote_password(args)
-    opts = daemon.MountOptions(
+    opts = MountOptions(
         policy=policy,
         metrics_port=args.metrics_port,
         remote=without_password(args.remote) if args.remote else None,
@@ -113,7 +116,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     if s3 is not None:
         _refuse_misconfigured_bucket(opts)
     outside = leaks.measure(dict(os.environ))
-    status = daemon.mount(opts)
+    status = mount(opts)
     if status == 0 and not opts.foreground:
         leaks.save_at_mount(store, outside)  # status reports what the mount's users write outside it
     if status == 0 and opts.remote is not None and not opts.foreground:
@@ -153,7 +156,7 @@ def _remote_stores(args: argparse.Namespace) -> tuple[str | None, S3Settings | N
         usage_error(str(e))
 
 
-def _refuse_misconfigured_bucket(opts: daemon.MountOptions) -> None:
+def _refuse_misconfigured_bucket(opts: MountOptions) -> None:
     """A missing bucket or refused credentials will not mend themselves: an error before anything mounts.
 
     An endpoint that does not answer may (the mount then works alone and
@@ -175,7 +178,7 @@ def _refuse_misconfigured_bucket(opts: daemon.MountOptions) -> None:
         usage_error(problem)
 
 
-def _warn_if_unreachable(opts: daemon.MountOptions) -> None:
+def _warn_if_unreachable(opts: MountOptions) -> None:
     """The mount works as a local cache without its shared store, but the user should know it is alone."""
     def probe() -> str:
         from mithrilfs.shared.connect import RemoteError, open_remote
@@ -230,17 +233,17 @@ _PASSWORD_ENV = "MITHRILFS_REMOTE_PASSWORD"
 
 def _cmd_umount(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
-    if daemon.clean_stale_mount(mp):  # nothing to flush: its daemon and supervisor are gone (ENOTCONN)
+    if clean_stale_mount(mp):  # nothing to flush: its daemon and supervisor are gone (ENOTCONN)
         print(f"mithrilfs: {mp} was a dead mount (its daemon is gone): detached it", file=sys.stderr)
         return 0
     try:
         before = read_stats(mp)
     except (OSError, ValueError, UsageError):
         before = None
-    daemon.umount(mp, lazy=args.lazy)
+    umount(mp, lazy=args.lazy)
     catalog.drop_headers_link(mp, dict(os.environ))
     if before is not None and "upload_queue" in before:
-        pending = daemon.pending_uploads(Path(before["store"]))
+        pending = pending_uploads(Path(before["store"]))
         if pending:
             why = before.get("remote_last_error") or "still queued"
             print(f"mithrilfs: {pending} changes not yet in the shared tier ({why}); kept in the store"
@@ -369,7 +372,7 @@ def _cmd_why(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.path} is not inside {mount}")
         under = "" if under == "." else under
     if not os.access(store, os.R_OK | os.X_OK):
-        raise daemon.MountError(f"cannot read the events of {store}: permission denied")
+        raise MountError(f"cannot read the events of {store}: permission denied")
     groups = why.report(store, mount, under)
     if args.json:
         # the counters come from the mount's stats; without a mount, the events alone
@@ -385,11 +388,11 @@ def _cmd_restart(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
     before = read_stats(mp)
     if not (mp / ".mithrilfs" / "restart").exists():
-        raise daemon.MountError(f"{mp}: this mount has no supervisor to hand it over to (its daemon could not start"
-                                " one, or is older than restarts): unmount and mount it again instead")
+        raise MountError(f"{mp}: this mount has no supervisor to hand it over to (its daemon could not start"
+                         " one, or is older than restarts): unmount and mount it again instead")
     if before.get("supervisor") == "gone":
-        raise daemon.MountError(f"{mp}: restart refused: its supervisor is gone (killed?), so no new daemon would"
-                                " take over; the daemon serves on: unmount and mount again to restart it")
+        raise MountError(f"{mp}: restart refused: its supervisor is gone (killed?), so no new daemon would"
+                         " take over; the daemon serves on: unmount and mount again to restart it")
     path = control_file(mp, "restart")
     deadline = time.monotonic() + args.timeout
     control_command(path, "restart", answered=False)
@@ -401,17 +404,17 @@ def _cmd_restart(args: argparse.Namespace) -> int:
     except ValueError:
         refused = {}
     if isinstance(refused, dict) and refused.get("restarting") is False:
-        raise daemon.MountError(f"{mp}: restart refused: {refused.get('error')}")
+        raise MountError(f"{mp}: restart refused: {refused.get('error')}")
     while True:
         # reads wait in the kernel while the daemons change places: the answer comes from the new one,
         # in a thread of its own, so a successor that never serves cannot hold this past the timeout
-        pid = call_within(lambda: daemon.daemon_pid(mp), deadline - time.monotonic())
+        pid = call_within(lambda: daemon_pid(mp), deadline - time.monotonic())
         if pid is not None and pid != before["pid"]:
             break
-        if time.monotonic() > deadline or (pid is None and not daemon.is_fuse_mount(mp)):
-            raise daemon.MountError(f"{mp}: no new daemon took over within {args.timeout:g} s"
-                                    + (" (the handover was asked for and may still complete: see 'mithrilfs "
-                                       "status')" if daemon.is_fuse_mount(mp) else " (the mount is gone)"))
+        if time.monotonic() > deadline or (pid is None and not is_fuse_mount(mp)):
+            raise MountError(f"{mp}: no new daemon took over within {args.timeout:g} s"
+                             + (" (the handover was asked for and may still complete: see 'mithrilfs "
+                                "status')" if is_fuse_mount(mp) else " (the mount is gone)"))
         time.sleep(0.05)
     after = read_stats(mp)
     print(f"{mp}: restarted: daemon {before['pid']} (mithrilfs {before.get('version', '?')}) handed over to "
@@ -428,12 +431,12 @@ def _restarts_line(snap: dict[str, Any]) -> str:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
-    state = daemon.probe_mount(mp, timeout=1.0)
+    state = probe_mount(mp, timeout=1.0)
     snap: dict[str, Any] = {}
     if state == "live":
         try:
             snap = read_stats(mp)
-        except (OSError, ValueError, UsageError, daemon.MountError):
+        except (OSError, ValueError, UsageError, MountError):
             state = "foreign"
     prefetch = snap.get("prefetch") or {}
     if state == "live" and args.ready and prefetch.get("state") == "running":
@@ -466,7 +469,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     elif state == "prefetching":
         print(f"{mp}: live, prefetching ({prefetch.get('files', 0)} of {prefetch.get('total_files', '?')} files)")
     elif state == "forbidden":
-        print(daemon.forbidden_message(mp))
+        print(forbidden_message(mp))
     elif state == "unmounted" and (gone := ended.read(os.path.realpath(mp))) is not None:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(gone["at"]))
         print(f"{mp}: not mounted: detached at {at}: {gone['reason']}")
@@ -505,7 +508,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
             os.chmod(partial, args.mode)
         os.rename(partial, args.file)
     except OSError as e:
-        raise daemon.MountError(f"cannot write {args.file}: {e.strerror}") from None
+        raise MountError(f"cannot write {args.file}: {e.strerror}") from None
     finally:
         partial.unlink(missing_ok=True)
     if args.json:
@@ -668,7 +671,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
     held = holder_record(root) or {}
     if (given or args.reset) and held:
         mp = Path(held["mountpoint"])
-        if daemon.probe_mount(mp, timeout=5.0) == "live":
+        if probe_mount(mp, timeout=5.0) == "live":
             applied = control_command(control_file(mp, "settings"), "reload")
     shown = {k: getattr(policy, field) for k, (field, _) in settings.SETTINGS.items()}
     if args.json:

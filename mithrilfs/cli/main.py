@@ -12,8 +12,7 @@ from collections.abc import Sequence
 
 from mithrilfs.cli import commands, jit_commands
 from mithrilfs.cli.parser import build_parser
-from mithrilfs.daemon import lifecycle as daemon
-from mithrilfs.errors import UsageError
+from mithrilfs.errors import MountError, UsageError
 from mithrilfs.store.open import StoreError
 
 
@@ -32,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"mithrilfs: error: {e}", file=sys.stderr)
         return 2
-    except (daemon.MountError, StoreError) as e:
+    except (MountError, StoreError) as e:
         print(f"mithrilfs: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
