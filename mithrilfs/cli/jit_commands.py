@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from mithrilfs.cli.client import control_command, control_file, read_stats
-from mithrilfs.cli.commands import store_policy
+from mithrilfs.cli.store_settings import store_policy
 from mithrilfs.daemon.launch import mount
 from mithrilfs.daemon.mountpoint import forbidden_message, probe_mount
 from mithrilfs.daemon.options import MountOptions
