@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 
 # the daemon's own definitions: a FUSE mount at the path, the pid its control dir reports,
 # "alive" meaning not a zombie
-from mithrilfs.daemon.lifecycle import daemon_pid, pid_alive
-from mithrilfs.daemon.lifecycle import is_fuse_mount as is_mounted
+from mithrilfs.daemon.mountpoint import daemon_pid
+from mithrilfs.daemon.mountpoint import is_fuse_mount as is_mounted
+from mithrilfs.daemon.process import pid_alive
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "mithrilfs"]

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from mithrilfs.control.files import CONTROL_NAME
-from mithrilfs.daemon import lifecycle as daemon
-from mithrilfs.errors import UsageError
+from mithrilfs.daemon.mountpoint import forbidden_message, probe_mount
+from mithrilfs.errors import MountError, UsageError
 from mithrilfs.units import format_size
 
 
@@ -28,9 +28,9 @@ def usage_error(message: str) -> NoReturn:
 def control_file(mountpoint: Path, name: str) -> Path:
     """A file of the mount's control directory, or a one-line error when it is not a live mount."""
     mp = mountpoint.expanduser().absolute()
-    state = daemon.probe_mount(mp, timeout=5.0)
+    state = probe_mount(mp, timeout=5.0)
     if state == "forbidden":
-        raise daemon.MountError(daemon.forbidden_message(mp))
+        raise MountError(forbidden_message(mp))
     if state in ("dead", "hung"):
         raise UsageError(f"{mp}: " + ("its daemon is gone (stale mount); run 'mithrilfs umount " + str(mp) + "'"
                                       " and mount again" if state == "dead" else "the mount does not answer"))
@@ -42,7 +42,7 @@ def control_file(mountpoint: Path, name: str) -> Path:
     return path
 
 
-class DaemonChanged(daemon.MountError):
+class DaemonChanged(MountError):
     """The daemon that took a command died before its answer was read: its successor never saw the command.
 
     Only a command that is safe to ask twice (``prefetch``) asks again; the
@@ -61,8 +61,8 @@ def control_command(path: Path, request: str, *, answered: bool = True) -> dict:
             fd = os.open(path, os.O_RDWR)
         except PermissionError:
             owner = path.stat().st_uid
-            raise daemon.MountError(f"{path.parent.parent}: '{path.name}' needs the rights of the mount's owner "
-                                    f"(uid {owner}; this is uid {os.getuid()}): run it as uid {owner}") from None
+            raise MountError(f"{path.parent.parent}: '{path.name}' needs the rights of the mount's owner "
+                             f"(uid {owner}; this is uid {os.getuid()}): run it as uid {owner}") from None
         try:
             os.write(fd, request.encode())
             if not answered:
@@ -71,7 +71,7 @@ def control_command(path: Path, request: str, *, answered: bool = True) -> dict:
         finally:
             os.close(fd)
     except OSError as e:  # the mount went away under us
-        raise daemon.MountError(f"{path.parent.parent}: the mount stopped answering ({e.strerror})") from None
+        raise MountError(f"{path.parent.parent}: the mount stopped answering ({e.strerror})") from None
     try:
         return json.loads(answer)
     except ValueError:
@@ -91,7 +91,7 @@ def while_drawing(command: Callable[[], dict], mountpoint: Path, draw: Callable[
         while not running.done():
             try:
                 current = read_stats(mountpoint).get("eviction") or {}
-            except (UsageError, daemon.MountError):
+            except (UsageError, MountError):
                 break
             draw(min(current.get("bytes", 0), total), total)
             concurrent.futures.wait([running], timeout=0.1)
@@ -131,7 +131,7 @@ def read_json(mountpoint: Path, path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except OSError as e:  # the mount went away under us
-        raise daemon.MountError(f"{mountpoint}: the mount stopped answering ({e.strerror})") from None
+        raise MountError(f"{mountpoint}: the mount stopped answering ({e.strerror})") from None
 
 
 def tier_command(mp: Path, name: str, request: str) -> dict:

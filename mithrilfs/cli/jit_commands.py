@@ -10,9 +10,12 @@ import tempfile
 from pathlib import Path
 
 from mithrilfs.cli.client import control_command, control_file, read_stats
-from mithrilfs.cli.commands import store_policy
-from mithrilfs.daemon import lifecycle as daemon
-from mithrilfs.errors import UsageError
+from mithrilfs.cli.store_settings import store_policy
+from mithrilfs.daemon.launch import mount
+from mithrilfs.daemon.mountpoint import forbidden_message, probe_mount
+from mithrilfs.daemon.options import MountOptions
+from mithrilfs.daemon.umount import umount
+from mithrilfs.errors import MountError, UsageError
 from mithrilfs.jitcaches import catalog, leaks
 from mithrilfs.store.open import default_store
 from mithrilfs.units import format_size
@@ -48,14 +51,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.mount is None:
         temp = Path(tempfile.mkdtemp(prefix="mithrilfs-run-"))
     mp = (args.mount or temp).expanduser().absolute()  # type: ignore[union-attr]
-    state = daemon.probe_mount(mp)
+    state = probe_mount(mp)
     if state == "forbidden":
-        raise daemon.MountError(daemon.forbidden_message(mp))
+        raise MountError(forbidden_message(mp))
     mounted_here = state != "live"
     if mounted_here:
         store = (args.store or default_store()).expanduser().absolute()
         try:
-            daemon.mount(daemon.MountOptions(mountpoint=mp, store=store, policy=store_policy(store, {})))
+            mount(MountOptions(mountpoint=mp, store=store, policy=store_policy(store, {})))
         except BaseException:
             if temp is not None:
                 temp.rmdir()
@@ -87,7 +90,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     finally:
         catalog.unlink_headers(mp, headers)
         if mounted_here:
-            daemon.umount(mp)
+            umount(mp)
         if temp is not None:
             temp.rmdir()
     return status if status >= 0 else 128 - status

@@ -10,10 +10,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from mithrilfs.cli import commands, jit_commands
+from mithrilfs.cli import cache_commands, jit_commands, mount_commands, store_commands, store_settings, tier_commands
 from mithrilfs.cli.parser import build_parser
-from mithrilfs.daemon import lifecycle as daemon
-from mithrilfs.errors import UsageError
+from mithrilfs.errors import MountError, UsageError
 from mithrilfs.store.open import StoreError
 
 
@@ -28,11 +27,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("fsck", "import", "config", "export"):
         os.umask(0o077)  # files they add to a store are private, like the daemon's; an archive too
     try:
-        return {**commands.COMMANDS, **jit_commands.COMMANDS}[args.command](args)
+        commands = {**mount_commands.COMMANDS, **cache_commands.COMMANDS, **store_commands.COMMANDS,
+                    **tier_commands.COMMANDS, **store_settings.COMMANDS, **jit_commands.COMMANDS}
+        return commands[args.command](args)
     except UsageError as e:
         print(f"mithrilfs: error: {e}", file=sys.stderr)
         return 2
-    except (daemon.MountError, StoreError) as e:
+    except (MountError, StoreError) as e:
         print(f"mithrilfs: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -21,7 +21,7 @@ from conftest import (
     wait_for,
 )
 
-from mithrilfs.daemon.lifecycle import holders
+from mithrilfs.daemon.umount import holders
 
 
 def one_line_error(res: subprocess.CompletedProcess) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import Mount, MountFactory, run_cli, wait_unmounted
 
-from mithrilfs.daemon.lifecycle import pid_alive
+from mithrilfs.daemon.process import pid_alive
 
 WHOLE = b"the whole content, written in two pieces"
 

@@ -21,7 +21,7 @@ from conftest import (
     write_committed,
 )
 
-from mithrilfs.daemon.lifecycle import store_free
+from mithrilfs.daemon.umount import store_free
 
 
 def test_entrypoint_mounts_from_environment_and_stops_cleanly_on_sigterm(tmp_path):

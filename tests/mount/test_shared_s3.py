@@ -616,7 +616,7 @@ def test_sidecar_entrypoint_takes_the_bucket_from_the_environment(tmp_path: Path
 
     from conftest import MITHRILFS_BIN, free_port, running_entrypoint
 
-    from mithrilfs.daemon.lifecycle import is_fuse_mount
+    from mithrilfs.daemon.mountpoint import is_fuse_mount
 
     mp, store, port = tmp_path / "cache", tmp_path / "store", free_port()
     env = dict(os.environ, **shared_seaweedfs.env(), MITHRILFS_MOUNTPOINT=str(mp), MITHRILFS_STORE=str(store),
