@@ -111,8 +111,10 @@ class MountOptions:
     remote_owner: tuple[int, int] | None = None
     #: The startup set this mount records its workload's first reads into.
     startup_set: str = "default"
-    #: A startup set to prefetch once the mount serves.
+    #: A startup set to prefetch once the mount serves (by default the recorded one; None: ``--no-prefetch``).
     prefetch: str | None = None
+    #: Nobody waits for that prefetch (the default, not ``--prefetch``): it runs in the background.
+    prefetch_background: bool = False
     #: Mount over a directory that holds files (hiding them).
     nonempty: bool = False
     #: Settings (``settings.SETTINGS`` names) given on the command line: they beat the store's.
@@ -456,7 +458,8 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
             after_crash = not store.read_only and _repair_at_startup(store)
         # a successor's mount was prefetched already: the startup set is fetched once per mount
         tier_options = TierOptions(owner=opts.remote_owner, startup_set=opts.startup_set,
-                                   prefetch=opts.prefetch if handover is None else None)
+                                   prefetch=opts.prefetch if handover is None else None,
+                                   prefetch_background=opts.prefetch_background)
         if opts.remote is not None:
             tier_options.remote = open_remote(opts.remote_spec())
         if handover is not None:

@@ -1,12 +1,18 @@
-"""Warm a node from the shared tier before its workload starts: names first, then blobs in parallel.
+"""Warm a node from the shared tier before its workload asks: names first, then blobs in parallel.
 
 A cold node that lets the framework pull its cache file by file pays one
 round trip per directory and per file, one after another as the framework
-asks.  ``Prefetcher`` instead takes a whole *startup set* (the paths a
-workload read in its first minutes, recorded by every node into one Redis
-set) or the whole namespace, lists every directory it needs in pipelined
-batches, materializes the names, and fetches the blobs with several workers,
-each asking for many small blobs in one pipeline.  Every blob is verified
+asks.  ``Prefetcher`` instead takes a whole *startup set* (what workloads
+read in their first minutes, in order, with each name's entry:
+``startup_sets``) or the whole namespace.  A set's names are created from
+the set itself (``startup_order``; only what it cannot place is listed), the
+whole namespace's by listing every directory in pipelined batches; then the
+blobs come with several workers, each asking for many small blobs in one
+pipeline (or concurrent GETs), a set's in the order its workload read them.
+A blob a read (or a read-ahead) is already bringing is not asked for again,
+and a read of a blob a worker is bringing waits for it (``RemoteTier.claim``).
+By default a mount runs it in the background as soon as it serves; ``mount
+--prefetch`` waits for it.  Every blob is verified
 (size and blake3) before it enters the store; a missing or corrupt one is a
 miss, counted, never a failure.  It stops adding blobs at the low watermark
 of the budget.  The store's disk filling up stops it (one line naming
@@ -38,10 +44,12 @@ if TYPE_CHECKING:  # the tier builds and drives its prefetcher
 
 log = logging.getLogger(__name__)
 
-#: Parallel fetch workers (threads blocked on Redis, hashing, writing staging files).
+#: Parallel fetch workers (threads blocked on the tier, hashing, writing staging files).  Each batch is
+#: one pipeline from Redis, or GETs over the bucket's pool of ``s3_wire.PARALLEL`` connections, which
+#: bounds the requests a prefetch has in flight; the mount's own reads use other threads.
 WORKERS = 4
-#: Blobs and bytes per pipelined batch of small blobs.
-BATCH_BLOBS = 256
+#: Blobs and bytes per batch of small blobs: a read waiting for one waits for its batch.
+BATCH_BLOBS = 64
 BATCH_BYTES = 8 << 20
 
 
@@ -60,15 +68,18 @@ class Prefetcher:
     def running(self) -> bool:
         return self.state["state"] == "running"
 
-    async def run(self, set_name: str | None) -> dict[str, Any]:
-        """Prefetch a startup set (None: the whole namespace); the final state."""
+    async def run(self, set_name: str | None, *, background: bool = False) -> dict[str, Any]:
+        """Prefetch a startup set (None: the whole namespace); the final state.  *background*: nobody
+        waits for it (the mount's default), shown as such."""
         start = time.monotonic()
         self.state = {"state": "running", "set": set_name or "*", "files": 0, "bytes": 0, "total_files": 0,
                       "total_bytes": 0, "misses": 0, "skipped_for_budget": 0, "seconds": 0.0}
+        if background:
+            self.state["background"] = True
         try:
             wanted = await self._names(set_name)
             crash_point("prefetch_fetch")  # the tests': a daemon killed while it prefetches
-            await self._fetch_all(wanted)
+            await self._fetch_all(wanted, in_order=set_name is not None)
             self.state["state"] = "done"
         except Exception as group:  # the workers' nursery wraps what they raise: the error inside counts
             e = cause(group)
@@ -86,27 +97,33 @@ class Prefetcher:
 
     # -- names -------------------------------------------------------------
     async def _names(self, set_name: str | None) -> list[Inode]:
-        """Materialize the names wanted; the inodes whose content is not here yet."""
-        thread = self.shared.thread
+        """Materialize the names wanted; the inodes whose content is not here yet (a set's in its order)."""
         if set_name is None:
-            dirs = await thread(self.remote.all_dirs)
-            only: dict[str, set[bytes]] | None = None
-        else:
-            paths = await thread(self.remote.startup_set, set_name)
-            only = {}
-            for p in paths:
+            return await self._listed(await self.shared.thread(self.remote.all_dirs), None)
+        order = self.shared.order_of(set_name)
+        await order.load()  # the names come with the set: no manifest per directory
+        wanted = [n for n in order.files() if not self._present(n)]
+        if order.unresolved:  # what the set could not place (a torn or hostile set): listed, as before
+            only: dict[str, set[bytes]] = {}
+            for p in order.unresolved:
                 d, _, name = p.rpartition("/")
-                if name:
-                    only.setdefault(d, set()).add(name.encode(errors="surrogateescape"))
-            dirs = set(only)
+                only.setdefault(d, set()).add(name.encode(errors="surrogateescape"))
+            order.unresolved = []
+            wanted += await self._listed(set(only), only)
+        return wanted
+
+    async def _listed(self, dirs: set[str] | list[str], only: dict[str, set[bytes]] | None) -> list[Inode]:
+        """Materialize the names of directories listed from the tier (*only*: just these names, their
+        ancestors listed too); the inodes whose content is not here yet."""
+        dirs = set(dirs)
+        if only is not None:
             for d in list(dirs):  # every ancestor too, to materialize the directories on the way
                 parts = d.split("/") if d else []
                 for i in range(len(parts)):
                     parent = "/".join(parts[:i])
                     dirs.add(parent)
                     only.setdefault(parent, set()).add(parts[i].encode(errors="surrogateescape"))
-            dirs = sorted(dirs, key=lambda x: (x.count("/") if x else -1, x))
-        listing = await thread(self.remote.list_dirs, sorted(dirs))
+        listing = await self.shared.thread(self.remote.list_dirs, sorted(dirs))
         wanted: list[Inode] = []
         # parents before children: a directory's own name is materialized by its parent's pass
         for d in sorted(listing, key=lambda x: (x.count("/") if x else -1, x)):
@@ -138,13 +155,15 @@ class Prefetcher:
         return self.blobs.cas.exists(node.hash)  # type: ignore[arg-type]
 
     # -- blobs -------------------------------------------------------------
-    async def _fetch_all(self, wanted: list[Inode]) -> None:
+    async def _fetch_all(self, wanted: list[Inode], *, in_order: bool) -> None:
+        """Fetch *wanted* (a set's in its order, large blobs at their place; everything's smallest first),
+        within the budget's low watermark."""
         by_hash: dict[bytes, Inode] = {}
         for node in wanted:
             by_hash.setdefault(node.hash, node)  # type: ignore[arg-type]
         room = self.policy.low_bytes - self.physical()
         todo: list[Inode] = []
-        for node in sorted(by_hash.values(), key=lambda n: n.size):
+        for node in by_hash.values() if in_order else sorted(by_hash.values(), key=lambda n: n.size):
             if node.size > room:
                 self.state["skipped_for_budget"] += 1
                 continue
@@ -152,12 +171,13 @@ class Prefetcher:
             todo.append(node)
         self.state["total_files"] = len(todo)
         self.state["total_bytes"] = sum(n.size for n in todo)
-        small = [n for n in todo if n.size <= self.remote.small_blob_bytes]
-        large = [n for n in todo if n.size > self.remote.small_blob_bytes]
         batches: list[list[Inode]] = []
         batch: list[Inode] = []
         size = 0
-        for n in small:
+        for n in todo:
+            if n.size > self.remote.small_blob_bytes:
+                batches.append([n])  # streamed alone, at its place in the order
+                continue
             if batch and (len(batch) >= BATCH_BLOBS or size + n.size > BATCH_BYTES):
                 batches.append(batch)
                 batch, size = [], 0
@@ -165,11 +185,9 @@ class Prefetcher:
             size += n.size
         if batch:
             batches.append(batch)
-        send, receive = trio.open_memory_channel[list[Inode]](len(batches) + len(large))
+        send, receive = trio.open_memory_channel[list[Inode]](len(batches))
         for b in batches:
             send.send_nowait(b)
-        for n in large:
-            send.send_nowait([n])
         send.close()
         limiter = trio.CapacityLimiter(WORKERS)
         async with trio.open_nursery() as nursery:
@@ -180,20 +198,36 @@ class Prefetcher:
     async def _worker(self, receive: trio.MemoryReceiveChannel, limiter: trio.CapacityLimiter) -> None:
         async with receive:
             async for batch in receive:
-                if len(batch) == 1 and batch[0].size > self.remote.small_blob_bytes:
-                    ok = await self.shared.fetch_blob(batch[0], self.policy.max_bytes)
-                    self._count(batch[0], ok)
-                    continue
+                mine, events, others = self.shared.claim(batch)  # what a read is bringing is not asked again
                 try:
-                    arrived = await self.fetch_small(batch, limiter)
-                except OSError as e:
-                    if is_disk_full(e):  # the batch stopped part way: what it wrote is fetched
-                        for node in batch:
-                            if self._present(node):
-                                self._count(node, True)
-                    raise
-                for node, ok in zip(batch, arrived):
-                    self._count(node, ok)
+                    await self._fetch_batch_of(mine, limiter)
+                finally:
+                    self.shared.release(events)
+                for event in others:  # brought by a read or a read-ahead: counted once it is here
+                    await event.wait()
+                for node in batch:
+                    if node not in mine:
+                        self._count(node, self._present(node))
+
+    async def _fetch_batch_of(self, batch: list[Inode], limiter: trio.CapacityLimiter) -> None:
+        if not batch:
+            return
+        if len(batch) == 1 and batch[0].size > self.remote.small_blob_bytes:
+            ok = await self.shared.fetch_blob(batch[0], self.policy.max_bytes)
+            self._count(batch[0], ok)
+            return
+        try:
+            arrived = await self.fetch_small(batch, limiter)
+        except OSError as e:
+            if is_disk_full(e):  # the batch stopped part way: what it wrote is fetched
+                for node in batch:
+                    if self._present(node):
+                        self._count(node, True)
+            raise
+        for node, ok in zip(batch, arrived):
+            self._count(node, ok)
+            if not ok:  # missing or bad (counted): a read that waited for it answers at once
+                self.shared._ahead_missed.add(node.hash)  # type: ignore[arg-type]
 
     async def fetch_small(self, batch: list[Inode], limiter: trio.CapacityLimiter) -> list[bool]:
         """One batch of small blobs: fetched in a thread, verified, recorded, written; which arrived."""

@@ -43,6 +43,8 @@ from mithrilfs.shared.entries import MAX_DIR_NAMES, RemoteEntry, RemoteError
 from mithrilfs.shared.local_disk import LocalWriteError, StoreFile
 from mithrilfs.shared.local_disk import room as disk_room
 from mithrilfs.shared.prefetch import Prefetcher
+from mithrilfs.shared.startup_order import StartupOrder
+from mithrilfs.shared.startup_recorder import StartupRecorder
 from mithrilfs.shared.tier import Tier
 from mithrilfs.shared.wire import RemoteStore
 from mithrilfs.shared.write_behind import WriteBehind, version_of
@@ -57,8 +59,6 @@ log = logging.getLogger(__name__)
 DIR_SYNC_SECONDS = 5.0
 #: A missing name is answered from a directory synced this recently; older, the lookup re-syncs it.
 MISS_RESYNC_SECONDS = 1.0
-#: A workload's first reads in this long after the mount make its startup set.
-STARTUP_SECONDS = 300.0
 #: How long the kernel may cache "no such name" when other nodes can create names.
 NEGATIVE_TIMEOUT = 2.0
 #: A first read from a directory fetches up to this many of its other files, each at most this large.
@@ -89,7 +89,7 @@ class RemoteTier(Tier):
     def __init__(self, ns: Namespace, blobs: Blobs, paths: DirPaths, events: EventLog, lifetimes: Lifetimes,
                  remote: RemoteStore, policy: EvictionPolicy, physical: Callable[[], int], recompiles: Recompiles, *,
                  owner: tuple[int, int] | None = None, requeue: bool = False, startup_set: str = "default",
-                 prefetch_at_start: str | None = None) -> None:
+                 prefetch_at_start: str | None = None, prefetch_background: bool = False) -> None:
         self.ns = ns
         self.queue = TierQueue(ns)
         self.blobs = blobs
@@ -124,17 +124,19 @@ class RemoteTier(Tier):
         self._epoch = ns.get_meta(self._epoch_meta())
         #: The startup set this mount records into: what its workload reads first.
         self.startup_set = startup_set
-        self._started = time.monotonic()
-        self._recorded: set[int] = set()
-        self._to_record: list[str] = []
+        self.recorder = StartupRecorder(self, startup_set)
+        #: The same set as this mount uses it: names, prefetch order, look-ahead.
+        self.order = StartupOrder(self, startup_set, look_ahead=True)
         self.behind = WriteBehind(self)
         self.prefetcher = Prefetcher(self, policy, physical)
-        #: The startup set to prefetch as soon as the mount serves (``mount --prefetch``).
+        #: The startup set to prefetch as soon as the mount serves (by default, unless ``--no-prefetch``).
         self.prefetch_at_start = prefetch_at_start
+        #: Nobody waits for that prefetch (no ``mount --prefetch``): ``status --ready`` does not either.
+        self.prefetch_background = prefetch_background
         if prefetch_at_start is not None and not ns.read_only:  # a read-only store runs no background work
             # running from the start: ``mount --prefetch`` waits for it once the mount answers, which
             # may be before the tier's first step (a ping of Redis) has begun it
-            self.prefetcher.state = {"state": "running"}
+            self.prefetcher.state = self._running_state()
         if requeue:  # after an unclean stop a commit may not have reached the queue
             self.behind.queue_all()
 
@@ -171,6 +173,7 @@ class RemoteTier(Tier):
         node = self.ns.get(ino) if ino is not None else None
         if node is not None and node.is_reg and node.hash is not None:
             self._read_ahead(node, itself=True)  # a file the framework is about to open, and its neighbours
+            self.order.reached(parent, self._nursery)  # and the next directories its workload reads
         return ino
 
     async def list_dir(self, d: int) -> None:
@@ -383,6 +386,8 @@ class RemoteTier(Tier):
             self._ahead_missed.discard(digest)  # good copy: asking again now is the same; the next read asks
             return Fetched.NO
         self._read_ahead(ino)
+        for parent, _name in self.ns.names_of(ino.id)[:1]:
+            self.order.reached(parent, self._nursery)
         return Fetched.YES if await self.fetch_blob(ino, max_bytes) else Fetched.NO
 
     def _read_ahead(self, ino: Inode, *, itself: bool = False) -> None:
@@ -415,44 +420,91 @@ class RemoteTier(Tier):
             todo.append(node)
             if len(todo) >= READ_AHEAD_FILES:
                 break
-        wanted = sum(n.size for n in todo)
-        if not todo or wanted > self.prefetcher.policy.low_bytes - self.prefetcher.physical():
-            return
         own = 0 if any(n.hash == ino.hash for n in todo) else ino.size  # the file looked up or read: next
-        if wanted + own > disk_room(self.blobs.cas.objects):
-            return  # the store's disk: what the read itself needs comes first
-        events = {n.hash: (trio.Event(), n.size) for n in todo}
-        self._fetching.update(events)  # type: ignore[arg-type]
-        self._nursery.start_soon(self._fetch_ahead, todo, events)
+        if todo and self._room_for(todo, own):
+            todo, events, _ = self.claim(todo)  # now: a read right after this lookup waits for it
+            self._nursery.start_soon(self._bring, todo, events, "remote_read_ahead")
 
-    async def _fetch_ahead(self, todo: list[Inode], events: dict[bytes | None, tuple[trio.Event, int]]) -> None:
+    def _room_for(self, todo: list[Inode], own: int = 0) -> bool:
+        """Room for *todo* within the budget's low watermark, and on the store's disk after *own* bytes (the
+        file a read needs comes first: a read-ahead raced a 9 MiB fetch for the last megabytes)."""
+        wanted = sum(n.size for n in todo)
+        return (wanted <= self.prefetcher.policy.low_bytes - self.prefetcher.physical()
+                and wanted + own <= disk_room(self.blobs.cas.objects))
+
+    def claim(self, nodes: list[Inode]) -> tuple[list[Inode], dict[bytes, tuple[trio.Event, int]], list[trio.Event]]:
+        """Of *nodes*, those not here and not on their way (registered as on their way now, once per
+        content), and the events of those another fetch is bringing: one request per blob, whoever asks."""
+        mine: list[Inode] = []
+        events: dict[bytes, tuple[trio.Event, int]] = {}
+        others: list[trio.Event] = []
+        for node in nodes:
+            digest = node.hash
+            assert digest is not None
+            coming = self._fetching.get(digest)
+            if coming is not None:
+                if digest not in events:
+                    others.append(coming[0])
+                continue
+            if self.blobs.cas.exists(digest):
+                continue
+            events[digest] = (trio.Event(), node.size)
+            self._fetching[digest] = events[digest]
+            mine.append(node)
+        return mine, events, others
+
+    def release(self, events: dict[bytes, tuple[trio.Event, int]]) -> None:
+        """Claimed blobs arrived or not: the reads that waited for them go on."""
+        for digest, (event, _) in events.items():
+            if self._fetching.get(digest) is events[digest]:
+                del self._fetching[digest]
+            event.set()
+
+    async def bring(self, nodes: list[Inode], counter: str) -> None:
+        """Fetch small blobs ahead of their reads (the look-ahead), within the budget and the disk's room."""
+        if self._room_for(nodes):
+            todo, events, _ = self.claim(nodes)
+            await self._bring(todo, events, counter)
+
+    async def _bring(self, todo: list[Inode], events: dict[bytes, tuple[trio.Event, int]], counter: str) -> None:
+        """Fetch claimed small blobs (read-ahead, look-ahead), each once: a read of one waits for it
+        (``fetch``).  Never raises: an optimisation must not take the mount down."""
         try:
-            if self.remote.available():
+            if todo and self.remote.available():
                 for node, ok in zip(todo, await self.prefetcher.fetch_small(todo, self.limiter)):
                     if not ok:  # missing, or not its size or hash (counted): the read need not ask again
                         self._ahead_missed.add(node.hash)  # type: ignore[arg-type]
-                self.counters["remote_read_ahead"] = self.counters.get("remote_read_ahead", 0) + len(todo)
+                self.counters[counter] = self.counters.get(counter, 0) + len(todo)
         except RemoteError as e:
-            log.debug("read-ahead failed: %s", e)
-        except Exception as e:  # a read-ahead is an optimisation: it never takes the mount down
+            log.debug("%s failed: %s", counter, e)
+        except Exception as e:
             if is_disk_full(e):  # each read fetches its own file then, making room if it must
-                log.info("read-ahead stopped: %s", e)
+                log.info("%s stopped: %s", counter, e)
             else:
-                log.exception("read-ahead failed")
+                log.exception("%s failed", counter)
         finally:
-            for digest, (event, _) in events.items():
-                self._fetching.pop(digest, None)  # type: ignore[arg-type]
-                event.set()
+            self.release(events)
 
     async def fetch_blob(self, ino: Inode, max_bytes: int) -> bool:
         """Bring a remote blob into the local CAS, size-checked and verified; False when it cannot be had.
 
         A blob larger than *max_bytes* (the budget) could never stay: a miss.
+        While it comes, it is on its way (``claim``): a read or a prefetch of
+        the same content waits for it instead of asking again.
         """
         digest = ino.hash
         assert digest is not None
         if ino.size > max_bytes:
             return False
+        mine: dict[bytes, tuple[trio.Event, int]] = {}
+        if digest not in self._fetching:
+            mine[digest] = self._fetching[digest] = (trio.Event(), ino.size)
+        try:
+            return await self._fetch_blob(ino, digest)
+        finally:
+            self.release(mine)
+
+    async def _fetch_blob(self, ino: Inode, digest: bytes) -> bool:
         fd, staging = self.blobs.cas.new_staging()
         owner = threading.Lock()
         taken: list[str] = []  # who closes fd: the thread that writes it, or (it never ran) this task
@@ -522,32 +574,12 @@ class RemoteTier(Tier):
 
     # -- startup sets ------------------------------------------------------
     def record_read(self, ino: int) -> None:
-        """The first read of a file in this mount: in the first STARTUP_SECONDS, its path joins the set."""
-        if ino in self._recorded or time.monotonic() - self._started > STARTUP_SECONDS:
-            return
-        self._recorded.add(ino)
-        for parent, name in self.ns.names_of(ino)[:1]:
-            dir_path = self.paths.of_dir(parent)
-            if dir_path is not None:
-                self._to_record.append(join_path(dir_path, name))
-                self._wake.set()
-
-    async def _send_recorded(self) -> None:
-        if self._to_record:
-            batch, self._to_record = self._to_record, []
-            try:
-                await self.thread(self.remote.add_to_set, self.startup_set, batch)
-            except RemoteError:
-                self._to_record[:0] = batch
-                raise
+        """The first read of a file in this mount: in its first minutes, it joins the startup set."""
+        self.recorder.read(ino)
 
     async def unmounting(self) -> None:
-        """Send the startup set recorded so far (bounded: an unmount must not wait on a dead Redis)."""
-        with trio.move_on_after(5):
-            try:
-                await self._send_recorded()
-            except RemoteError as e:
-                log.warning("startup set not sent: %s", e)
+        """Write the startup set's record (bounded: an unmount must not wait on a dead tier)."""
+        await self.recorder.unmounting()
 
     # -- write-behind ------------------------------------------------------
     def publish(self, ino: Inode) -> None:
@@ -585,9 +617,22 @@ class RemoteTier(Tier):
         except RemoteError as e:
             self.prefetcher.state = {"state": "failed", "error": f"{self.remote.url}: {e}"}
             return {"started": False, "error": self.prefetcher.state["error"]}
-        self.prefetcher.state = {"state": "running"}
-        self._nursery.start_soon(self.prefetcher.run, set_name)
+        background = at_start and self.prefetch_background
+        self.prefetcher.state = self._running_state(background)
+        self._nursery.start_soon(functools.partial(self.prefetcher.run, set_name, background=background))
         return {"started": True}
+
+    def _running_state(self, background: bool | None = None) -> dict[str, Any]:
+        """A prefetch's state from its start; a background one says so (``status --ready`` lets it run)."""
+        state: dict[str, Any] = {"state": "running"}
+        if self.prefetch_background if background is None else background:
+            state["background"] = True
+        return state
+
+    def order_of(self, set_name: str) -> StartupOrder:
+        """The mount's own set as it knows it (loaded once: the prefetch and the look-ahead share it), or a
+        fresh one for another set."""
+        return self.order if set_name == self.startup_set else StartupOrder(self, set_name)
 
     def snapshot(self) -> dict[str, Any]:
         return self.counters | {"upload_queue": self.behind.pending(), "remote_last_error": self.remote.last_error,
