@@ -204,6 +204,7 @@ class Prefetcher:
                 finally:
                     self.shared.release(events)
                 for event in others:  # brought by a read or a read-ahead: counted once it is here
+                    self.shared.counters["remote_fetch_joined"] = self.shared.counters.get("remote_fetch_joined", 0) + 1
                     await event.wait()
                 for node in batch:
                     if node not in mine:

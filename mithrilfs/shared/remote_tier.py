@@ -376,6 +376,7 @@ class RemoteTier(Tier):
         assert digest is not None
         coming = self._fetching.get(digest)
         if coming is not None and coming[1] == ino.size:  # a read-ahead is bringing it: wait, not ask twice
+            self.counters["remote_fetch_joined"] = self.counters.get("remote_fetch_joined", 0) + 1
             try:
                 await within_bound(self.remote, coming[0].wait)
             except RemoteError:
