@@ -217,48 +217,56 @@ class Prefetcher:
             ok = await self.shared.fetch_blob(batch[0], self.policy.max_bytes)
             self._count(batch[0], ok)
             return
+        digests = [node.hash for node in batch]  # now: a read that fails meanwhile drops an inode's content
         try:
             arrived = await self.fetch_small(batch, limiter)
         except OSError as e:
             if is_disk_full(e):  # the batch stopped part way: what it wrote is fetched
-                for node in batch:
-                    if self._present(node):
+                for node, digest in zip(batch, digests):
+                    if self.blobs.cas.exists(digest):  # type: ignore[arg-type]
                         self._count(node, True)
             raise
-        for node, ok in zip(batch, arrived):
+        for node, digest, ok in zip(batch, digests, arrived):
             self._count(node, ok)
             if not ok:  # missing or bad (counted): a read that waited for it answers at once
-                self.shared._ahead_missed.add(node.hash)  # type: ignore[arg-type]
+                self.shared._ahead_missed.add(digest)  # type: ignore[arg-type]
 
     async def fetch_small(self, batch: list[Inode], limiter: trio.CapacityLimiter) -> list[bool]:
-        """One batch of small blobs: fetched in a thread, verified, recorded, written; which arrived."""
-        fetched = await trio.to_thread.run_sync(self._fetch_batch, batch, limiter=limiter)
-        good = [(node, data) for node, data in zip(batch, fetched) if data is not None]
-        self.blobs.intend([(node.hash, node.size) for node, _ in good])  # type: ignore[misc]
+        """One batch of small blobs: fetched in a thread, verified, recorded, written; which arrived.
+
+        The blobs are taken (hash, size) from the inodes now, on the event loop: an inode is the index's
+        live object, and a read that fails meanwhile drops its content (its hash becomes None).
+        """
+        blobs = [(node.hash, node.size) for node in batch if node.hash is not None]
+        if len(blobs) < len(batch):  # content dropped since it was claimed: fetched at its next read
+            return [False] * len(batch)
+        fetched = await trio.to_thread.run_sync(self._fetch_batch, blobs, limiter=limiter)
+        good = [(digest, size, data) for (digest, size), data in zip(blobs, fetched) if data is not None]
+        self.blobs.intend([(digest, size) for digest, size, _ in good])
         new: list[bool] = []
         try:
             self._write(good, new)
         finally:  # a full disk stops the batch: what was written counts, the rest is fetched when read
-            for (node, _), is_new in zip(good, new):
-                self.blobs.written(node.hash, node.size, is_new)  # type: ignore[arg-type]
-                self.shared.arrived(node.hash, node.size)  # type: ignore[arg-type]
+            for (digest, size, _), is_new in zip(good, new):
+                self.blobs.written(digest, size, is_new)
+                self.shared.arrived(digest, size)
             if len(new) < len(good):
-                self.blobs.never_came([node.hash for node, _ in good[len(new):]])  # type: ignore[misc]
+                self.blobs.never_came([digest for digest, _, _ in good[len(new):]])
         return [data is not None for data in fetched]
 
-    def _fetch_batch(self, batch: list[Inode]) -> list[bytes | None]:
+    def _fetch_batch(self, blobs: list[tuple[bytes, int]]) -> list[bytes | None]:
         """In a worker thread: one pipelined GET for the batch, each blob verified (size and blake3)."""
-        parts = self.remote.fetch_small_blobs([(n.hash.hex(), n.size) for n in batch])  # type: ignore[union-attr]
+        parts = self.remote.fetch_small_blobs([(digest.hex(), size) for digest, size in blobs])
         out: list[bytes | None] = []
-        for node, data in zip(batch, parts):
-            if data is not None and hash_bytes(data) != node.hash:
+        for (digest, _), data in zip(blobs, parts):
+            if data is not None and hash_bytes(data) != digest:
                 self.shared.counters["remote_verify_failures"] += 1
-                log.error("remote blob %s does not match its hash: rejected", node.hash.hex())  # type: ignore[union-attr]
+                log.error("remote blob %s does not match its hash: rejected", digest.hex())
                 data = None
             out.append(data)
         return out
 
-    def _write(self, good: list[tuple[Inode, bytes]], new: list[bool]) -> None:
+    def _write(self, good: list[tuple[bytes, int, bytes]], new: list[bool]) -> None:
         """The verified blobs become files (their rows were recorded first); *new* gets, in order, whether
         each was new, up to the one whose write failed (a full disk).
 
@@ -266,8 +274,8 @@ class Prefetcher:
         files from several threads at once was slower (they contend for the
         same directories), and the fetch workers keep Redis busy meanwhile.
         """
-        for node, data in good:
-            new.append(self.blobs.cas.write_blob(node.hash, data))  # type: ignore[arg-type]
+        for digest, _, data in good:
+            new.append(self.blobs.cas.write_blob(digest, data))
 
     def _count(self, node: Inode, ok: bool) -> None:
         if ok:

@@ -472,9 +472,10 @@ class RemoteTier(Tier):
         (``fetch``).  Never raises: an optimisation must not take the mount down."""
         try:
             if todo and self.remote.available():
-                for node, ok in zip(todo, await self.prefetcher.fetch_small(todo, self.limiter)):
+                digests = [node.hash for node in todo]  # now: a failed read drops an inode's content meanwhile
+                for digest, ok in zip(digests, await self.prefetcher.fetch_small(todo, self.limiter)):
                     if not ok:  # missing, or not its size or hash (counted): the read need not ask again
-                        self._ahead_missed.add(node.hash)  # type: ignore[arg-type]
+                        self._ahead_missed.add(digest)  # type: ignore[arg-type]
                 self.counters[counter] = self.counters.get(counter, 0) + len(todo)
         except RemoteError as e:
             log.debug("%s failed: %s", counter, e)
