@@ -54,7 +54,8 @@ class StartupOrder:
         #: lists those directories instead.
         self.unresolved: list[str] = []
         self._loaded = trio.Event()
-        self._loading = False
+        #: The load in progress (its callers wait for it), None when none runs.
+        self._attempt: trio.Event | None = None
         #: Directory paths in the order the workload first read from them, and each one's files.
         self.dirs: list[str] = []
         self._files: dict[str, list[bytes]] = {}
@@ -67,16 +68,18 @@ class StartupOrder:
         return self._loaded.is_set()
 
     async def load(self) -> None:
-        """Read the set (once; a concurrent caller waits for the first) and create its names here.
+        """Read the set (once; a concurrent caller waits for that attempt) and create its names here.
 
-        RemoteError when the tier does not answer: the next caller tries again.
+        RemoteError when the tier does not answer (a caller that waited too): the next caller tries again.
         """
-        if self._loading:
-            await self._loaded.wait()
-            return
         if self.loaded:
             return
-        self._loading = True
+        if self._attempt is not None:
+            await self._attempt.wait()
+            if not self.loaded:
+                raise RemoteError(f"the startup set {self.name!r} could not be read")
+            return
+        self._attempt = trio.Event()
         try:
             records = await self.tier.thread(self.tier.remote.startup_records, self.name)
             self.items = merged(records)
@@ -93,7 +96,8 @@ class StartupOrder:
             self._loaded.set()
             log.info("startup set %s: %d names, %d directories of files", self.name, len(self.items), len(self.dirs))
         finally:
-            self._loading = False
+            self._attempt.set()
+            self._attempt = None
 
     async def _materialize(self, items: list[tuple[str, RemoteEntry]]) -> None:
         """Create the set's names this node lacks (``RemoteTier.merge``: never over a local name, never a
@@ -167,7 +171,7 @@ class StartupOrder:
         if not self.look_ahead or nursery is None:
             return
         if not self.loaded:
-            if not self._loading:
+            if self._attempt is None:
                 nursery.start_soon(self._load_quietly)
             return
         path = self.tier.paths.of_dir(dir_ino)
