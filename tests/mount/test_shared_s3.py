@@ -533,7 +533,7 @@ def test_startup_set_and_prefetch_through_the_bucket(mount_factory: MountFactory
     before = s["remote_fetched_bytes"]
     assert all((b.mountpoint / "k" / f"f{i}.so").read_bytes() == f"kernel {i}".encode() * 100 for i in range(10))
     assert b.stats()["remote_fetched_bytes"] == before  # read from the store, not the bucket
-    c = mount_factory("c", *_s3(bucket), env=env)
+    c = mount_factory("c", *_s3(bucket, "--no-prefetch"), env=env)  # (by default the set comes by itself)
     res = run_cli("prefetch", str(c.mountpoint), "--all", timeout=120)
     assert res.returncode == 0, res.stderr
     assert c.stats()["prefetch"]["files"] == 30
