@@ -10,7 +10,7 @@ whole namespace's by listing every directory in pipelined batches; then the
 blobs come with several workers, each asking for many small blobs in one
 pipeline (or concurrent GETs), a set's in the order its workload read them.
 A blob a read (or a read-ahead) is already bringing is not asked for again,
-and a read of a blob a worker is bringing waits for it (``RemoteTier.claim``).
+and a read of a blob a worker is bringing waits for it (``shared.in_flight``).
 By default a mount runs it in the background as soon as it serves; ``mount
 --prefetch`` waits for it.  Every blob is verified
 (size and blake3) before it enters the store; a missing or corrupt one is a
@@ -51,6 +51,9 @@ WORKERS = 4
 #: Blobs and bytes per batch of small blobs: a read waiting for one waits for its batch.
 BATCH_BLOBS = 64
 BATCH_BYTES = 8 << 20
+#: Blobs per batch of a prefetch nobody waits for: its workload reads meanwhile, and a read-ahead's GETs
+#: queue behind the batches in the bucket's pool, so they are kept short.
+BACKGROUND_BATCH_BLOBS = 16
 
 
 class Prefetcher:
@@ -79,7 +82,8 @@ class Prefetcher:
         try:
             wanted = await self._names(set_name)
             crash_point("prefetch_fetch")  # the tests': a daemon killed while it prefetches
-            await self._fetch_all(wanted, in_order=set_name is not None)
+            await self._fetch_all(wanted, in_order=set_name is not None,
+                                  batch_blobs=BACKGROUND_BATCH_BLOBS if background else BATCH_BLOBS)
             self.state["state"] = "done"
         except Exception as group:  # the workers' nursery wraps what they raise: the error inside counts
             e = cause(group)
@@ -155,7 +159,7 @@ class Prefetcher:
         return self.blobs.cas.exists(node.hash)  # type: ignore[arg-type]
 
     # -- blobs -------------------------------------------------------------
-    async def _fetch_all(self, wanted: list[Inode], *, in_order: bool) -> None:
+    async def _fetch_all(self, wanted: list[Inode], *, in_order: bool, batch_blobs: int) -> None:
         """Fetch *wanted* (a set's in its order, large blobs at their place; everything's smallest first),
         within the budget's low watermark."""
         by_hash: dict[bytes, Inode] = {}
@@ -178,7 +182,7 @@ class Prefetcher:
             if n.size > self.remote.small_blob_bytes:
                 batches.append([n])  # streamed alone, at its place in the order
                 continue
-            if batch and (len(batch) >= BATCH_BLOBS or size + n.size > BATCH_BYTES):
+            if batch and (len(batch) >= batch_blobs or size + n.size > BATCH_BYTES):
                 batches.append(batch)
                 batch, size = [], 0
             batch.append(n)
@@ -198,11 +202,11 @@ class Prefetcher:
     async def _worker(self, receive: trio.MemoryReceiveChannel, limiter: trio.CapacityLimiter) -> None:
         async with receive:
             async for batch in receive:
-                mine, events, others = self.shared.claim(batch)  # what a read is bringing is not asked again
+                mine, events, others = self.shared.in_flight.claim(batch)  # what a read is bringing is not asked again
                 try:
                     await self._fetch_batch_of(mine, limiter)
                 finally:
-                    self.shared.release(events)
+                    self.shared.in_flight.release(events)
                 for event in others:  # brought by a read or a read-ahead: counted once it is here
                     self.shared.counters["remote_fetch_joined"] = self.shared.counters.get("remote_fetch_joined", 0) + 1
                     await event.wait()
@@ -229,7 +233,7 @@ class Prefetcher:
         for node, digest, ok in zip(batch, digests, arrived):
             self._count(node, ok)
             if not ok:  # missing or bad (counted): a read that waited for it answers at once
-                self.shared._ahead_missed.add(digest)  # type: ignore[arg-type]
+                self.shared.in_flight.missed.add(digest)  # type: ignore[arg-type]
 
     async def fetch_small(self, batch: list[Inode], limiter: trio.CapacityLimiter) -> list[bool]:
         """One batch of small blobs: fetched in a thread, verified, recorded, written; which arrived.

@@ -40,8 +40,8 @@ from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.bounded import in_thread, within_bound
 from mithrilfs.shared.entries import MAX_DIR_NAMES, RemoteEntry, RemoteError
+from mithrilfs.shared.in_flight import InFlight
 from mithrilfs.shared.local_disk import LocalWriteError, StoreFile
-from mithrilfs.shared.local_disk import room as disk_room
 from mithrilfs.shared.prefetch import Prefetcher
 from mithrilfs.shared.startup_order import StartupOrder
 from mithrilfs.shared.startup_recorder import StartupRecorder
@@ -51,7 +51,6 @@ from mithrilfs.shared.write_behind import WriteBehind, version_of
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.cas import EMPTY_DIGEST
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path, outside_mode
-from mithrilfs.store.open import is_disk_full
 from mithrilfs.store.tier_queue import TierQueue
 
 log = logging.getLogger(__name__)
@@ -106,11 +105,10 @@ class RemoteTier(Tier):
         self.limiter = trio.CapacityLimiter(4)
         self._wake = trio.Event()
         self._dir_synced: dict[int, float] = {}
-        #: Directories read ahead in this mount, and the blobs a read-ahead is bringing (digest -> done).
+        #: Directories read ahead in this mount.
         self._read_ahead_dirs: set[int] = set()
-        self._fetching: dict[bytes, tuple[trio.Event, int]] = {}
-        #: Blobs a read-ahead found missing or bad: the read that waited on it answers at once.
-        self._ahead_missed: set[bytes] = set()
+        #: The blobs on their way, whoever fetches them (a read, a read-ahead, the look-ahead, the prefetch).
+        self.in_flight = InFlight(self)
         self._syncing: set[int] = set()
         #: Waited syncs in progress: a lookup in that directory waits for it rather than miss its names.
         self._sync_done: dict[int, trio.Event] = {}
@@ -374,7 +372,7 @@ class RemoteTier(Tier):
         """The first read of a file whose content is remote: its small siblings come along (read-ahead)."""
         digest = ino.hash
         assert digest is not None
-        coming = self._fetching.get(digest)
+        coming = self.in_flight.fetching.get(digest)
         if coming is not None and coming[1] == ino.size:  # a read-ahead is bringing it: wait, not ask twice
             self.counters["remote_fetch_joined"] = self.counters.get("remote_fetch_joined", 0) + 1
             try:
@@ -383,8 +381,8 @@ class RemoteTier(Tier):
                 return Fetched.NO  # the tier stalled: the read fails within the one bound (counted)
             if self.blobs.cas.exists(digest):
                 return Fetched.YES
-        if digest in self._ahead_missed:  # a read-ahead (waited for, or done before this read came) found no
-            self._ahead_missed.discard(digest)  # good copy: asking again now is the same; the next read asks
+        if digest in self.in_flight.missed:  # a read-ahead (waited for, or done before this read came) found no
+            self.in_flight.missed.discard(digest)  # good copy: asking again now is the same; the next read asks
             return Fetched.NO
         self._read_ahead(ino)
         for parent, _name in self.ns.names_of(ino.id)[:1]:
@@ -414,7 +412,7 @@ class RemoteTier(Tier):
         for _name, child in self.ns.children(parent):
             node = self.ns.get(child)
             if (node is None or not node.is_reg or node.hash is None or node.hash in seen
-                    or node.size > min(READ_AHEAD_BYTES, self.remote.small_blob_bytes) or node.hash in self._fetching
+                    or node.size > min(READ_AHEAD_BYTES, self.remote.small_blob_bytes) or node.hash in self.in_flight.fetching
                     or self.blobs.cas.exists(node.hash)):
                 continue
             seen.add(node.hash)
@@ -422,89 +420,26 @@ class RemoteTier(Tier):
             if len(todo) >= READ_AHEAD_FILES:
                 break
         own = 0 if any(n.hash == ino.hash for n in todo) else ino.size  # the file looked up or read: next
-        if todo and self._room_for(todo, own):
-            todo, events, _ = self.claim(todo)  # now: a read right after this lookup waits for it
-            self._nursery.start_soon(self._bring, todo, events, "remote_read_ahead")
-
-    def _room_for(self, todo: list[Inode], own: int = 0) -> bool:
-        """Room for *todo* within the budget's low watermark, and on the store's disk after *own* bytes (the
-        file a read needs comes first: a read-ahead raced a 9 MiB fetch for the last megabytes)."""
-        wanted = sum(n.size for n in todo)
-        return (wanted <= self.prefetcher.policy.low_bytes - self.prefetcher.physical()
-                and wanted + own <= disk_room(self.blobs.cas.objects))
-
-    def claim(self, nodes: list[Inode]) -> tuple[list[Inode], dict[bytes, tuple[trio.Event, int]], list[trio.Event]]:
-        """Of *nodes*, those not here and not on their way (registered as on their way now, once per
-        content), and the events of those another fetch is bringing: one request per blob, whoever asks."""
-        mine: list[Inode] = []
-        events: dict[bytes, tuple[trio.Event, int]] = {}
-        others: list[trio.Event] = []
-        for node in nodes:
-            digest = node.hash
-            assert digest is not None
-            coming = self._fetching.get(digest)
-            if coming is not None:
-                if digest not in events:
-                    others.append(coming[0])
-                continue
-            if self.blobs.cas.exists(digest):
-                continue
-            events[digest] = (trio.Event(), node.size)
-            self._fetching[digest] = events[digest]
-            mine.append(node)
-        return mine, events, others
-
-    def release(self, events: dict[bytes, tuple[trio.Event, int]]) -> None:
-        """Claimed blobs arrived or not: the reads that waited for them go on."""
-        for digest, (event, _) in events.items():
-            if self._fetching.get(digest) is events[digest]:
-                del self._fetching[digest]
-            event.set()
-
-    async def bring(self, nodes: list[Inode], counter: str) -> None:
-        """Fetch small blobs ahead of their reads (the look-ahead), within the budget and the disk's room."""
-        if self._room_for(nodes):
-            todo, events, _ = self.claim(nodes)
-            await self._bring(todo, events, counter)
-
-    async def _bring(self, todo: list[Inode], events: dict[bytes, tuple[trio.Event, int]], counter: str) -> None:
-        """Fetch claimed small blobs (read-ahead, look-ahead), each once: a read of one waits for it
-        (``fetch``).  Never raises: an optimisation must not take the mount down."""
-        try:
-            if todo and self.remote.available():
-                digests = [node.hash for node in todo]  # now: a failed read drops an inode's content meanwhile
-                for digest, ok in zip(digests, await self.prefetcher.fetch_small(todo, self.limiter)):
-                    if not ok:  # missing, or not its size or hash (counted): the read need not ask again
-                        self._ahead_missed.add(digest)  # type: ignore[arg-type]
-                self.counters[counter] = self.counters.get(counter, 0) + len(todo)
-        except RemoteError as e:
-            log.debug("%s failed: %s", counter, e)
-        except Exception as e:
-            if is_disk_full(e):  # each read fetches its own file then, making room if it must
-                log.info("%s stopped: %s", counter, e)
-            else:
-                log.exception("%s failed", counter)
-        finally:
-            self.release(events)
+        if todo and self.in_flight.room_for(todo, own):
+            todo, events, _ = self.in_flight.claim(todo)  # now: a read right after this lookup waits for it
+            self._nursery.start_soon(self.in_flight.bring_claimed, todo, events, "remote_read_ahead")
 
     async def fetch_blob(self, ino: Inode, max_bytes: int) -> bool:
         """Bring a remote blob into the local CAS, size-checked and verified; False when it cannot be had.
 
         A blob larger than *max_bytes* (the budget) could never stay: a miss.
-        While it comes, it is on its way (``claim``): a read or a prefetch of
+        While it comes, it is on its way (``in_flight``): a read or a prefetch of
         the same content waits for it instead of asking again.
         """
         digest = ino.hash
         assert digest is not None
         if ino.size > max_bytes:
             return False
-        mine: dict[bytes, tuple[trio.Event, int]] = {}
-        if digest not in self._fetching:
-            mine[digest] = self._fetching[digest] = (trio.Event(), ino.size)
+        mine = self.in_flight.register(digest, ino.size)
         try:
             return await self._fetch_blob(ino, digest)
         finally:
-            self.release(mine)
+            self.in_flight.release(mine)
 
     async def _fetch_blob(self, ino: Inode, digest: bytes) -> bool:
         fd, staging = self.blobs.cas.new_staging()

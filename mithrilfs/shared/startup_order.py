@@ -197,4 +197,4 @@ class StartupOrder:
                 return
             small = self.tier.remote.small_blob_bytes
             nodes = [n for n in self._files_of(d) if n.size <= small]
-            await self.tier.bring(nodes, "remote_look_ahead")
+            await self.tier.in_flight.bring(nodes, "remote_look_ahead")
