@@ -21,8 +21,9 @@
 #   MITHRILFS_REMOTE_CLUSTER 1: MITHRILFS_REMOTE is a node of a Redis Cluster
 #   MITHRILFS_REMOTE_NAMESPACE, MITHRILFS_REMOTE_KEY_FILE, MITHRILFS_REMOTE_OWNER (UID:GID)
 #   MITHRILFS_STARTUP_SET    the startup set this node records into (default "default")
-#   MITHRILFS_PREFETCH       1: fetch the startup set from the shared tier at start
-#                            (hold the app back with `mithrilfs status --ready` as startup probe)
+#   MITHRILFS_PREFETCH       1: fetch the startup set from the shared tier at start and wait for it
+#                            (hold the app back with `mithrilfs status --ready` as startup probe);
+#                            0: do not fetch it at all; unset: fetch it in the background
 #   MITHRILFS_METRICS_PORT   serve Prometheus metrics on 127.0.0.1:PORT
 #   MITHRILFS_ALLOW_OTHER    1 (default): let the app containers' users in
 #   MITHRILFS_BIN            the mithrilfs executable (default: mithrilfs on PATH)
@@ -49,7 +50,8 @@ if [ -n "${MITHRILFS_REMOTE_PASSWORD_FILE:-}" ]; then set -- "$@" --remote-passw
 if [ "${MITHRILFS_REMOTE_CLUSTER:-0}" = 1 ]; then set -- "$@" --remote-cluster; fi
 if [ -n "${MITHRILFS_REMOTE_OWNER:-}" ]; then set -- "$@" --remote-owner "$MITHRILFS_REMOTE_OWNER"; fi
 if [ -n "${MITHRILFS_STARTUP_SET:-}" ]; then set -- "$@" --startup-set "$MITHRILFS_STARTUP_SET"; fi
-if [ "${MITHRILFS_PREFETCH:-0}" = 1 ]; then set -- "$@" --prefetch; fi
+if [ "${MITHRILFS_PREFETCH:-}" = 1 ]; then set -- "$@" --prefetch; fi
+if [ "${MITHRILFS_PREFETCH:-}" = 0 ]; then set -- "$@" --no-prefetch; fi
 if [ -n "${MITHRILFS_METRICS_PORT:-}" ]; then set -- "$@" --metrics-port "$MITHRILFS_METRICS_PORT"; fi
 if [ "${MITHRILFS_ALLOW_OTHER:-1}" = 1 ]; then set -- "$@" --allow-other; fi
 exec "${MITHRILFS_BIN:-mithrilfs}" "$@"

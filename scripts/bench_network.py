@@ -12,9 +12,11 @@ each round trip in ``--rtt-ms``:
   (``bench_warmstart``'s POPULATE: 8 files a kernel) and publishes them
   through the proxy: its time and its requests, per file;
 - then, repeatedly and in rotating order, end to end (``mount`` + load):
-  **A** (its own store, remounted), **B lazy** (an empty store, fetching as
-  Triton asks), **B+prefetch** (an empty store, ``mount --prefetch``: the
-  startup set before ``mount`` returns).
+  **A** (its own store, remounted), **B lazy** (an empty store, ``mount
+  --no-prefetch``: fetching as Triton asks, with the look-ahead),
+  **B default** (an empty store, a plain ``mount``: the startup set streams
+  in the background while Triton loads), **B+prefetch** (an empty store,
+  ``mount --prefetch``: the startup set before ``mount`` returns).
 
 Every arm's load hashes every file it read (outside its timing): each must
 match node A's, byte for byte, or the benchmark fails naming the files.
@@ -75,9 +77,11 @@ with open(sys.argv[2], "w") as f:
 print(json.dumps({"seconds": seconds, "files": len(digests), "bytes": total}))
 """
 
-ARMS = ("A", "B lazy", "B+prefetch")
+ARMS = ("A", "B lazy", "B default", "B+prefetch")
+#: How each arm mounts.
+ARM_FLAGS = {"A": (), "B lazy": ("--no-prefetch",), "B default": (), "B+prefetch": ("--prefetch",)}
 #: The areas of the bucket's layout (docs/design.md, "A bucket"): what an S3 request is about.
-AREAS = ("blobs", "packs", "names", "sets", "epoch", "bad")
+AREAS = ("blobs", "packs", "names", "startup", "epoch", "bad")
 
 
 def s3_area(method: str, target: str) -> str:
@@ -196,11 +200,11 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
         arms: dict[str, list[dict]] = {arm: [] for arm in ARMS}
         for rep in range(args.reps):
             for arm in ARMS if rep % 2 == 0 else ("A", *reversed(ARMS[1:])):
-                store = run_dir / ("store-a" if arm == "A" else f"store-{rep}-{'p' if 'prefetch' in arm else 'l'}")
+                store = run_dir / ("store-a" if arm == "A" else f"store-{rep}-{arm.split()[-1].strip('+')}")
                 digests = run_dir / f"digests-{rep}-{arm.replace(' ', '_')}.json"
                 proxies.reset()
                 t = time.monotonic()
-                out = node.mount(mp, store, *(["--prefetch"] if arm == "B+prefetch" else []))
+                out = node.mount(mp, store, *ARM_FLAGS[arm])
                 mount_s = time.monotonic() - t
                 try:
                     load = run_json(LOAD_HASHED, [str(keys_file), str(digests)], mp / "triton")

@@ -72,7 +72,10 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         remote_cluster=args.remote_cluster,
         remote_owner=args.remote_owner,
         startup_set=args.startup_set,
-        prefetch=None if args.prefetch is None else (args.prefetch or args.startup_set),
+        # by default the recorded set streams in the background; --prefetch waits for it
+        prefetch=None if args.no_prefetch or args.remote is None and args.prefetch is None else (
+            args.prefetch or args.startup_set),
+        prefetch_background=args.prefetch is None,
         mountpoint=args.mountpoint.expanduser().absolute(),
         store=store,
         foreground=args.foreground,
@@ -82,8 +85,10 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         fixed_settings=frozenset(given),
         on_crash=args.on_crash,
     )
-    if opts.prefetch is not None and args.remote is None:
+    if args.prefetch is not None and args.remote is None:
         usage_error("--prefetch needs --remote")
+    if args.prefetch is not None and args.no_prefetch:
+        usage_error("--prefetch and --no-prefetch contradict each other")
     if s3 is not None:
         _refuse_misconfigured_bucket(opts)
     outside = leaks.measure(dict(os.environ))
@@ -92,7 +97,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         leaks.save_at_mount(store, outside)  # status reports what the mount's users write outside it
     if status == 0 and opts.remote is not None and not opts.foreground:
         _warn_if_unreachable(opts)
-    if status == 0 and opts.prefetch is not None and not opts.foreground:
+    if status == 0 and args.prefetch is not None and not opts.foreground:
         follow_prefetch(opts.mountpoint, f"set={opts.prefetch}", warn_only=True)
     return status
 
@@ -277,7 +282,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         except (OSError, ValueError, UsageError, MountError):
             state = "foreign"
     prefetch = snap.get("prefetch") or {}
-    if state == "live" and args.ready and prefetch.get("state") == "running":
+    if state == "live" and args.ready and prefetch.get("state") == "running" and not prefetch.get("background"):
         state = "prefetching"
     status = 0 if state == "live" else 1
     if args.json:

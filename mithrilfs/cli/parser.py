@@ -170,7 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--startup-set", type=_set_name, default="default", metavar="NAME",
                    help="record what the workload reads in its first minutes into this shared set (default 'default')")
     m.add_argument("--prefetch", type=_set_name, nargs="?", const="", default=None, metavar="NAME",
-                   help="before returning, fetch a startup set from the shared tier (default: --startup-set's)")
+                   help="before returning, fetch a startup set from the shared tier (default: --startup-set's);"
+                        " without it, --startup-set's is fetched in the background")
+    m.add_argument("--no-prefetch", action="store_true",
+                   help="do not fetch the startup set in the background at mount (files come at their first read)")
     m.add_argument("--remote-namespace", default="default", metavar="NAME",
                    help="nodes sharing a namespace share one tree (default 'default')")
     m.add_argument("--remote-key-file", type=Path, default=None, metavar="FILE",

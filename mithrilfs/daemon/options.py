@@ -40,8 +40,10 @@ class MountOptions:
     remote_owner: tuple[int, int] | None = None
     #: The startup set this mount records its workload's first reads into.
     startup_set: str = "default"
-    #: A startup set to prefetch once the mount serves.
+    #: A startup set to prefetch once the mount serves (by default the recorded one; None: ``--no-prefetch``).
     prefetch: str | None = None
+    #: Nobody waits for that prefetch (the default, not ``--prefetch``): it runs in the background.
+    prefetch_background: bool = False
     #: Mount over a directory that holds files (hiding them).
     nonempty: bool = False
     #: Settings (``settings.SETTINGS`` names) given on the command line: they beat the store's.

@@ -106,7 +106,8 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
             after_crash = not store.read_only and repair_at_startup(store)
         # a successor's mount was prefetched already: the startup set is fetched once per mount
         tier_options = TierOptions(owner=opts.remote_owner, startup_set=opts.startup_set,
-                                   prefetch=opts.prefetch if handover is None else None)
+                                   prefetch=opts.prefetch if handover is None else None,
+                                   prefetch_background=opts.prefetch_background)
         if opts.remote is not None:
             tier_options.remote = open_remote(opts.remote_spec())
         if handover is not None:

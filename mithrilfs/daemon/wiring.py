@@ -52,6 +52,7 @@ class TierOptions:
     owner: tuple[int, int] | None = None
     startup_set: str = "default"
     prefetch: str | None = None
+    prefetch_background: bool = False
 
 
 @dataclass
@@ -96,7 +97,8 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     if tier_options.remote is not None:
         tier = RemoteTier(ns, blobs, paths, events, lifetimes, tier_options.remote, policy, writes.physical,
                          recompiles, owner=tier_options.owner, requeue=after_crash,
-                         startup_set=tier_options.startup_set, prefetch_at_start=tier_options.prefetch)
+                         startup_set=tier_options.startup_set, prefetch_at_start=tier_options.prefetch,
+                         prefetch_background=tier_options.prefetch_background)
     budget = Budget(store, policy, writes, lifetimes, recency, stats, events, tops, evicted=tier)
     commit_listeners += [tier, budget, recompiles]
     integrity = Integrity(store, lifetimes, budget, tier, stats, events, tops, limiter, ReadAhead(blobs, stats))

@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 
 from mithrilfs.shared.entries import RemoteEntry, RemoteError, newest
 from mithrilfs.shared.redis_wire import RedisStore
+from mithrilfs.shared.startup_sets import Record
 from mithrilfs.shared.wire import Level, RemoteStore
 from mithrilfs.store.cas import hash_bytes
 
@@ -231,20 +232,22 @@ class LayeredStore(RemoteStore):
         return gone
 
     # -- startup sets ----------------------------------------------------------
-    def add_to_set(self, name: str, paths: list[str]) -> None:
-        self.back.add_to_set(name, paths)
-        self._to_front(lambda: self.front.add_to_set(name, paths))
+    def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
+                             last: bool = False) -> None:
+        self.back.write_startup_record(name, record_id, items, last=last)
+        self._to_front(lambda: self.front.write_startup_record(name, record_id, items, last=last))
 
-    def startup_set(self, name: str) -> list[str]:
+    def startup_records(self, name: str) -> list[Record]:
+        """Both levels' newest records (the same record from both counts once: ``startup_sets.merged``)."""
         try:
-            paths = set(self.back.startup_set(name))
+            records = self.back.startup_records(name)
         except RemoteError:
-            return self.front.startup_set(name)
+            return self.front.startup_records(name)
         try:
-            paths.update(self.front.startup_set(name))
+            records += self.front.startup_records(name)
         except RemoteError:
             pass
-        return sorted(paths)
+        return records
 
     def note_blob_names(self, names: dict[str, str]) -> None:
         self._to_front(lambda: self.front.note_blob_names(names))

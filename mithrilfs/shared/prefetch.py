@@ -1,12 +1,18 @@
-"""Warm a node from the shared tier before its workload starts: names first, then blobs in parallel.
+"""Warm a node from the shared tier before its workload asks: names first, then blobs in parallel.
 
 A cold node that lets the framework pull its cache file by file pays one
 round trip per directory and per file, one after another as the framework
-asks.  ``Prefetcher`` instead takes a whole *startup set* (the paths a
-workload read in its first minutes, recorded by every node into one Redis
-set) or the whole namespace, lists every directory it needs in pipelined
-batches, materializes the names, and fetches the blobs with several workers,
-each asking for many small blobs in one pipeline.  Every blob is verified
+asks.  ``Prefetcher`` instead takes a whole *startup set* (what workloads
+read in their first minutes, in order, with each name's entry:
+``startup_sets``) or the whole namespace.  A set's names are created from
+the set itself (``startup_order``; only what it cannot place is listed), the
+whole namespace's by listing every directory in pipelined batches; then the
+blobs come with several workers, each asking for many small blobs in one
+pipeline (or concurrent GETs), a set's in the order its workload read them.
+A blob a read (or a read-ahead) is already bringing is not asked for again,
+and a read of a blob a worker is bringing waits for it (``shared.in_flight``).
+By default a mount runs it in the background as soon as it serves; ``mount
+--prefetch`` waits for it.  Every blob is verified
 (size and blake3) before it enters the store; a missing or corrupt one is a
 miss, counted, never a failure.  It stops adding blobs at the low watermark
 of the budget.  The store's disk filling up stops it (one line naming
@@ -38,11 +44,16 @@ if TYPE_CHECKING:  # the tier builds and drives its prefetcher
 
 log = logging.getLogger(__name__)
 
-#: Parallel fetch workers (threads blocked on Redis, hashing, writing staging files).
+#: Parallel fetch workers (threads blocked on the tier, hashing, writing staging files).  Each batch is
+#: one pipeline from Redis, or GETs over the bucket's pool of ``s3_wire.PARALLEL`` connections, which
+#: bounds the requests a prefetch has in flight; the mount's own reads use other threads.
 WORKERS = 4
-#: Blobs and bytes per pipelined batch of small blobs.
-BATCH_BLOBS = 256
+#: Blobs and bytes per batch of small blobs: a read waiting for one waits for its batch.
+BATCH_BLOBS = 64
 BATCH_BYTES = 8 << 20
+#: Blobs per batch of a prefetch nobody waits for: its workload reads meanwhile, and a read-ahead's GETs
+#: queue behind the batches in the bucket's pool, so they are kept short.
+BACKGROUND_BATCH_BLOBS = 16
 
 
 class Prefetcher:
@@ -60,15 +71,19 @@ class Prefetcher:
     def running(self) -> bool:
         return self.state["state"] == "running"
 
-    async def run(self, set_name: str | None) -> dict[str, Any]:
-        """Prefetch a startup set (None: the whole namespace); the final state."""
+    async def run(self, set_name: str | None, *, background: bool = False) -> dict[str, Any]:
+        """Prefetch a startup set (None: the whole namespace); the final state.  *background*: nobody
+        waits for it (the mount's default), shown as such."""
         start = time.monotonic()
         self.state = {"state": "running", "set": set_name or "*", "files": 0, "bytes": 0, "total_files": 0,
                       "total_bytes": 0, "misses": 0, "skipped_for_budget": 0, "seconds": 0.0}
+        if background:
+            self.state["background"] = True
         try:
             wanted = await self._names(set_name)
             crash_point("prefetch_fetch")  # the tests': a daemon killed while it prefetches
-            await self._fetch_all(wanted)
+            await self._fetch_all(wanted, in_order=set_name is not None,
+                                  batch_blobs=BACKGROUND_BATCH_BLOBS if background else BATCH_BLOBS)
             self.state["state"] = "done"
         except Exception as group:  # the workers' nursery wraps what they raise: the error inside counts
             e = cause(group)
@@ -86,27 +101,33 @@ class Prefetcher:
 
     # -- names -------------------------------------------------------------
     async def _names(self, set_name: str | None) -> list[Inode]:
-        """Materialize the names wanted; the inodes whose content is not here yet."""
-        thread = self.shared.thread
+        """Materialize the names wanted; the inodes whose content is not here yet (a set's in its order)."""
         if set_name is None:
-            dirs = await thread(self.remote.all_dirs)
-            only: dict[str, set[bytes]] | None = None
-        else:
-            paths = await thread(self.remote.startup_set, set_name)
-            only = {}
-            for p in paths:
+            return await self._listed(await self.shared.thread(self.remote.all_dirs), None)
+        order = self.shared.order_of(set_name)
+        await order.load()  # the names come with the set: no manifest per directory
+        wanted = [n for n in order.files() if not self._present(n)]
+        if order.unresolved:  # what the set could not place (a torn or hostile set): listed, as before
+            only: dict[str, set[bytes]] = {}
+            for p in order.unresolved:
                 d, _, name = p.rpartition("/")
-                if name:
-                    only.setdefault(d, set()).add(name.encode(errors="surrogateescape"))
-            dirs = set(only)
+                only.setdefault(d, set()).add(name.encode(errors="surrogateescape"))
+            order.unresolved = []
+            wanted += await self._listed(set(only), only)
+        return wanted
+
+    async def _listed(self, dirs: set[str] | list[str], only: dict[str, set[bytes]] | None) -> list[Inode]:
+        """Materialize the names of directories listed from the tier (*only*: just these names, their
+        ancestors listed too); the inodes whose content is not here yet."""
+        dirs = set(dirs)
+        if only is not None:
             for d in list(dirs):  # every ancestor too, to materialize the directories on the way
                 parts = d.split("/") if d else []
                 for i in range(len(parts)):
                     parent = "/".join(parts[:i])
                     dirs.add(parent)
                     only.setdefault(parent, set()).add(parts[i].encode(errors="surrogateescape"))
-            dirs = sorted(dirs, key=lambda x: (x.count("/") if x else -1, x))
-        listing = await thread(self.remote.list_dirs, sorted(dirs))
+        listing = await self.shared.thread(self.remote.list_dirs, sorted(dirs))
         wanted: list[Inode] = []
         # parents before children: a directory's own name is materialized by its parent's pass
         for d in sorted(listing, key=lambda x: (x.count("/") if x else -1, x)):
@@ -138,13 +159,15 @@ class Prefetcher:
         return self.blobs.cas.exists(node.hash)  # type: ignore[arg-type]
 
     # -- blobs -------------------------------------------------------------
-    async def _fetch_all(self, wanted: list[Inode]) -> None:
+    async def _fetch_all(self, wanted: list[Inode], *, in_order: bool, batch_blobs: int) -> None:
+        """Fetch *wanted* (a set's in its order, large blobs at their place; everything's smallest first),
+        within the budget's low watermark."""
         by_hash: dict[bytes, Inode] = {}
         for node in wanted:
             by_hash.setdefault(node.hash, node)  # type: ignore[arg-type]
         room = self.policy.low_bytes - self.physical()
         todo: list[Inode] = []
-        for node in sorted(by_hash.values(), key=lambda n: n.size):
+        for node in by_hash.values() if in_order else sorted(by_hash.values(), key=lambda n: n.size):
             if node.size > room:
                 self.state["skipped_for_budget"] += 1
                 continue
@@ -154,24 +177,23 @@ class Prefetcher:
         todo.sort(key=lambda n: order[n.id])  # a directory's blobs together: one range of a pack for a bucket
         self.state["total_files"] = len(todo)
         self.state["total_bytes"] = sum(n.size for n in todo)
-        small = [n for n in todo if n.size <= self.remote.small_blob_bytes]
-        large = [n for n in todo if n.size > self.remote.small_blob_bytes]
         batches: list[list[Inode]] = []
         batch: list[Inode] = []
         size = 0
-        for n in small:
-            if batch and (len(batch) >= BATCH_BLOBS or size + n.size > BATCH_BYTES):
+        for n in todo:
+            if n.size > self.remote.small_blob_bytes:
+                batches.append([n])  # streamed alone, at its place in the order
+                continue
+            if batch and (len(batch) >= batch_blobs or size + n.size > BATCH_BYTES):
                 batches.append(batch)
                 batch, size = [], 0
             batch.append(n)
             size += n.size
         if batch:
             batches.append(batch)
-        send, receive = trio.open_memory_channel[list[Inode]](len(batches) + len(large))
+        send, receive = trio.open_memory_channel[list[Inode]](len(batches))
         for b in batches:
             send.send_nowait(b)
-        for n in large:
-            send.send_nowait([n])
         send.close()
         limiter = trio.CapacityLimiter(WORKERS)
         async with trio.open_nursery() as nursery:
@@ -182,50 +204,75 @@ class Prefetcher:
     async def _worker(self, receive: trio.MemoryReceiveChannel, limiter: trio.CapacityLimiter) -> None:
         async with receive:
             async for batch in receive:
-                if len(batch) == 1 and batch[0].size > self.remote.small_blob_bytes:
-                    ok = await self.shared.fetch_blob(batch[0], self.policy.max_bytes)
-                    self._count(batch[0], ok)
-                    continue
+                mine, events, others = self.shared.in_flight.claim(batch)  # what a read is bringing is not asked again
                 try:
-                    arrived = await self.fetch_small(batch, limiter)
-                except OSError as e:
-                    if is_disk_full(e):  # the batch stopped part way: what it wrote is fetched
-                        for node in batch:
-                            if self._present(node):
-                                self._count(node, True)
-                    raise
-                for node, ok in zip(batch, arrived):
-                    self._count(node, ok)
+                    await self._fetch_batch_of(mine, limiter)
+                finally:
+                    self.shared.in_flight.release(events)
+                for event in others:  # brought by a read or a read-ahead: counted once it is here
+                    self.shared.counters["remote_fetch_joined"] = self.shared.counters.get("remote_fetch_joined", 0) + 1
+                    await event.wait()
+                for node in batch:
+                    if node not in mine:
+                        self._count(node, self._present(node))
+
+    async def _fetch_batch_of(self, batch: list[Inode], limiter: trio.CapacityLimiter) -> None:
+        if not batch:
+            return
+        if len(batch) == 1 and batch[0].size > self.remote.small_blob_bytes:
+            ok = await self.shared.fetch_blob(batch[0], self.policy.max_bytes)
+            self._count(batch[0], ok)
+            return
+        digests = [node.hash for node in batch]  # now: a read that fails meanwhile drops an inode's content
+        try:
+            arrived = await self.fetch_small(batch, limiter)
+        except OSError as e:
+            if is_disk_full(e):  # the batch stopped part way: what it wrote is fetched
+                for node, digest in zip(batch, digests):
+                    if self.blobs.cas.exists(digest):  # type: ignore[arg-type]
+                        self._count(node, True)
+            raise
+        for node, digest, ok in zip(batch, digests, arrived):
+            self._count(node, ok)
+            if not ok:  # missing or bad (counted): a read that waited for it answers at once
+                self.shared.in_flight.missed.add(digest)  # type: ignore[arg-type]
 
     async def fetch_small(self, batch: list[Inode], limiter: trio.CapacityLimiter) -> list[bool]:
-        """One batch of small blobs: fetched in a thread, verified, recorded, written; which arrived."""
-        fetched = await trio.to_thread.run_sync(self._fetch_batch, batch, limiter=limiter)
-        good = [(node, data) for node, data in zip(batch, fetched) if data is not None]
-        self.blobs.intend([(node.hash, node.size) for node, _ in good])  # type: ignore[misc]
+        """One batch of small blobs: fetched in a thread, verified, recorded, written; which arrived.
+
+        The blobs are taken (hash, size) from the inodes now, on the event loop: an inode is the index's
+        live object, and a read that fails meanwhile drops its content (its hash becomes None).
+        """
+        blobs = [(node.hash, node.size) for node in batch if node.hash is not None]
+        if len(blobs) < len(batch):  # content dropped since it was claimed: fetched at its next read
+            return [False] * len(batch)
+        fetched = await trio.to_thread.run_sync(self._fetch_batch, blobs, limiter=limiter)
+        good = [(digest, size, data) for (digest, size), data in zip(blobs, fetched) if data is not None]
+        self.blobs.intend([(digest, size) for digest, size, _ in good])
         new: list[bool] = []
         try:
             self._write(good, new)
         finally:  # a full disk stops the batch: what was written counts, the rest is fetched when read
-            for (node, _), is_new in zip(good, new):
-                self.blobs.written(node.hash, node.size, is_new)  # type: ignore[arg-type]
-                self.shared.arrived(node.hash, node.size)  # type: ignore[arg-type]
+            for (digest, size, _), is_new in zip(good, new):
+                self.blobs.written(digest, size, is_new)
+                self.shared.arrived(digest, size)
             if len(new) < len(good):
-                self.blobs.never_came([node.hash for node, _ in good[len(new):]])  # type: ignore[misc]
+                self.blobs.never_came([digest for digest, _, _ in good[len(new):]])
         return [data is not None for data in fetched]
 
-    def _fetch_batch(self, batch: list[Inode]) -> list[bytes | None]:
+    def _fetch_batch(self, blobs: list[tuple[bytes, int]]) -> list[bytes | None]:
         """In a worker thread: one pipelined GET for the batch, each blob verified (size and blake3)."""
-        parts = self.remote.fetch_small_blobs([(n.hash.hex(), n.size) for n in batch])  # type: ignore[union-attr]
+        parts = self.remote.fetch_small_blobs([(digest.hex(), size) for digest, size in blobs])
         out: list[bytes | None] = []
-        for node, data in zip(batch, parts):
-            if data is not None and hash_bytes(data) != node.hash:
+        for (digest, _), data in zip(blobs, parts):
+            if data is not None and hash_bytes(data) != digest:
                 self.shared.counters["remote_verify_failures"] += 1
-                log.error("remote blob %s does not match its hash: rejected", node.hash.hex())  # type: ignore[union-attr]
+                log.error("remote blob %s does not match its hash: rejected", digest.hex())
                 data = None
             out.append(data)
         return out
 
-    def _write(self, good: list[tuple[Inode, bytes]], new: list[bool]) -> None:
+    def _write(self, good: list[tuple[bytes, int, bytes]], new: list[bool]) -> None:
         """The verified blobs become files (their rows were recorded first); *new* gets, in order, whether
         each was new, up to the one whose write failed (a full disk).
 
@@ -233,8 +280,8 @@ class Prefetcher:
         files from several threads at once was slower (they contend for the
         same directories), and the fetch workers keep Redis busy meanwhile.
         """
-        for node, data in good:
-            new.append(self.blobs.cas.write_blob(node.hash, data))  # type: ignore[arg-type]
+        for digest, _, data in good:
+            new.append(self.blobs.cas.write_blob(digest, data))
 
     def _count(self, node: Inode, ok: bool) -> None:
         if ok:

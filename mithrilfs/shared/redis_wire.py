@@ -8,6 +8,8 @@ Layout under ``mfs:{namespace}:``
   ``b:{<hex>}:{i}``     blob content in chunks (at most CHUNK bytes each); the
                         hex in braces is a Redis Cluster hash tag, so all
                         chunks of a blob live in one slot
+  ``startup:{NAME}``    a startup set: a sorted set of record ids by time, each record
+                        (``startup:{NAME}:ID``) one mount's first reads (``startup_sets``)
   ``epoch[:{tag}]``     a random token per server (per master in a cluster):
                         when it changes or vanishes, the server lost its data
 
@@ -38,6 +40,16 @@ from mithrilfs.shared.entries import (  # noqa: F401  (the entry model, re-expor
     RemoteError,
     parse_entry,
 )
+from mithrilfs.shared.startup_sets import (
+    MAX_RECORD_BYTES,
+    RECORDS_KEPT,
+    RECORDS_READ,
+    Record,
+    decode_record,
+    encode_record,
+    record_time,
+    valid_record_id,
+)
 from mithrilfs.shared.wire import Level, RemoteStore, new_counters
 
 # redis-py is imported where it is used: a mount without --remote (and every CLI command)
@@ -53,8 +65,8 @@ OP_TIMEOUT = 2.0
 _PIPELINE_BYTES = 16 << 20
 #: Keys per pipelined batch of reads.
 _BATCH = 512
-#: A startup set larger than this is read only this far.
-MAX_SET_PATHS = 1_000_000
+#: A startup set's records stay this long after their last write (seconds).
+RECORD_TTL = 30 * 24 * 3600
 #: The field that marks a directory hash complete (no entry name holds a NUL byte); its value is when.
 COMPLETE = b"\0complete"
 #: A mark is trusted this long (seconds): a write Redis missed, a mark set by a reader that raced a
@@ -550,28 +562,57 @@ class RedisStore(RemoteStore):
                 self.level.moved(down=size, requests=0)
         return out
 
-    def add_to_set(self, name: str, paths: list[str]) -> None:
-        """Add paths to a startup set (a Redis SET: sets from several nodes merge by union)."""
-        def add() -> None:
+    # -- startup sets -------------------------------------------------------
+    def _set_key(self, name: str) -> str:
+        """The set's index (a sorted set of record ids by time); the name in braces is a cluster hash tag,
+        so the index and its records live in one slot."""
+        return f"{self.prefix}startup:{{{name}}}"
+
+    def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
+                             last: bool = False) -> None:
+        """This mount's record, written over (one pipeline): the value, and its id in the set's index; the
+        last write also drops the records past the ``RECORDS_KEPT`` newest."""
+        def write() -> None:
+            data = encode_record(self.codec, items)
+            index = self._set_key(name)
             pipe = self.client.pipeline(transaction=False)
-            for start in range(0, len(paths), _BATCH):
-                pipe.sadd(f"{self.prefix}set:{name}", *paths[start:start + _BATCH])
+            pipe.set(f"{index}:{record_id}", data, ex=RECORD_TTL)
+            pipe.zadd(index, {record_id: record_time(record_id)})
+            pipe.expire(index, RECORD_TTL)
             pipe.execute()
+            self.level.moved(up=len(data), requests=0)
+            if last:
+                old = [m.decode() for m in self.client.zrange(index, 0, -(RECORDS_KEPT + 1))]
+                if old:
+                    pipe = self.client.pipeline(transaction=False)
+                    pipe.delete(*[f"{index}:{r}" for r in old])
+                    pipe.zrem(index, *old)
+                    pipe.execute()
 
-        if paths:
-            self._call(add)
+        self._call(write)
 
-    def startup_set(self, name: str) -> list[str]:
-        """The paths of a startup set (SSCAN: never blocks the server), at most MAX_SET_PATHS."""
-        def scan() -> list[str]:
+    def startup_records(self, name: str) -> list[Record]:
+        """The newest records: their ids (ZREVRANGE), then their values (one pipeline of GETRANGEs, each
+        at most ``MAX_RECORD_BYTES`` + 1: a planted giant is never read whole); never a write."""
+        def read() -> list[Record]:
+            index = self._set_key(name)
+            ids = [m.decode(errors="replace") for m in self.client.zrevrange(index, 0, RECORDS_READ - 1)]
+            ids = [r for r in ids if valid_record_id(r)]
+            if not ids:
+                return []
+            pipe = self.client.pipeline(transaction=False)
+            for r in ids:
+                pipe.getrange(f"{index}:{r}", 0, MAX_RECORD_BYTES)
             out = []
-            for p in self.client.sscan_iter(f"{self.prefix}set:{name}", count=1000):
-                out.append(p.decode(errors="surrogateescape"))
-                if len(out) >= MAX_SET_PATHS:
-                    break
+            for r, data in zip(ids, pipe.execute()):
+                if data:  # gone (its time to live): nothing to read
+                    self.level.moved(down=len(data), requests=0)
+                    record = decode_record(self.codec, r, data if len(data) <= MAX_RECORD_BYTES else None)
+                    if record is not None:
+                        out.append(record)
             return out
 
-        return self._call(scan)
+        return self._call(read)
 
     def redis_memory(self) -> int:
         """Bytes of memory the server (all masters) uses, for benchmarks."""

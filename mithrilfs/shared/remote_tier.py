@@ -40,16 +40,17 @@ from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.bounded import in_thread, within_bound
 from mithrilfs.shared.entries import MAX_DIR_NAMES, RemoteEntry, RemoteError
+from mithrilfs.shared.in_flight import InFlight
 from mithrilfs.shared.local_disk import LocalWriteError, StoreFile
-from mithrilfs.shared.local_disk import room as disk_room
 from mithrilfs.shared.prefetch import Prefetcher
+from mithrilfs.shared.startup_order import StartupOrder
+from mithrilfs.shared.startup_recorder import StartupRecorder
 from mithrilfs.shared.tier import Tier
 from mithrilfs.shared.wire import RemoteStore
 from mithrilfs.shared.write_behind import WriteBehind, version_of
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.cas import EMPTY_DIGEST
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path, outside_mode
-from mithrilfs.store.open import is_disk_full
 from mithrilfs.store.tier_queue import TierQueue
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,6 @@ log = logging.getLogger(__name__)
 DIR_SYNC_SECONDS = 5.0
 #: A missing name is answered from a directory synced this recently; older, the lookup re-syncs it.
 MISS_RESYNC_SECONDS = 1.0
-#: A workload's first reads in this long after the mount make its startup set.
-STARTUP_SECONDS = 300.0
 #: How long the kernel may cache "no such name" when other nodes can create names.
 NEGATIVE_TIMEOUT = 2.0
 #: A first read from a directory fetches up to this many of its other files, each at most this large.
@@ -89,7 +88,7 @@ class RemoteTier(Tier):
     def __init__(self, ns: Namespace, blobs: Blobs, paths: DirPaths, events: EventLog, lifetimes: Lifetimes,
                  remote: RemoteStore, policy: EvictionPolicy, physical: Callable[[], int], recompiles: Recompiles, *,
                  owner: tuple[int, int] | None = None, requeue: bool = False, startup_set: str = "default",
-                 prefetch_at_start: str | None = None) -> None:
+                 prefetch_at_start: str | None = None, prefetch_background: bool = False) -> None:
         self.ns = ns
         self.queue = TierQueue(ns)
         self.blobs = blobs
@@ -106,11 +105,10 @@ class RemoteTier(Tier):
         self.limiter = trio.CapacityLimiter(4)
         self._wake = trio.Event()
         self._dir_synced: dict[int, float] = {}
-        #: Directories read ahead in this mount, and the blobs a read-ahead is bringing (digest -> done).
+        #: Directories read ahead in this mount.
         self._read_ahead_dirs: set[int] = set()
-        self._fetching: dict[bytes, tuple[trio.Event, int]] = {}
-        #: Blobs a read-ahead found missing or bad: the read that waited on it answers at once.
-        self._ahead_missed: set[bytes] = set()
+        #: The blobs on their way, whoever fetches them (a read, a read-ahead, the look-ahead, the prefetch).
+        self.in_flight = InFlight(self)
         self._syncing: set[int] = set()
         #: Waited syncs in progress: a lookup in that directory waits for it rather than miss its names.
         self._sync_done: dict[int, trio.Event] = {}
@@ -124,17 +122,19 @@ class RemoteTier(Tier):
         self._epoch = ns.get_meta(self._epoch_meta())
         #: The startup set this mount records into: what its workload reads first.
         self.startup_set = startup_set
-        self._started = time.monotonic()
-        self._recorded: set[int] = set()
-        self._to_record: list[str] = []
+        self.recorder = StartupRecorder(self, startup_set)
+        #: The same set as this mount uses it: names, prefetch order, look-ahead.
+        self.order = StartupOrder(self, startup_set, look_ahead=True)
         self.behind = WriteBehind(self)
         self.prefetcher = Prefetcher(self, policy, physical)
-        #: The startup set to prefetch as soon as the mount serves (``mount --prefetch``).
+        #: The startup set to prefetch as soon as the mount serves (by default, unless ``--no-prefetch``).
         self.prefetch_at_start = prefetch_at_start
+        #: Nobody waits for that prefetch (no ``mount --prefetch``): ``status --ready`` does not either.
+        self.prefetch_background = prefetch_background
         if prefetch_at_start is not None and not ns.read_only:  # a read-only store runs no background work
             # running from the start: ``mount --prefetch`` waits for it once the mount answers, which
             # may be before the tier's first step (a ping of Redis) has begun it
-            self.prefetcher.state = {"state": "running"}
+            self.prefetcher.state = self._running_state()
         if requeue:  # after an unclean stop a commit may not have reached the queue
             self.behind.queue_all()
 
@@ -174,6 +174,7 @@ class RemoteTier(Tier):
         node = self.ns.get(ino) if ino is not None else None
         if node is not None and node.is_reg and node.hash is not None:
             self._read_ahead(node, itself=True)  # a file the framework is about to open, and its neighbours
+            self.order.reached(parent, self._nursery)  # and the next directories its workload reads
         return ino
 
     def made_here(self, d: int) -> bool:
@@ -391,20 +392,23 @@ class RemoteTier(Tier):
         """The first read of a file whose content is remote: its small siblings come along (read-ahead)."""
         digest = ino.hash
         assert digest is not None
-        coming = self._fetching.get(digest)
+        coming = self.in_flight.fetching.get(digest)
         if coming is not None and coming[1] == ino.size:  # a read-ahead is bringing it: wait, not ask twice
+            self.counters["remote_fetch_joined"] = self.counters.get("remote_fetch_joined", 0) + 1
             try:
                 await within_bound(self.remote, coming[0].wait)
             except RemoteError:
                 return Fetched.NO  # the tier stalled: the read fails within the one bound (counted)
             if self.blobs.cas.exists(digest):
                 return Fetched.YES
-        if digest in self._ahead_missed:  # a read-ahead (waited for, or done before this read came) found no
-            self._ahead_missed.discard(digest)  # good copy: asking again now is the same; the next read asks
+        if digest in self.in_flight.missed:  # a read-ahead (waited for, or done before this read came) found no
+            self.in_flight.missed.discard(digest)  # good copy: asking again now is the same; the next read asks
             return Fetched.NO
         if not self.remote.knows_where(digest.hex()):  # named in an earlier mount: its entry says where
             await self._relearn(ino)
         self._read_ahead(ino)
+        for parent, _name in self.ns.names_of(ino.id)[:1]:
+            self.order.reached(parent, self._nursery)
         return Fetched.YES if await self.fetch_blob(ino, max_bytes) else Fetched.NO
 
     async def _relearn(self, ino: Inode) -> None:
@@ -438,51 +442,36 @@ class RemoteTier(Tier):
         for _name, child in self.ns.children(parent):
             node = self.ns.get(child)
             if (node is None or not node.is_reg or node.hash is None or node.hash in seen
-                    or node.size > min(READ_AHEAD_BYTES, self.remote.small_blob_bytes) or node.hash in self._fetching
+                    or node.size > min(READ_AHEAD_BYTES, self.remote.small_blob_bytes) or node.hash in self.in_flight.fetching
                     or self.blobs.cas.exists(node.hash)):
                 continue
             seen.add(node.hash)
             todo.append(node)
             if len(todo) >= READ_AHEAD_FILES:
                 break
-        wanted = sum(n.size for n in todo)
-        if not todo or wanted > self.prefetcher.policy.low_bytes - self.prefetcher.physical():
-            return
         own = 0 if any(n.hash == ino.hash for n in todo) else ino.size  # the file looked up or read: next
-        if wanted + own > disk_room(self.blobs.cas.objects):
-            return  # the store's disk: what the read itself needs comes first
-        events = {n.hash: (trio.Event(), n.size) for n in todo}
-        self._fetching.update(events)  # type: ignore[arg-type]
-        self._nursery.start_soon(self._fetch_ahead, todo, events)
-
-    async def _fetch_ahead(self, todo: list[Inode], events: dict[bytes | None, tuple[trio.Event, int]]) -> None:
-        try:
-            if self.remote.available():
-                for node, ok in zip(todo, await self.prefetcher.fetch_small(todo, self.limiter)):
-                    if not ok:  # missing, or not its size or hash (counted): the read need not ask again
-                        self._ahead_missed.add(node.hash)  # type: ignore[arg-type]
-                self.counters["remote_read_ahead"] = self.counters.get("remote_read_ahead", 0) + len(todo)
-        except RemoteError as e:
-            log.debug("read-ahead failed: %s", e)
-        except Exception as e:  # a read-ahead is an optimisation: it never takes the mount down
-            if is_disk_full(e):  # each read fetches its own file then, making room if it must
-                log.info("read-ahead stopped: %s", e)
-            else:
-                log.exception("read-ahead failed")
-        finally:
-            for digest, (event, _) in events.items():
-                self._fetching.pop(digest, None)  # type: ignore[arg-type]
-                event.set()
+        if todo and self.in_flight.room_for(todo, own):
+            todo, events, _ = self.in_flight.claim(todo)  # now: a read right after this lookup waits for it
+            self._nursery.start_soon(self.in_flight.bring_claimed, todo, events, "remote_read_ahead")
 
     async def fetch_blob(self, ino: Inode, max_bytes: int) -> bool:
         """Bring a remote blob into the local CAS, size-checked and verified; False when it cannot be had.
 
         A blob larger than *max_bytes* (the budget) could never stay: a miss.
+        While it comes, it is on its way (``in_flight``): a read or a prefetch of
+        the same content waits for it instead of asking again.
         """
         digest = ino.hash
         assert digest is not None
         if ino.size > max_bytes:
             return False
+        mine = self.in_flight.register(digest, ino.size)
+        try:
+            return await self._fetch_blob(ino, digest)
+        finally:
+            self.in_flight.release(mine)
+
+    async def _fetch_blob(self, ino: Inode, digest: bytes) -> bool:
         fd, staging = self.blobs.cas.new_staging()
         owner = threading.Lock()
         taken: list[str] = []  # who closes fd: the thread that writes it, or (it never ran) this task
@@ -552,32 +541,12 @@ class RemoteTier(Tier):
 
     # -- startup sets ------------------------------------------------------
     def record_read(self, ino: int) -> None:
-        """The first read of a file in this mount: in the first STARTUP_SECONDS, its path joins the set."""
-        if ino in self._recorded or time.monotonic() - self._started > STARTUP_SECONDS:
-            return
-        self._recorded.add(ino)
-        for parent, name in self.ns.names_of(ino)[:1]:
-            dir_path = self.paths.of_dir(parent)
-            if dir_path is not None:
-                self._to_record.append(join_path(dir_path, name))
-                self._wake.set()
-
-    async def _send_recorded(self) -> None:
-        if self._to_record:
-            batch, self._to_record = self._to_record, []
-            try:
-                await self.thread(self.remote.add_to_set, self.startup_set, batch)
-            except RemoteError:
-                self._to_record[:0] = batch
-                raise
+        """The first read of a file in this mount: in its first minutes, it joins the startup set."""
+        self.recorder.read(ino)
 
     async def unmounting(self) -> None:
-        """Send the startup set recorded so far (bounded: an unmount must not wait on a dead Redis)."""
-        with trio.move_on_after(5):
-            try:
-                await self._send_recorded()
-            except RemoteError as e:
-                log.warning("startup set not sent: %s", e)
+        """Write the startup set's record (bounded: an unmount must not wait on a dead tier)."""
+        await self.recorder.unmounting()
 
     # -- write-behind ------------------------------------------------------
     def publish(self, ino: Inode) -> None:
@@ -615,9 +584,22 @@ class RemoteTier(Tier):
         except RemoteError as e:
             self.prefetcher.state = {"state": "failed", "error": f"{self.remote.url}: {e}"}
             return {"started": False, "error": self.prefetcher.state["error"]}
-        self.prefetcher.state = {"state": "running"}
-        self._nursery.start_soon(self.prefetcher.run, set_name)
+        background = at_start and self.prefetch_background
+        self.prefetcher.state = self._running_state(background)
+        self._nursery.start_soon(functools.partial(self.prefetcher.run, set_name, background=background))
         return {"started": True}
+
+    def _running_state(self, background: bool | None = None) -> dict[str, Any]:
+        """A prefetch's state from its start; a background one says so (``status --ready`` lets it run)."""
+        state: dict[str, Any] = {"state": "running"}
+        if self.prefetch_background if background is None else background:
+            state["background"] = True
+        return state
+
+    def order_of(self, set_name: str) -> StartupOrder:
+        """The mount's own set as it knows it (loaded once: the prefetch and the look-ahead share it), or a
+        fresh one for another set."""
+        return self.order if set_name == self.startup_set else StartupOrder(self, set_name)
 
     def snapshot(self) -> dict[str, Any]:
         return self.counters | {"upload_queue": self.behind.pending(), "remote_last_error": self.remote.last_error,

@@ -13,8 +13,8 @@ Layout under ``s3://BUCKET/PREFIX/NAMESPACE/``
                         a large one (a conditional put is one request, buffered
                         whole by the client) goes in 8 MiB parts once a HEAD found
                         it absent
-  ``sets/~NAME/T-R``    a startup set in chunks, one per batch a node sent (T its
-                        time, R random): JSON lists of paths; the set is their union
+  ``startup/~NAME/ID``  a startup set: one record per mount that recorded one, written
+                        over by that mount at most once a minute (``startup_sets``)
   ``epoch``             a random token: gone means the bucket was emptied, and
                         every node uploads what it has again
 
@@ -28,9 +28,8 @@ ever lost, and every reader sees one manifest, so a directory's names come
 in one request.  A writer merges into the manifest as it last read or
 wrote it and puts at once (``s3_seen``): a 412 makes it read first.
 Small blobs travel in packs that the entries locate (``s3_packs``), the
-blob requests are ``s3_blobs``'s.  Startup sets are chunks written once
-each, merged by union when read (and compacted into one by a reader that
-finds many).
+blob requests are ``s3_blobs``'s.  Startup sets are one record per mount,
+the newest few read and merged in memory, never rewritten by a reader.
 
 Everything read from the bucket is hostile: a manifest larger than
 ``MAX_MANIFEST_BYTES`` or not JSON is ignored (and replaced by the next
@@ -63,6 +62,15 @@ from mithrilfs.shared.s3_packs import Packs
 from mithrilfs.shared.s3_repair import BadBlobReports
 from mithrilfs.shared.s3_seen import SeenManifests
 from mithrilfs.shared.s3_settings import S3Location, S3Settings
+from mithrilfs.shared.startup_sets import (
+    MAX_RECORD_BYTES,
+    RECORDS_KEPT,
+    RECORDS_READ,
+    Record,
+    decode_record,
+    encode_record,
+    valid_record_id,
+)
 from mithrilfs.shared.wire import Level, RemoteStore, new_counters
 from mithrilfs.store.namespace import valid_name
 
@@ -72,11 +80,6 @@ log = logging.getLogger(__name__)
 
 #: A manifest larger than this is refused as hostile, never read (``MAX_DIR_NAMES`` signed entries fit in it).
 MAX_MANIFEST_BYTES = 32 << 20
-#: A startup set chunk larger than this is ignored.
-MAX_SET_BYTES = 64 << 20
-#: A reader that finds more chunks than this writes their union as one and deletes them.
-SET_CHUNKS_COMPACTED = 64
-MAX_SET_PATHS = 1_000_000
 #: Blobs up to this size are fetched by the prefetcher in concurrent batches.
 SMALL_BLOB_BYTES = 8 << 20
 #: Parallel requests of one batch (HEADs, GETs, manifest updates).
@@ -495,69 +498,46 @@ class S3Store(RemoteStore):
 
     # -- startup sets -----------------------------------------------------------
     def _set_prefix(self, name: str) -> str:
-        return f"sets/~{_quoted(name)}/"
+        return f"startup/~{_quoted(name)}/"
 
-    def _read_chunk(self, key: str) -> list[str]:
-        """One chunk's paths; what cannot be a path is dropped and counted (a chunk that is not a list too)."""
-        got = self._get(self.names, key, MAX_SET_BYTES)
-        if got is None:
-            return []
-        try:
-            paths = json.loads(got[0]) if got[0] is not None else None
-            if not isinstance(paths, list):
-                raise ValueError
-        except (ValueError, RecursionError):
-            self._count("remote_rejected")
-            return []
-        good = []
-        for p in paths[:MAX_SET_PATHS]:
-            try:
-                if isinstance(p, str) and "\0" not in p:
-                    p.encode(errors="surrogateescape")
-                    good.append(p)
-                    continue
-            except UnicodeError:
-                pass
-            self._count("remote_rejected")
-        return good
+    def _record_keys(self, name: str) -> list[str]:
+        """The set's record keys, newest first (one LIST: writers keep it to ``RECORDS_KEPT``); a key that is
+        no record id is left out (planted, or another writer's leftovers)."""
+        prefix = self._set_prefix(name)
+        keys = []
+        for batch in _obstore().list(self.names, prefix=self.base + prefix, chunk_size=1000):
+            keys += [meta["path"][len(self.base):] for meta in batch]
+            break  # one page: a set holds a few records; a flood of planted keys costs one request
+        self.level.moved()
+        return sorted(k for k in keys if valid_record_id(k[len(prefix):]))
 
-    def add_to_set(self, name: str, paths: list[str]) -> None:
-        """A new chunk object with just these paths: no read, no compare-and-swap, nothing rewritten (a
-        set rewritten whole at every batch of first reads grew quadratically: measured, a fifth of a lazy
-        node's daemon time)."""
-        def add() -> None:
-            data = json.dumps(sorted(set(paths))).encode(errors="surrogateescape")
-            key = f"{self._set_prefix(name)}{time.time_ns():020d}-{secrets.token_hex(6)}"
-            self._put(self.names, key, data, "create", len(data))
+    def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
+                             last: bool = False) -> None:
+        """One object per mount, written over at each of its (rare) writes: no read, no merge; the last
+        also deletes the records past the ``RECORDS_KEPT`` newest (``startup_sets``)."""
+        def write() -> None:
+            data = encode_record(self.codec, items)
+            self._put(self.names, self._set_prefix(name) + record_id, data, "overwrite", len(data))
+            if last:
+                old = self._record_keys(name)[RECORDS_KEPT:]
+                self._parallel(lambda key: _obstore().delete(self.names, self.base + key), old)
+                self.level.moved(requests=len(old))
 
-        if paths:
-            self._call(add)
+        self._call(write)
 
-    def startup_set(self, name: str) -> list[str]:
-        """The union of the set's chunks (read concurrently); many chunks are compacted into one."""
-        def read() -> list[str]:
-            prefix = self.base + self._set_prefix(name)
-            keys = [meta["path"][len(self.base):] for batch in _obstore().list(self.names, prefix=prefix,
-                                                                                 chunk_size=1000)
-                    for meta in batch]
-            self.level.moved(requests=1 + len(keys) // 1000)
-            paths: set[str] = set()
-            for chunk in self._parallel(self._read_chunk, keys):
-                paths.update(chunk)
-            paths_list = sorted(paths)[:MAX_SET_PATHS]
-            if len(keys) > SET_CHUNKS_COMPACTED:
-                self._compact(name, paths_list, keys)
-            return paths_list
+    def startup_records(self, name: str) -> list[Record]:
+        """The newest records: one LIST, then ``RECORDS_READ`` GETs in parallel; never a write."""
+        def read() -> list[Record]:
+            prefix = self._set_prefix(name)
+            keys = self._record_keys(name)[:RECORDS_READ]
+
+            def one(key: str) -> Record | None:
+                got = self._get(self.names, key, MAX_RECORD_BYTES)
+                return None if got is None else decode_record(self.codec, key[len(prefix):], got[0])
+
+            return [r for r in self._parallel(one, keys) if r is not None]
 
         return self._call(read)
-
-    def _compact(self, name: str, paths: list[str], keys: list[str]) -> None:
-        """Write the union as one chunk, then delete the chunks it holds (a writer's newer chunk stays)."""
-        data = json.dumps(paths).encode(errors="surrogateescape")
-        self._put(self.names, f"{self._set_prefix(name)}{time.time_ns():020d}-{secrets.token_hex(6)}", data,
-                  "create", len(data))
-        self._parallel(lambda key: _obstore().delete(self.names, self.base + key), keys)
-        self.level.moved(requests=len(keys))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

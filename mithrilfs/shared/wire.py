@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from typing import Any, BinaryIO
 
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
+from mithrilfs.shared.startup_sets import Record
 
 log = logging.getLogger(__name__)
 
@@ -186,12 +187,14 @@ class RemoteStore(ABC):
         """Upload blobs (hex, file path; "" for empty content); the hashes whose files were gone."""
 
     @abstractmethod
-    def add_to_set(self, name: str, paths: list[str]) -> None:
-        """Add paths to a startup set (sets from several nodes merge by union)."""
+    def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
+                             last: bool = False) -> None:
+        """Write (over) this mount's record of startup set *name* (``startup_sets``); *last*: its final
+        write, which also drops the set's records past the ``RECORDS_KEPT`` newest."""
 
     @abstractmethod
-    def startup_set(self, name: str) -> list[str]:
-        """The paths of a startup set."""
+    def startup_records(self, name: str) -> list[Record]:
+        """The ``RECORDS_READ`` newest records of a startup set, checked (a bounded number of requests)."""
 
     def knows_where(self, hex_digest: str) -> bool:
         """Whether a fetch of this blob can find it without its entry being read first.

@@ -111,7 +111,8 @@ class WriteBehind:
                     await self._check_epoch()
                     next_epoch = time.monotonic() + EPOCH_SECONDS
                 sent = await self._send_due()
-                await self.tier._send_recorded()
+                if self.tier.recorder.due():
+                    await self.tier.recorder.write()
                 backoff = 0.5
             except Exception as e:  # a bug or an answer nobody foresaw must not take the mount down either
                 if isinstance(e, RemoteError):

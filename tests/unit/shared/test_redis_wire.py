@@ -260,3 +260,53 @@ def test_threads_asking_at_once_share_one_client(redis_server: RedisServer) -> N
         clients, errors = first_requests(store)
         store.close()
         assert len(clients) == 1 and not errors, (clients, errors)
+
+
+# -- startup sets: one record per mount, hostile until checked ------------------------------------
+
+def test_startup_set_records_are_newest_first_bounded_and_hostile_ones_refused(
+        redis_server: RedisServer, tiers: Callable[..., RedisStore], monkeypatch) -> None:
+    """A reader gets the RECORDS_READ newest records in two requests and writes nothing; a record that is
+    no record, too large, or holds entries signed with another key or impossible paths is refused or
+    stripped, counted, and never raises."""
+    from mithrilfs.shared import redis_wire, startup_sets
+    from mithrilfs.shared.startup_sets import merged, new_record_id
+
+    key = b"k" * 16
+    ours, theirs = tiers("t", key), tiers("t", b"x" * 16)
+    ids = [new_record_id() for _ in range(6)]
+    for i, rid in enumerate(ids):
+        ours.write_startup_record("warm", rid, [("k", RemoteEntry("d", 5, "n", mode=0o755)),
+                                                (f"k/f{i}", file_entry(10 + i, "n"))])
+    index = "mfs:t:startup:{warm}"
+    assert redis_server.cli("ZCARD", index).stdout.strip() == "6"
+    before = ours.level.requests
+    records = ours.startup_records("warm")
+    assert ours.level.requests - before == 1  # one call: ZREVRANGE, then one pipeline
+    assert [r.id for r in records] == ids[::-1][:startup_sets.RECORDS_READ]
+    assert [p for p, _ in merged(records)] == ["k", "k/f5", "k/f4", "k/f3", "k/f2"]
+    assert redis_server.cli("ZCARD", index).stdout.strip() == "6"  # the reader wrote nothing
+    # hostile records, newer than all of ours
+    planted = [new_record_id() for _ in range(4)]
+    theirs.write_startup_record("warm", planted[0], [("k/forged", file_entry(99, "n"))])  # another key's mac
+    good = ours.codec.encode("k/ok", file_entry(7, "n")).decode()
+    for rid, value in ((planted[1], b"[" * 5000), (planted[2], json.dumps({"mithrilfs": 1, "order": [
+            ["../up", good], ["a//b", good], ["k/ok", good], ["k/ok2", good], [1, 2], "x"]}).encode()),
+                       (planted[3], b"x" * 5000)):
+        redis_server.cli("SET", f"{index}:{rid}", value.decode())
+        redis_server.cli("ZADD", index, str(startup_sets.record_time(rid)), rid)
+    monkeypatch.setattr(redis_wire, "MAX_RECORD_BYTES", 4000)
+    rejected = ours.counters["remote_rejected"]
+    records = ours.startup_records("warm")
+    # the newest four: the giant and the non-JSON refused whole; the forged entry dropped; of the
+    # mixed one only "k/ok" (signed for that path) stays
+    assert [[p for p, _ in r.items] for r in records] == [["k/ok"], []]
+    assert ours.counters["remote_rejected"] - rejected == 2 + 1 + 5
+    assert ours.level.available()
+    # a mount's last write keeps the RECORDS_KEPT newest, and their values only
+    monkeypatch.setattr(redis_wire, "RECORDS_KEPT", 3)
+    last = new_record_id()
+    ours.write_startup_record("warm", last, [("k/f9", file_entry(20, "n"))], last=True)
+    kept = redis_server.cli("ZREVRANGE", index, "0", "-1").stdout.split()
+    assert kept == [last, planted[3], planted[2]]
+    assert redis_server.cli("EXISTS", f"{index}:{ids[0]}").stdout.strip() == "0"

@@ -12,6 +12,7 @@ from conftest import SeaweedFS
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.s3_settings import S3Location, settings_from
 from mithrilfs.shared.s3_wire import S3Store
+from mithrilfs.shared.startup_sets import new_record_id
 
 HASH = "ab" * 32
 
@@ -180,9 +181,11 @@ def test_unreadable_names_and_paths_are_dropped_not_fatal(stores: list[S3Store])
     assert set(a.list_dir("d")) == {b"ok"}
     a.publish_entries([("d/new", RemoteEntry("f", 6, "n", HASH, 1))])
     assert set(a.list_dir("d")) == {b"ok", b"new"}
-    obstore.put(a.names, a.base + a._set_prefix("s") + "planted", json.dumps(["k/\ud800", "k/fine", 7]).encode())
-    obstore.put(a.names, a.base + a._set_prefix("s") + "junk", b"{not a list")
-    assert a.startup_set("s") == ["k/fine"]
+    planted = json.dumps({"mithrilfs": 1, "order": [["k/\ud800", good], ["k/fine", good], 7]}).encode()
+    obstore.put(a.names, a.base + a._set_prefix("s") + new_record_id(), planted)
+    obstore.put(a.names, a.base + a._set_prefix("s") + new_record_id(), b"{not a record")
+    records = a.startup_records("s")  # the record that is none is refused whole; in the other, what is a path
+    assert [[p for p, _ in r.items] for r in records] == [["k/fine"]]
     obstore.put(a.names, a.base + "epoch", b"x" * 5000)  # a planted epoch: replaced by a token
     token, made = a.epoch()
     assert made and token.isalnum() and a.epoch() == (token, False)
@@ -200,20 +203,39 @@ def test_settings_strip_secret_files_and_refuse_what_no_header_can_carry(tmp_pat
         settings_from(env, "http://user:pass@host:8333")
 
 
-def test_startup_sets_are_chunks_merged_by_union_and_compacted(stores: list[S3Store], monkeypatch):
+def test_startup_set_records_are_written_over_read_newest_first_and_never_by_a_reader(stores: list[S3Store],
+                                                                                      monkeypatch):
+    """One object per mount, written over at each write; a reader takes the RECORDS_READ newest (one LIST, a
+    few GETs), writes and deletes nothing; a mount's last write prunes past RECORDS_KEPT."""
     import obstore
 
+    from mithrilfs.shared import startup_sets
+
+    def entry(i: int) -> RemoteEntry:
+        return RemoteEntry("f", 10 + i, "n", HASH, i)
+
+    ids = []
+    for i in range(6):  # six mounts, oldest first, each writing its record twice
+        ids.append(new_record_id())
+        stores[i % 3].write_startup_record("warm", ids[-1], [(f"k{i}/a", entry(i))])
+        stores[i % 3].write_startup_record("warm", ids[-1], [(f"k{i}/a", entry(i)), (f"k{i}/b", entry(i))])
+
+    def listed() -> list[str]:
+        return [m["path"] for batch in obstore.list(stores[0].names, prefix=stores[0].base + "startup/") for m in batch]
+
+    assert len(listed()) == 6  # written over: one object per mount
+    before = stores[0].level.requests
+    records = stores[0].startup_records("warm")
+    assert stores[0].level.requests - before == 1 + startup_sets.RECORDS_READ  # one LIST, the GETs
+    assert [r.id for r in records] == ids[::-1][:startup_sets.RECORDS_READ]  # newest first
+    assert [p for p, _ in startup_sets.merged(records)] == [f"k{i}/{n}" for i in (5, 4, 3, 2) for n in "ab"]
+    assert len(listed()) == 6  # the reader wrote and deleted nothing
     from mithrilfs.shared import s3_wire
 
-    monkeypatch.setattr(s3_wire, "SET_CHUNKS_COMPACTED", 5)
-    for i in range(8):
-        stores[i % 3].add_to_set("warm", [f"k{i}/a", f"k{i}/b", "shared/x"])
-    expected = sorted({f"k{i}/{n}" for i in range(8) for n in "ab"} | {"shared/x"})
-    assert stores[0].startup_set("warm") == expected
-    chunks = [m["path"] for batch in obstore.list(stores[0].names, prefix=stores[0].base + "sets/") for m in batch]
-    assert len(chunks) == 1  # eight chunks read: written as one, the eight deleted
-    stores[1].add_to_set("warm", ["late/c"])
-    assert stores[2].startup_set("warm") == sorted([*expected, "late/c"])
+    monkeypatch.setattr(s3_wire, "RECORDS_KEPT", 3)
+    last = new_record_id()
+    stores[1].write_startup_record("warm", last, [("new/x", entry(0))], last=True)  # a mount's unmount
+    assert sorted(k.rsplit("/", 1)[1] for k in listed()) == sorted([last, ids[5], ids[4]])
 
 
 def test_a_directory_with_too_many_names_is_refused_and_never_grown_past_the_limit(stores: list[S3Store],

@@ -1,0 +1,170 @@
+"""Startup sets at work, against a real redis-server: one record per mount, names without manifests,
+the prefetch in the background by default, reads that wait for a fetch in flight, and the look-ahead
+of a lazy node."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+
+from conftest import MountFactory, RedisServer, run_cli, wait_for
+from test_prefetch import fill
+from test_shared_tier import _remote
+
+SET = "mfs:default:startup:{default}"
+
+
+def commands(redis_server: RedisServer) -> dict[str, int]:
+    """Calls per command so far (INFO commandstats)."""
+    out = {}
+    for line in redis_server.cli("INFO", "commandstats").stdout.splitlines():
+        if line.startswith("cmdstat_"):
+            name, rest = line[len("cmdstat_"):].split(":", 1)
+            out[name] = int(rest.split("calls=")[1].split(",")[0])
+    return out
+
+
+def since(before: dict[str, int], redis_server: RedisServer) -> dict[str, int]:
+    after = commands(redis_server)
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+def record_paths(redis_server: RedisServer) -> list[list[str]]:
+    """The paths of each record of the default set, newest first."""
+    ids = redis_server.cli("ZREVRANGE", SET, "0", "-1").stdout.split()
+    return [[p for p, _ in json.loads(redis_server.cli("GET", f"{SET}:{i}").stdout)["order"]] for i in ids]
+
+
+def delay_proxy() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "scripts" / "delay_proxy.py"
+    spec = importlib.util.spec_from_file_location("delay_proxy", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["delay_proxy"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_load_writes_one_record_and_a_new_node_prefetches_it_in_the_background(mount_factory: MountFactory,
+                                                                                redis_server: RedisServer):
+    a = mount_factory("a", *_remote(redis_server))
+    files = fill(a, dirs=6, per_dir=5, size=500)
+    a.remount()
+    order = sorted(files)
+    random.Random(7).shuffle(order)
+    before = commands(redis_server)
+    for p in order:  # the workload's first reads, in its order
+        assert (a.mountpoint / p).read_bytes() == files[p]
+    assert a.stats().get("startup_set_writes", 0) == 0  # buffered: at most one write a minute
+    a.umount()
+    written = since(before, redis_server)
+    assert written.get("zadd") == 1 and written.get("set") == 1, written  # one record, written once
+    recorded = record_paths(redis_server)
+    assert len(recorded) == 1
+    assert [p for p in recorded[0] if p in files] == order  # the read order
+    assert recorded[0][:2] == ["triton", order[0].rpartition("/")[0]]  # each directory before what it holds
+
+    # --no-prefetch: nothing is fetched at mount
+    c = mount_factory("c", *_remote(redis_server, "--no-prefetch"))
+    s = c.stats()
+    assert s["prefetch"]["state"] == "idle" and s["physical_bytes"] == 0 and "startup_set_paths" not in s, s
+
+    # by default the set streams in at once, with no read, the names without a manifest request
+    before = commands(redis_server)
+    b = mount_factory("b", *_remote(redis_server))
+    wait_for(lambda: b.stats()["prefetch"]["state"] == "done", 30, "the background prefetch")
+    s = b.stats()
+    assert s["prefetch"]["background"] and s["prefetch"]["files"] == len(files), s["prefetch"]
+    assert s["physical_bytes"] == sum(len(v) for v in files.values())
+    read = since(before, redis_server)
+    assert read.get("hgetall", 0) == 0, read  # the names came with the set: no directory listed
+    assert read.get("zrevrange") == 1 and read.get("getrange", 0) <= 4, read  # RECORDS_READ
+    assert not {"zadd", "zrem", "del", "expire"} & set(read), read  # a reader writes nothing to the set
+    assert run_cli("status", "--ready", str(b.mountpoint)).returncode == 0
+    redis_server.stop()  # everything is here
+    for p, data in files.items():
+        assert (b.mountpoint / p).read_bytes() == data
+
+
+def test_a_read_of_what_the_prefetch_is_bringing_waits_for_it(mount_factory: MountFactory,
+                                                              redis_server: RedisServer):
+    """Through a proxy that makes every exchange with Redis cost 300 ms, a new node's workload reads the
+    set's files while the background prefetch brings them: every byte right, each blob fetched once (a read
+    and the prefetch wanting the same blob share one fetch, whichever asked first)."""
+    a = mount_factory("a", *_remote(redis_server))
+    files = fill(a, dirs=4, per_dir=40, size=200)
+    a.remount()
+    for p in sorted(files):
+        (a.mountpoint / p).read_bytes()
+    a.umount()
+    with delay_proxy().DelayProxy("127.0.0.1", redis_server.port, rtt_ms=300, protocol="redis",
+                                  connect_rtts=0) as proxy:
+        b = mount_factory("b", "--remote", f"redis://127.0.0.1:{proxy.port}/0", "--min-age", "0")
+        order = sorted(files, reverse=True)  # the last of the set first: some queued, some on their way
+        with ThreadPoolExecutor(4) as pool:
+            got = dict(zip(order, pool.map(lambda p: (b.mountpoint / p).read_bytes(), order)))
+        assert got == files
+        wait_for(lambda: b.stats()["prefetch"]["state"] == "done", 60, "the background prefetch")
+        s = b.stats()
+    assert s["remote_fetched_bytes"] == sum(len(v) for v in files.values()), s  # none fetched twice
+    assert s["remote_fetch_joined"] >= 1, s
+
+
+def test_a_lazy_node_looks_ahead_in_the_recorded_order(mount_factory: MountFactory, redis_server: RedisServer):
+    a = mount_factory("a", *_remote(redis_server))
+    files = fill(a, dirs=12, per_dir=4, size=300)
+    a.remount()
+    for p in sorted(files):  # kernel after kernel
+        (a.mountpoint / p).read_bytes()
+    a.umount()
+    d = mount_factory("d", *_remote(redis_server, "--no-prefetch"))
+    for i in range(4):
+        assert (d.mountpoint / f"triton/k000/f{i}.bin").read_bytes() == files[f"triton/k000/f{i}.bin"]
+    wait_for(lambda: "startup_set_paths" in d.stats(), 20, "the startup set to be read")
+    assert (d.mountpoint / "triton/k001/f0.bin").read_bytes() == files["triton/k001/f0.bin"]
+    # the next eight kernels (k002..k009) come ahead of their reads, four files each
+    wait_for(lambda: d.stats().get("remote_look_ahead", 0) == 8 * 4, 20, "the look-ahead")
+    before, fetched = commands(redis_server), d.stats()["remote_fetched_bytes"]
+    for p in sorted(files):
+        if "k002" <= p.split("/")[1] <= "k009":
+            assert (d.mountpoint / p).read_bytes() == files[p]
+    assert d.stats()["remote_fetched_bytes"] == fetched  # here before they were read
+    assert since(before, redis_server).get("hgetall", 0) == 0  # and their names came with the set
+    for p, data in files.items():
+        assert (d.mountpoint / p).read_bytes() == data
+
+
+def test_a_hostile_startup_set_is_refused_and_counted_never_fatal(mount_factory: MountFactory,
+                                                                  redis_server: RedisServer, tmp_path: Path):
+    from mithrilfs.shared.startup_sets import new_record_id, record_time
+
+    key = tmp_path / "key"
+    key.write_bytes(b"k" * 32)
+    signed = _remote(redis_server, "--remote-key-file", str(key))
+    a = mount_factory("a", *signed)
+    files = fill(a, dirs=2, per_dir=3, size=100)
+    a.remount()
+    for p in sorted(files):
+        (a.mountpoint / p).read_bytes()
+    a.umount()
+    (good_id,) = redis_server.cli("ZRANGE", SET, "0", "-1").stdout.split()
+    good = json.loads(redis_server.cli("GET", f"{SET}:{good_id}").stdout)["order"]
+    path, entry = next(item for item in good if item[0].endswith(".bin"))
+    forged = json.dumps(dict(json.loads(entry), s=5))  # its size changed, its signature kept
+    for value in ("not json at all", json.dumps({"mithrilfs": 1, "order": [[path, forged], ["../x", entry],
+                                                                            [path, "{}"], 7]}),
+                  json.dumps({"mithrilfs": 1, "order": "x" * 1000})):
+        rid = new_record_id()
+        redis_server.cli("SET", f"{SET}:{rid}", value)
+        redis_server.cli("ZADD", SET, str(record_time(rid)), rid)
+    b = mount_factory("b", *signed)
+    wait_for(lambda: b.stats()["prefetch"]["state"] == "done", 30, "the background prefetch")
+    s = b.stats()
+    assert s["prefetch"]["files"] == len(files) and s["remote_rejected"] >= 5, s
+    for p, data in files.items():
+        assert (b.mountpoint / p).read_bytes() == data
