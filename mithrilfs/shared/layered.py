@@ -54,6 +54,7 @@ class LayeredStore(RemoteStore):
         self.namespace = back.namespace
         self.counters = back.counters
         self.small_blob_bytes = min(HOT_BLOB_BYTES, back.small_blob_bytes)
+        self.use_flush_seconds = back.use_flush_seconds
         #: Directories whose writes Redis missed (it was away): read from the bucket until it has them.
         self._front_missed: set[str] = set()
 
@@ -232,6 +233,16 @@ class LayeredStore(RemoteStore):
             return self.front.blob_names(hashes)
         except RemoteError:
             return {}
+
+    def record_use(self, records: dict[str, float]) -> None:
+        """Into the bucket, which ``fleet gc`` collects (Redis's blobs expire on their own)."""
+        self.back.record_use(records)
+
+    def tier_summary(self) -> dict[str, Any] | None:
+        return self.back.tier_summary()
+
+    def sweeping(self) -> bool:
+        return self.back.sweeping()
 
     def close(self) -> None:
         self.front.close()

@@ -40,6 +40,7 @@ from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.bounded import in_thread, within_bound
 from mithrilfs.shared.entries import MAX_DIR_NAMES, RemoteEntry, RemoteError
+from mithrilfs.shared.fleet_state import FleetState
 from mithrilfs.shared.local_disk import LocalWriteError, StoreFile
 from mithrilfs.shared.local_disk import room as disk_room
 from mithrilfs.shared.prefetch import Prefetcher
@@ -126,8 +127,12 @@ class RemoteTier(Tier):
         self.startup_set = startup_set
         self._started = time.monotonic()
         self._recorded: set[int] = set()
+        #: When each inode's read was last turned into a use record (``fleet``).
+        self._use_noted: dict[int, float] = {}
         self._to_record: list[str] = []
         self.behind = WriteBehind(self)
+        #: Use records out, the fleet gc's summary in (``fleet_state``).
+        self.fleet = FleetState(remote, events)
         self.prefetcher = Prefetcher(self, policy, physical)
         #: The startup set to prefetch as soon as the mount serves (``mount --prefetch``).
         self.prefetch_at_start = prefetch_at_start
@@ -522,7 +527,15 @@ class RemoteTier(Tier):
 
     # -- startup sets ------------------------------------------------------
     def record_read(self, ino: int) -> None:
-        """The first read of a file in this mount: in the first STARTUP_SECONDS, its path joins the set."""
+        """A read at offset 0: its directory is used (``fleet``, at most one record an hour); the first
+        read in this mount within STARTUP_SECONDS also joins the startup set."""
+        now = time.monotonic()
+        noted = self._use_noted.get(ino)
+        if noted is None or now - noted >= self.fleet.usage.every:  # one dict lookup for most reads
+            if len(self._use_noted) > 100_000:
+                self._use_noted.clear()
+            self._use_noted[ino] = now
+            self._record_use(ino)
         if ino in self._recorded or time.monotonic() - self._started > STARTUP_SECONDS:
             return
         self._recorded.add(ino)
@@ -531,6 +544,12 @@ class RemoteTier(Tier):
             if dir_path is not None:
                 self._to_record.append(join_path(dir_path, name))
                 self._wake.set()
+
+    def _record_use(self, ino: int) -> None:
+        for parent, _name in self.ns.names_of(ino)[:1]:
+            dir_path = self.paths.of_dir(parent)
+            if dir_path is not None:
+                self.fleet.usage.used(dir_path)
 
     async def _send_recorded(self) -> None:
         if self._to_record:
@@ -590,7 +609,7 @@ class RemoteTier(Tier):
         return {"started": True}
 
     def snapshot(self) -> dict[str, Any]:
-        return self.counters | {"upload_queue": self.behind.pending(), "remote_last_error": self.remote.last_error,
+        return self.counters | self.fleet.snapshot() | {"upload_queue": self.behind.pending(), "remote_last_error": self.remote.last_error,
                                 "prefetch": self.prefetcher.state,
                                 "remote_levels": [lv.state() for lv in self.remote.levels()]}
 

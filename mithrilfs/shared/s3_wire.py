@@ -51,6 +51,7 @@ from urllib.parse import quote, unquote_to_bytes
 
 import blake3
 
+from mithrilfs.shared import usage
 from mithrilfs.shared.entries import MAX_DIR_NAMES, EntryCodec, RemoteEntry, RemoteError
 from mithrilfs.shared.s3_repair import BadBlobReports, hashes_to
 from mithrilfs.shared.s3_settings import S3Location, S3Settings
@@ -87,6 +88,8 @@ QUICK_BLOB_BYTES = 1 << 20
 #: (``bounded.REMOTE_WAIT`` without progress) then holds for links down to 128 KiB/s.
 PROGRESS_BYTES = 256 << 10
 PART_BYTES = 8 << 20
+#: Present while a ``fleet gc`` deletes blobs (``s3_gc``): writers hold their names back meanwhile.
+SWEEP_KEY = "gc-sweep"
 
 
 def _quoted(text: str) -> str:
@@ -101,6 +104,7 @@ class S3Store(RemoteStore):
     """One namespace in one bucket (see the module doc); every method may raise RemoteError."""
 
     small_blob_bytes = SMALL_BLOB_BYTES
+    use_flush_seconds = usage.USE_FLUSH_SECONDS
 
     def __init__(self, location: S3Location, namespace: str, key: bytes | None, settings: S3Settings, *,
                  counters: dict[str, int] | None = None) -> None:
@@ -377,7 +381,13 @@ class S3Store(RemoteStore):
             for i, r in zip(by_dir[d], self._merge_into(d, [items[i] for i in by_dir[d]])):
                 results[i] = r
 
-        self._call(lambda: self._parallel(one, list(by_dir)))
+        def deepest_first() -> None:
+            """A directory's names before its entry in its parent: ``fleet gc`` removes a directory's entry
+            only once the directory is empty, and checks again after (docs/design.md, *Fleet gc*)."""
+            for depth in sorted({_depth(d) for d in by_dir}, reverse=True):
+                self._parallel(one, [d for d in by_dir if _depth(d) == depth])
+
+        self._call(deepest_first)
         self._count("remote_uploaded_entries", sum(1 for w, _ in results if w))
         return results
 
@@ -467,7 +477,9 @@ class S3Store(RemoteStore):
             meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + self._blob_key(h)))
             if meta is None:
                 return h
-            if meta["size"] != size:
+            if meta["size"] != size or _age(meta) > usage.BLOB_TRUST_SECONDS:
+                # the wrong size, or old enough that ``fleet gc`` may delete it once unreferenced: written
+                # over (renewing its time, ``shared.usage``)
                 with self._lock:
                     self._bad_blobs.add(h)
                 return h
@@ -596,6 +608,30 @@ class S3Store(RemoteStore):
         self._parallel(lambda key: _obstore().delete(self.names, self.base + key), keys)
         self.level.moved(requests=len(keys))
 
+    # -- fleet gc (``shared.gc``) ----------------------------------------------
+    def record_use(self, records: dict[str, float]) -> None:
+        """One new object of use records (directory -> when), never a rewrite; gc merges them."""
+        def add() -> None:
+            data = json.dumps(records, sort_keys=True).encode(errors="surrogateescape")
+            self._put(self.names, f"usage/{time.time_ns():020d}-{secrets.token_hex(6)}", data, "create", len(data))
+
+        if records:
+            self._call(add)
+
+    def sweeping(self) -> bool:
+        """A ``gc-sweep`` object younger than a gc run's limit: a gc deletes blobs now (``s3_gc``)."""
+        def get() -> bool:
+            meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + SWEEP_KEY))
+            return meta is not None and _age(meta) < usage.GC_RUN_SECONDS
+
+        return bool(self._call(get))
+
+    def tier_summary(self) -> dict[str, Any] | None:
+        from mithrilfs.shared.gc_summary import MAX_SUMMARY_BYTES, parse_summary
+
+        got = self._call(lambda: self._get(self.names, "gc", MAX_SUMMARY_BYTES))
+        return parse_summary(got[0]) if got is not None else None
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -604,6 +640,16 @@ def _obstore() -> Any:
     import obstore
 
     return obstore
+
+
+def _depth(dir_path: str) -> int:
+    return dir_path.count("/") + 1 if dir_path else 0
+
+
+def _age(meta: Any) -> float:
+    """Seconds since an object was last written (0 when the server does not say)."""
+    written = meta.get("last_modified")
+    return time.time() - written.timestamp() if written is not None else 0.0
 
 
 def os_size(f: BinaryIO) -> int:

@@ -71,15 +71,24 @@ class Level:
     def refuse(self) -> RemoteError:
         return RemoteError(f"{self.url} unavailable ({self.last_error}); backing off")
 
-    def failed(self, why: str, log: Any) -> RemoteError:
-        """Count a failure, back off, and return the error to raise."""
+    def failed(self, why: str, log: Any, *, back_off: bool = True) -> RemoteError:
+        """Count a failure, back off, and return the error to raise.
+
+        *back_off* False: the server answered, refusing only this kind of
+        request (Redis at ``maxmemory`` refuses writes and still serves
+        reads): the error shows and counts, and other requests go on.
+        """
         with self._lock:
             self.counters["remote_errors"] += 1
             self.errors += 1
-            self._backoff = min(_MAX_BACKOFF, max(0.5, self._backoff * 2))
-            self._down_until = time.monotonic() + self._backoff
+            if back_off:
+                self._backoff = min(_MAX_BACKOFF, max(0.5, self._backoff * 2))
+                self._down_until = time.monotonic() + self._backoff
             self.last_error = why
-        log.warning("remote tier %s: %s (retrying in %.1f s)", self.url, why, self._backoff)
+        if back_off:
+            log.warning("remote tier %s: %s (retrying in %.1f s)", self.url, why, self._backoff)
+        else:
+            log.warning("remote tier %s: %s", self.url, why)
         return RemoteError(why)
 
     def succeeded(self) -> None:
@@ -110,6 +119,8 @@ class RemoteStore(ABC):
     counters: dict[str, int]
     #: Blobs up to this size are fetched in batches by the prefetcher (``fetch_small_blobs``).
     small_blob_bytes: int
+    #: A node sends its use records at most this often (``record_use``: a bucket pays a PUT each time).
+    use_flush_seconds: float = 0.0
 
     @property
     def last_error(self) -> str:
@@ -198,6 +209,21 @@ class RemoteStore(ABC):
     def blob_names(self, hashes: list[str]) -> dict[str, str]:
         """The paths ``note_blob_names`` kept for these blobs (``mithrilfs why`` across nodes); by default none."""
         return {}
+
+    def record_use(self, records: dict[str, float]) -> None:
+        """Tell the store when these directories were last used (``shared.usage``: what ``fleet gc`` keeps);
+        by default nowhere."""
+        return None
+
+    def sweeping(self) -> bool:
+        """Whether a ``fleet gc`` is deleting blobs now and a writer must not publish names on blobs it
+        checked (a store that deletes blobs atomically against writers, like Redis, never says so)."""
+        return False
+
+    def tier_summary(self) -> dict[str, Any] | None:
+        """What the last ``fleet gc`` found and did (its sizes and counts: the tier's size where known
+        cheaply), None when no gc ran or the store keeps none."""
+        return None
 
     @abstractmethod
     def close(self) -> None:
