@@ -27,11 +27,13 @@ their signature: an entry signed with another key still protects its blob).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared.entries import RemoteEntry, RemoteError, parse_entry
 from mithrilfs.shared.gc_summary import make_summary
 from mithrilfs.shared.wire import RemoteStore
@@ -293,10 +295,25 @@ def run(collector: Collector, *, max_size: int | None, max_age: float | None, gr
     return report
 
 
+def pause_for_tests(point: str) -> None:
+    """The race tests' hook: with ``MITHRILFS_TEST_GC_PAUSE=POINT:FILE``, gc creates FILE at POINT and waits
+    until the test removes it (a writer acts in between, deterministically)."""
+    spec = os.environ.get("MITHRILFS_TEST_GC_PAUSE", "")
+    name, _, path = spec.partition(":")
+    if name != point or not path:
+        return
+    open(path, "w").close()
+    deadline = time.monotonic() + 120
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _delete_names(collector: Collector, victims: list[Unit], report: Report) -> None:
     """Deepest first: a directory emptied leaves its parent (and its parent, if that empties too)."""
+    pause_for_tests("names")
     for u in sorted(victims, key=lambda u: -u.path.count("/")):
         report.deleted_names += collector.remove_names(u.path, u.files)
+        crash_point("gc_names_removed")  # the tests': a gc killed between a directory's names and its entry
         report.deleted_dirs += 1
         d = u.path
         while d:
@@ -331,6 +348,7 @@ def _sweep(collector: Collector, now: float, grace: float, report: Report, key_s
         listed_at = time.time()
         names = collector.list_names()
         report.relinked = _relink(collector, names, key_store)
+        _unlink_empty(collector, names)
         refs = referenced(names)
         units = units_of(names)
         report.dirs = len(units)
@@ -340,10 +358,12 @@ def _sweep(collector: Collector, now: float, grace: float, report: Report, key_s
         # written at most BLOB_TRUST before that (``usage``), so never before this, however long the run
         cutoff = listed_at - grace
         report.blobs = len(containers)
+        pause_for_tests("sweep")
         for c in containers:
             if any(h in refs for h in c.hashes) or c.written >= cutoff:
                 report.kept_bytes += c.size if not any(h in refs for h in c.hashes) else 0
                 continue
+            crash_point("gc_sweep")  # the tests': a gc killed while it deletes blobs
             freed = collector.delete_container(c, cutoff)
             if freed is not None:
                 report.deleted_blobs += 1
@@ -351,6 +371,18 @@ def _sweep(collector: Collector, now: float, grace: float, report: Report, key_s
                 report.freed_bytes += freed
     finally:
         collector.end_sweep()
+
+
+def _unlink_empty(collector: Collector, names: dict[str, dict[bytes, bytes]]) -> None:
+    """Directory entries naming a directory that holds nothing (a run killed between a directory's names
+    and its entry): removed, as ``_delete_names`` would have.  Writers never publish an empty directory
+    (a directory's names go before its entry), so none of these is a writer's."""
+    for d, raw in list(names.items()):
+        for name, value in raw.items():
+            child = f"{d}/{name.decode(errors='surrogateescape')}" if d else name.decode(errors="surrogateescape")
+            if _is_dir(value) and child not in names:
+                while child and _unlink(collector, child):
+                    child = child.rpartition("/")[0]
 
 
 def _relink(collector: Collector, names: dict[str, dict[bytes, bytes]], key_store: RemoteStore | None) -> int:

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import re
+import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +24,7 @@ from pathlib import Path
 import obstore
 import pytest
 import redis
-from conftest import MountFactory, RedisServer, SeaweedFS, run_cli, wait_for, wait_uploaded, write_committed
+from conftest import CLI, MountFactory, RedisServer, SeaweedFS, run_cli, wait_for, wait_uploaded, write_committed
 
 from mithrilfs.observe.metrics import render
 from mithrilfs.store.cas import hash_bytes
@@ -134,7 +138,7 @@ def tier(request: pytest.FixtureRequest, redis_server: RedisServer) -> Tier:
     if request.param == "redis":
         return Tier("redis", ("--remote", redis_server.url), dict(TIMES), redis_url=redis_server.url)
     weed: SeaweedFS = request.getfixturevalue("shared_seaweedfs")
-    bucket = "gc-" + request.node.name.replace("_", "-").replace("[", "-").replace("]", "")[-40:].strip("-").lower()
+    bucket = "gc-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[-40:].strip("-")
     weed.create_bucket(bucket)
     return Tier("s3", ("--remote", f"s3://{bucket}/cache"), {**weed.env(), **TIMES}, weed=weed, bucket=bucket)
 
@@ -215,3 +219,162 @@ def test_fleet_gc_bad_input_is_one_line(tmp_path: Path, redis_server: RedisServe
         res = run_cli("fleet", "gc", *args)
         assert res.returncode == code and words in res.stderr and len(res.stderr.strip().splitlines()) == 1, \
             (args, res.returncode, res.stderr)
+
+
+def test_gc_racing_eight_writers_on_two_nodes_loses_no_published_name(mount_factory: MountFactory, tier: Tier):
+    """gc runs in a loop while 8 writers (4 per node) publish, into new directories and into old ones gc is
+    deleting, with content whose blobs gc is deleting (unreferenced: their names were deleted or unlinked);
+    then a new node reads every name the writers published, byte for byte, and nothing dangles."""
+    pool = [os.urandom(20_000) for _ in range(10)]
+    a, b = _node(mount_factory, tier, "a"), _node(mount_factory, tier, "b")
+    for i in range(6):  # entries last used days ago: gc deletes them while writers add names to some
+        (a.mountpoint / "old" / f"o{i}").mkdir(parents=True)
+        write_committed(a.mountpoint / "old" / f"o{i}" / "f", pool[i])
+    wait_uploaded(a, 60)
+    tier.plant_use({f"old/o{i}": time.time() - 3 * DAY for i in range(6)})
+    expected: dict[str, bytes] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer(root: Path, w: int) -> None:
+        try:
+            rnd = random.Random(w)
+            for j in range(12):
+                if j % 4 == 3:  # into an old entry gc is deleting
+                    rel = f"old/o{rnd.randrange(6)}/new-{w}-{j}"
+                else:
+                    (root / f"w{w}" / f"e{j}").mkdir(parents=True, exist_ok=True)
+                    rel = f"w{w}/e{j}/kernel"
+                data = pool[rnd.randrange(len(pool))]
+                try:
+                    write_committed(root / rel, data)
+                except FileNotFoundError:  # the old entry's directory left this node meanwhile: another
+                    continue
+                if j % 5 == 4:  # unlinked: its blob may lose its last name, and come back with the next write
+                    os.unlink(root / rel)
+                    continue
+                with lock:
+                    expected[rel] = data
+        except BaseException as e:
+            errors.append(e)
+
+    def collector() -> None:
+        while not stop.is_set():
+            res = tier.gc("--max-age", "1d")
+            if res.returncode:
+                errors.append(AssertionError(res.stderr))
+
+    gc_thread = threading.Thread(target=collector)
+    gc_thread.start()
+    writers = [threading.Thread(target=writer, args=(m.mountpoint, w)) for w, m in enumerate([a, b] * 4)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join(timeout=120)
+    wait_uploaded(a, 60)
+    wait_uploaded(b, 60)
+    stop.set()
+    gc_thread.join(timeout=120)
+    assert not errors, errors
+    final = tier.gc_json("--max-age", "1d")
+    assert final["deleted"] == []
+    tier.assert_nothing_dangles()
+    c = _node(mount_factory, tier, "c")
+    for rel, data in sorted(expected.items()):
+        assert (c.mountpoint / rel).read_bytes() == data, rel
+    assert c.stats()["remote_verify_failures"] == 0
+
+
+def _paused_gc(tier: Tier, point: str, tmp: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+    """gc started in the background, waiting at *point* (``gc.pause_for_tests``) until the test lets it go on."""
+    flag = tmp / f"pause-{point}"
+    proc = subprocess.Popen([*CLI, "fleet", "gc", *tier.remote, "--grace", GRACE, "--json", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, **tier.env, MITHRILFS_TEST_GC_PAUSE=f"{point}:{flag}"))
+    wait_for(lambda: flag.exists() or proc.poll() is not None, what=f"gc to reach {point}")
+    assert proc.poll() is None, proc.communicate()
+    return proc, flag
+
+
+def _finish(proc: subprocess.Popen, flag: Path) -> dict:
+    flag.unlink()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    return json.loads(out)
+
+
+def test_a_name_or_a_blob_published_while_gc_runs_is_never_lost(mount_factory: MountFactory, tier: Tier,
+                                                                 tmp_path: Path):
+    """Deterministic interleavings: a writer publishes a name on an old blob gc listed as unnamed, before gc
+    deletes it; and a writer publishes into a directory gc chose to delete, after gc listed it."""
+    old1, old2, unnamed, unnamed2, new1 = (os.urandom(30_000) for _ in range(5))
+    a = _node(mount_factory, tier, "a")
+    for rel, data in (("old/e1/f", old1), ("old/e2/f", old2), ("tmp/f", unnamed), ("tmp/h", unnamed2)):
+        (a.mountpoint / rel).parent.mkdir(parents=True, exist_ok=True)
+        write_committed(a.mountpoint / rel, data)
+    wait_uploaded(a, 60)
+    for rel in ("tmp/f", "tmp/h"):  # their blobs are named by nothing once the tombstones are sent
+        os.unlink(a.mountpoint / rel)
+    wait_for(lambda: a.stats()["remote_tombstones"] == 2 and a.stats()["upload_queue"] == 0, what="tombstones")
+    tier.plant_use({"old/e1": time.time() - 3 * DAY, "old/e2": time.time() - 3 * DAY})
+    older = time.time() + 3.5
+    b = _node(mount_factory, tier, "b")
+    wait_for(lambda: time.time() > older, what="the blobs to be older than the grace")
+
+    # gc listed the names and the blobs (both unnamed blobs old and unnamed); then b writes the bytes of
+    # `unnamed` under a new name: b uploads it again (it is old), and gc, checking its time, keeps it
+    proc, flag = _paused_gc(tier, "sweep", tmp_path)
+    (b.mountpoint / "fresh").mkdir()
+    write_committed(b.mountpoint / "fresh" / "g", unnamed)
+    wait_for(lambda: b.stats()["remote_uploaded_bytes"] >= len(unnamed), what="b's upload")
+    if tier.kind == "redis":  # a bucket's writers hold their names back while a sweep is marked
+        wait_uploaded(b, 60)
+    sweep = _finish(proc, flag)
+    assert sweep["deleted_blobs"] == 1 and sweep["freed_bytes"] == len(unnamed2), sweep
+    wait_uploaded(b, 60)
+    assert tier.has_blob(unnamed) and not tier.has_blob(unnamed2)
+
+    # gc chose old/e1 and old/e2 and listed their names; then b publishes a new name into old/e1
+    proc, flag = _paused_gc(tier, "names", tmp_path, "--max-age", "1d")
+    write_committed(b.mountpoint / "old" / "e1" / "new", new1)
+    wait_for(lambda: b.stats()["upload_queue"] == 0 and "new" in tier.names().get("old/e1", {}), what="b's name")
+    names = _finish(proc, flag)
+    assert sorted(names["deleted"]) == ["old/e1", "old/e2"] and names["deleted_names"] == 2, names  # not new
+    held = tier.names()
+    assert set(held["old/e1"]) == {"new"} and "old/e2" not in held and set(held["old"]) == {"e1"}
+    assert names["deleted_blobs"] == 2 and not tier.has_blob(old1) and not tier.has_blob(old2)
+
+    tier.assert_nothing_dangles()
+    c = _node(mount_factory, tier, "c")
+    assert (c.mountpoint / "old" / "e1" / "new").read_bytes() == new1
+    assert (c.mountpoint / "fresh" / "g").read_bytes() == unnamed
+    assert os.listdir(c.mountpoint / "old") == ["e1"]
+
+
+@pytest.mark.parametrize("point", ["gc_names_removed:3", "gc_sweep:2"])
+def test_gc_killed_half_way_and_run_again_leaves_nothing_dangling(mount_factory: MountFactory, tier: Tier,
+                                                                  point: str):
+    a = _node(mount_factory, tier, "a")
+    files = _entries(a.mountpoint, 8)
+    wait_uploaded(a, 60)
+    tier.plant_use({f"triton/k{i}": time.time() - (3 if i < 6 else 0) * DAY for i in range(8)})
+    older = time.time() + 3.5
+    wait_for(lambda: time.time() > older, what="the blobs to be older than the grace")
+    killed = run_cli("fleet", "gc", *tier.remote, "--grace", GRACE, "--max-age", "1d",
+                     env=dict(os.environ, **tier.env, MITHRILFS_TEST_CRASH_AT=point))
+    assert killed.returncode == -signal.SIGKILL
+    tier.assert_nothing_dangles()  # even half-way
+    b = _node(mount_factory, tier, "b")  # a writer goes on meanwhile (a bucket's sweep marker, left behind,
+    write_committed(b.mountpoint / "after", b"written after the kill")  # holds names back only until gc ends)
+    done = tier.gc_json("--max-age", "1d")
+    assert done["names"] + (len(done["deleted"]) * 2 if point.startswith("gc_sweep") else 0) >= 4
+    wait_uploaded(b, 60)
+    tier.assert_nothing_dangles()
+    c = _node(mount_factory, tier, "c")
+    assert sorted(os.listdir(c.mountpoint / "triton")) == ["k6", "k7"]
+    for i in (6, 7):
+        for f in ("kernel.cubin", "kernel.json"):
+            assert (c.mountpoint / "triton" / f"k{i}" / f).read_bytes() == files[f"triton/k{i}/{f}"]
+    assert (c.mountpoint / "after").read_bytes() == b"written after the kill"
+    assert not any(tier.has_blob(files[f"triton/k{i}/kernel.cubin"]) for i in range(6))
