@@ -197,11 +197,11 @@ class RedisStore(RemoteStore):
         try:
             result = fn(*args)
         except redis.exceptions.ResponseError as e:
-            if not str(e).startswith("OOM"):
+            if "maxmemory" not in str(e):
                 raise self.level.failed(self._scrub(str(e).strip()), log) from None
             # at maxmemory under noeviction: writes are refused, reads still served (no back-off); the
-            # uploader retries later, and stats name the cause
-            raise self.level.failed(f"Redis is at its maxmemory and refuses writes ({self._scrub(str(e).strip())});"
+            # uploader retries later, and status and stats name the cause until a write succeeds
+            raise self.level.failed("Redis is at its maxmemory and refuses writes (maxmemory-policy noeviction);"
                                     " uploads wait, reads are served", log, back_off=False) from None
         except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
             raise self.level.failed(self._scrub(str(e).strip() or type(e).__name__), log) from None
@@ -308,7 +308,9 @@ class RedisStore(RemoteStore):
         """
         if not items:
             return []
-        return self._call(self._publish_entries, items)
+        out = self._call(self._publish_entries, items)
+        self.level.wrote()
+        return out
 
     def _publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         results = self._run_script(items, force=False)
@@ -476,7 +478,9 @@ class RedisStore(RemoteStore):
         Small blobs share pipelines of up to ``_PIPELINE_BYTES``; a large one
         is sent a chunk at a time, so memory stays bounded by the chunk size.
         """
-        return self._call(self._upload_blobs, files)
+        gone = self._call(self._upload_blobs, files)
+        self.level.wrote()
+        return gone
 
     def _upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
         gone: set[str] = set()

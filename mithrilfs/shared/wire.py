@@ -60,6 +60,9 @@ class Level:
         self.bytes_out = 0
         #: When a request last succeeded (``stalled`` spares a level that answered meanwhile).
         self.last_ok = 0.0
+        #: Why the server refuses writes while it serves reads (Redis at ``maxmemory``); "" once a write
+        #: succeeds again (``wrote``).
+        self.refused = ""
 
     def available(self) -> bool:
         return time.monotonic() >= self._down_until
@@ -84,7 +87,9 @@ class Level:
             if back_off:
                 self._backoff = min(_MAX_BACKOFF, max(0.5, self._backoff * 2))
                 self._down_until = time.monotonic() + self._backoff
-            self.last_error = why
+                self.last_error = why
+            else:
+                self.refused = why
         if back_off:
             log.warning("remote tier %s: %s (retrying in %.1f s)", self.url, why, self._backoff)
         else:
@@ -97,6 +102,10 @@ class Level:
             self.last_error = ""
             self.last_ok = time.monotonic()
 
+    def wrote(self) -> None:
+        """A write succeeded: the server takes writes again."""
+        self.refused = ""
+
     def moved(self, *, down: int = 0, up: int = 0, requests: int = 1) -> None:
         with self._lock:
             self.requests += requests
@@ -104,7 +113,8 @@ class Level:
             self.bytes_out += up
 
     def state(self) -> dict[str, Any]:
-        return {"kind": self.kind, "url": self.url, "reachable": not self.last_error, "last_error": self.last_error,
+        return {"kind": self.kind, "url": self.url, "reachable": not self.last_error,
+                "last_error": self.last_error or self.refused, "refuses_writes": bool(self.refused),
                 "requests": self.requests, "errors": self.errors, "bytes_in": self.bytes_in,
                 "bytes_out": self.bytes_out}
 
@@ -124,7 +134,7 @@ class RemoteStore(ABC):
 
     @property
     def last_error(self) -> str:
-        return next((lv.last_error for lv in self.levels() if lv.last_error), "")
+        return next((lv.last_error or lv.refused for lv in self.levels() if lv.last_error or lv.refused), "")
 
     def available(self) -> bool:
         return any(lv.available() for lv in self.levels())
