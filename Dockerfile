@@ -19,6 +19,8 @@ RUN command -v fusermount3 >/dev/null || { apt-get update && apt-get install -y 
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 COPY deploy/entrypoint.sh /usr/local/bin/mithrilfs-entrypoint
+# the same image runs the shared tier's budget on a schedule (deploy/fleet-gc-cronjob.yaml)
+COPY deploy/fleet-gc.sh /usr/local/bin/mithrilfs-fleet-gc
 ENV MITHRILFS_MOUNTPOINT=/mithrilfs/cache MITHRILFS_STORE=/store MITHRILFS_MAX_SIZE=10G
 VOLUME ["/store"]
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \

@@ -443,3 +443,39 @@ def test_redis_at_maxmemory_with_allkeys_lru_drops_names_and_blobs_but_never_ser
         served += 1
     assert served and missing, (served, missing)  # some names vanished, the rest are right
     assert b.stats()["remote_verify_failures"] == 0
+
+
+def test_the_cronjob_and_the_timer_run_fleet_gc_with_the_sidecar_settings(mount_factory: MountFactory,
+                                                                          redis_server: RedisServer):
+    import yaml
+    from conftest import MITHRILFS_BIN, REPO
+
+    job = yaml.safe_load((REPO / "deploy" / "fleet-gc-cronjob.yaml").read_text())
+    pod = yaml.safe_load((REPO / "deploy" / "kubernetes.yaml").read_text())
+    sidecar = next(c for c in pod["spec"]["initContainers"] if c["name"] == "mithrilfs")
+    assert job["kind"] == "CronJob" and job["spec"]["concurrencyPolicy"] == "Forbid" and job["spec"]["schedule"]
+    (container,) = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == sidecar["image"] and container["command"] == ["/usr/local/bin/mithrilfs-fleet-gc"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["MITHRILFS_GC_MAX_AGE"] == "14d" and env["MITHRILFS_GC_MAX_SIZE"] == "500G" and "MITHRILFS_REMOTE" in env
+    assert "COPY deploy/fleet-gc.sh /usr/local/bin/mithrilfs-fleet-gc" in (REPO / "Dockerfile").read_text()
+    service = (REPO / "deploy" / "mithrilfs-fleet-gc.service").read_text()
+    timer = (REPO / "deploy" / "mithrilfs-fleet-gc.timer").read_text()
+    assert "Type=oneshot" in service and "ExecStart=/usr/local/bin/mithrilfs-fleet-gc" in service
+    assert "EnvironmentFile=/etc/mithrilfs/fleet-gc.env" in service
+    assert "Unit=mithrilfs-fleet-gc.service" in timer and "OnCalendar=" in timer and "timers.target" in timer
+
+    # the script, run as the CronJob runs it (its environment, the tier a test's), deletes what is old
+    a = mount_factory("a", "--remote", redis_server.url, "--min-age", "0")
+    (a.mountpoint / "k").mkdir()
+    write_committed(a.mountpoint / "k" / "f", b"used long ago")
+    wait_uploaded(a)
+    redis.Redis.from_url(redis_server.url).zadd("mfs:default:used", {"k": time.time() - 30 * DAY})
+    run_env = {**os.environ, **env, "MITHRILFS_REMOTE": redis_server.url, "MITHRILFS_BIN": MITHRILFS_BIN}
+    res = subprocess.run(["sh", str(REPO / "deploy" / "fleet-gc.sh")], env=run_env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and res.stdout.startswith(f"fleet gc {redis_server.url}"), res.stderr
+    assert "deleted 1 in 1 directories" in res.stdout, res.stdout
+    bad = subprocess.run(["sh", str(REPO / "deploy" / "fleet-gc.sh")], capture_output=True, text=True, timeout=60,
+                         env=dict(run_env, MITHRILFS_GC_MAX_SIZE="lots"))
+    assert bad.returncode == 2 and "invalid size" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
