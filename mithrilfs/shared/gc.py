@@ -30,6 +30,7 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -309,17 +310,55 @@ def pause_for_tests(point: str) -> None:
 
 
 def _delete_names(collector: Collector, victims: list[Unit], report: Report) -> None:
-    """Deepest first: a directory emptied leaves its parent (and its parent, if that empties too)."""
+    """Every unit's names (concurrently: one directory each), then the directories left empty leave their
+    parents, deepest first, one compare-and-swap per parent (its parent next, if it empties too)."""
     pause_for_tests("names")
-    for u in sorted(victims, key=lambda u: -u.path.count("/")):
-        report.deleted_names += collector.remove_names(u.path, u.files)
-        crash_point("gc_names_removed")  # the tests': a gc killed between a directory's names and its entry
+    for n in _parallel(lambda u: collector.remove_names(u.path, u.files), victims):
+        report.deleted_names += n
         report.deleted_dirs += 1
-        d = u.path
-        while d:
-            if not _unlink(collector, d):
-                break
-            d = d.rpartition("/")[0]
+        crash_point("gc_names_removed")  # the tests': a gc killed between a directory's names and its entry
+    level = {u.path for u in victims if u.path}
+    while level:
+        depth = max(d.count("/") for d in level)
+        here = {d for d in level if d.count("/") == depth}
+        level -= here
+        by_parent: dict[str, list[str]] = {}
+        for d in here:
+            by_parent.setdefault(d.rpartition("/")[0], []).append(d)
+        groups = list(by_parent.items())
+        for (parent, _), gone in zip(groups, _parallel(lambda g: _unlink_children(collector, *g), groups)):
+            if gone and parent:
+                level.add(parent)
+
+
+def _unlink_children(collector: Collector, parent: str, children: list[str]) -> bool:
+    """Remove the entries of *parent*'s empty *children* in one compare-and-swap, put back any a writer
+    filled meanwhile (writers publish a directory's names before its entry in its parent); whether any
+    went."""
+    empty = [c for c, e in zip(children, map(collector.is_empty, children)) if e]
+    if not empty:
+        return False
+    held = collector.names_of(parent)
+    doomed = {}
+    for c in empty:
+        name = c.rpartition("/")[2].encode(errors="surrogateescape")
+        raw = held.get(name)
+        if raw is not None and _is_dir(raw):
+            doomed[c] = (name, raw)
+    if not doomed or not collector.remove_names(parent, dict(doomed.values())):
+        return False
+    for c, (name, raw) in doomed.items():
+        if not collector.is_empty(c):
+            collector.put_back(parent, name, raw)
+    return True
+
+
+def _parallel(fn: Any, items: list[Any]) -> list[Any]:
+    """*fn* over *items* in up to 16 threads (each request is a round trip; stores are thread-safe)."""
+    if len(items) < 2:
+        return [fn(i) for i in items]
+    with ThreadPoolExecutor(16) as pool:
+        return list(pool.map(fn, items))
 
 
 def _unlink(collector: Collector, d: str) -> bool:
@@ -359,12 +398,18 @@ def _sweep(collector: Collector, now: float, grace: float, report: Report, key_s
         cutoff = listed_at - grace
         report.blobs = len(containers)
         pause_for_tests("sweep")
+        doomed = []
         for c in containers:
             if any(h in refs for h in c.hashes) or c.written >= cutoff:
                 report.kept_bytes += c.size if not any(h in refs for h in c.hashes) else 0
-                continue
+            else:
+                doomed.append(c)
+
+        def delete(c: Container) -> int | None:
             crash_point("gc_sweep")  # the tests': a gc killed while it deletes blobs
-            freed = collector.delete_container(c, cutoff)
+            return collector.delete_container(c, cutoff)
+
+        for freed in _parallel(delete, doomed):
             if freed is not None:
                 report.deleted_blobs += 1
                 report.blobs -= 1

@@ -24,7 +24,7 @@ from mithrilfs.shared.entries import RemoteError
 from mithrilfs.shared.gc import Collector, Container
 from mithrilfs.shared.layered import LayeredStore
 from mithrilfs.shared.redis_gc import RedisCollector
-from mithrilfs.shared.s3_wire import CAS_ATTEMPTS, MAX_SET_BYTES, SWEEP_KEY, S3Store, _obstore
+from mithrilfs.shared.s3_wire import CAS_ATTEMPTS, MAX_SET_BYTES, SWEEP_KEY, S3Store, _component, _obstore
 from mithrilfs.shared.wire import RemoteStore
 
 #: A gc that finds more use-record objects than this merges them into one.
@@ -40,6 +40,8 @@ class S3Collector(Collector):
         self._usage_keys: list[str] = []
         self._usage: dict[str, float] = {}
         self._swept_at = 0.0
+        #: Manifests read by this collector: directory -> (ETag, entries).
+        self._manifests: dict[str, tuple[str, dict[bytes, bytes]]] = {}
 
     def _list(self, prefix: str) -> list[dict[str, Any]]:
         out = []
@@ -50,11 +52,25 @@ class S3Collector(Collector):
 
     # -- names ---------------------------------------------------------------
     def list_names(self) -> dict[str, dict[bytes, bytes]]:
-        dirs = self.s3.all_dirs()
-
+        """One LIST of the manifests, then a GET of each whose ETag changed since this collector last read it
+        (a run lists twice: the second costs the LIST and what writers changed meanwhile)."""
         def get() -> dict[str, dict[bytes, bytes]]:
-            raws = self.s3._parallel(lambda d: self.s3._read_manifest(d)[0], dirs)
-            return {d: raw for d, raw in zip(dirs, raws) if raw}
+            listed: dict[str, str] = {}
+            for meta in self._list("names/"):
+                rest = meta["path"][len(self.s3.base + "names/"):]
+                if not rest.endswith("#"):
+                    continue
+                parts = [p for p in rest[:-1].split("/") if p]
+                try:
+                    names = [_component(p) for p in parts if p.startswith("~")]
+                except UnicodeError:
+                    continue
+                if len(names) == len(parts):
+                    listed["/".join(names)] = meta.get("e_tag") or ""
+            todo = [d for d, etag in listed.items() if not etag or self._manifests.get(d, ("", {}))[0] != etag]
+            for d, (raw, etag) in zip(todo, self.s3._parallel(self.s3._read_manifest, todo)):
+                self._manifests[d] = (etag or "", raw)
+            return {d: self._manifests[d][1] for d in listed if self._manifests[d][1]}
 
         return self.s3._call(get)
 
