@@ -34,7 +34,7 @@ DAY = 86400.0
 #: What writers and gc assume in these tests (``shared.usage``): blobs trusted 0.5 s, names published within
 #: 2.5 s of their blobs' check (else checked again), so a 3 s grace.
 TIMES = {"MITHRILFS_BLOB_TRUST_SECONDS": "0.5", "MITHRILFS_UPLOAD_LAG_SECONDS": "2.5",
-         "MITHRILFS_USE_RECORD_SECONDS": "0", "MITHRILFS_USE_FLUSH_SECONDS": "0"}
+         "MITHRILFS_USE_FLUSH_SECONDS": "0"}
 GRACE = "3s"
 
 
@@ -169,9 +169,12 @@ def test_gc_keeps_what_was_used_most_recently_under_max_age_and_max_size(mount_f
     # a fleet last used kI (10 - I) days ago and an hour
     tier.plant_use({f"triton/k{i}": now - (10 - i) * DAY - 3600 for i in range(6)})
     b = _node(mount_factory, tier, "b")
-    for i in (0, 1):  # b uses the two oldest today: they count as the most recent
-        assert (b.mountpoint / "triton" / f"k{i}" / "kernel.cubin").read_bytes() == files[f"triton/k{i}/kernel.cubin"]
+    for _ in range(3):  # b uses the two oldest today: they count as the most recent
+        for i in (0, 1):
+            for f in ("kernel.cubin", "kernel.json"):
+                assert (b.mountpoint / "triton" / f"k{i}" / f).read_bytes() == files[f"triton/k{i}/{f}"]
     wait_for(lambda: b.stats()["remote_use_records"] >= 2, what="b's use records")
+    assert b.stats()["remote_use_records"] == 2  # 12 reads in 2 directories: one record each this hour
     wait_for(lambda: time.time() > older, what="the blobs to be older than the grace")
     dry = tier.gc_json("--max-age", "7d", "--dry-run")
     assert sorted(dry["deleted"]) == ["triton/k2", "triton/k3"] and dry["deleted_blobs"] == 4
