@@ -5,8 +5,9 @@ Fills a fresh tier through the store API the nodes use (blobs uploaded,
 entries published, use records sent): ``--names`` cache entries
 ``triton/HH/kI``, two small files each (all different), half of them last
 used 30 days ago; then one ``fleet gc --max-age 7d`` (in this process, as
-the CLI runs it) and a second run that finds nothing to do.  Prints one
-JSON document.
+the CLI runs it) and a second run, in a fresh store as the next scheduled
+one would be, that finds nothing to do.  Prints one JSON document.
+"requests" are round trips (a Redis pipeline or script counts one).
 
     python scripts/bench_fleet_gc.py --names 10000 [--store redis|s3|both] [--file-bytes 2048]
 
@@ -91,9 +92,10 @@ def one(kind: str, spec: RemoteSpec, names: int, file_bytes: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out: dict = {"store": kind, "names": names, "files": 2 * names, "file_bytes": file_bytes}
         out.update(fill(store, names, file_bytes, Path(tmp)))
-    collector = gc.collector_for(store)
-    first = gc.run(collector, max_size=None, max_age=7 * 86400, grace=0.0, dry_run=False)
-    second = gc.run(collector, max_size=None, max_age=7 * 86400, grace=0.0, dry_run=False)
+    first = gc.run(gc.collector_for(store), max_size=None, max_age=7 * 86400, grace=0.0, dry_run=False)
+    store.close()
+    store = open_remote(spec)  # a run of its own, as the next CronJob's (nothing cached from the first)
+    second = gc.run(gc.collector_for(store), max_size=None, max_age=7 * 86400, grace=0.0, dry_run=False)
     store.close()
     for label, r in (("gc", first), ("gc_again", second)):
         out[label] = {"seconds": r.seconds, "requests": r.requests, "deleted_dirs": r.deleted_dirs,

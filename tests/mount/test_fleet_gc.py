@@ -136,12 +136,15 @@ def _s3_has(client, key: str) -> bool:
 
 @pytest.fixture(params=["redis", "s3"])
 def tier(request: pytest.FixtureRequest, redis_server: RedisServer) -> Tier:
+    """Redis alone or a bucket (or, where a test asks, Redis in front of a bucket: looked at in the bucket)."""
     if request.param == "redis":
         return Tier("redis", ("--remote", redis_server.url), dict(TIMES), redis_url=redis_server.url)
     weed: SeaweedFS = request.getfixturevalue("shared_seaweedfs")
     bucket = "gc-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[-40:].strip("-")
     weed.create_bucket(bucket)
-    return Tier("s3", ("--remote", f"s3://{bucket}/cache"), {**weed.env(), **TIMES}, weed=weed, bucket=bucket)
+    front = ("--remote", redis_server.url) if request.param == "layered" else ()
+    return Tier("s3", (*front, "--remote", f"s3://{bucket}/cache"), {**weed.env(), **TIMES}, weed=weed,
+                bucket=bucket)
 
 
 def _node(mount_factory: MountFactory, tier: Tier, name: str):
@@ -160,6 +163,7 @@ def _entries(root: Path, n: int) -> dict[str, bytes]:
     return files
 
 
+@pytest.mark.parametrize("tier", ["redis", "s3", "layered"], indirect=True)
 def test_gc_keeps_what_was_used_most_recently_under_max_age_and_max_size(mount_factory: MountFactory, tier: Tier):
     a = _node(mount_factory, tier, "a")
     files = _entries(a.mountpoint, 6)
