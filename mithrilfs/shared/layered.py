@@ -89,6 +89,14 @@ class LayeredStore(RemoteStore):
         raise RemoteError("; ".join(errors))
 
     def epoch(self) -> tuple[str, bool]:
+        """The bucket's; asked every few seconds by the uploader, which also mends Redis's marks here: a
+        node whose Redis write failed and that has nothing more to write would otherwise leave a directory
+        marked complete without its names for ``COMPLETE_SECONDS`` (seen once under load: a new node did
+        not find a file in the budget test)."""
+        try:
+            self._mend_front()
+        except RemoteError as e:
+            log.debug("%s: marks not mended yet: %s", self.front.url, e)
         return self.back.epoch()
 
     # -- names --------------------------------------------------------------
