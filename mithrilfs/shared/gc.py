@@ -126,8 +126,9 @@ class Collector(ABC):
         """Write a name back where it is absent."""
 
     @abstractmethod
-    def containers(self) -> list[Container]:
-        """Every blob container with its age (blobs with no known age are given "now")."""
+    def containers(self, *, adopt: bool = True) -> list[Container]:
+        """Every blob container with its age (blobs with no known age are given "now", and with *adopt*
+        that time is kept: they age from this run on)."""
 
     @abstractmethod
     def delete_container(self, c: Container, older_than: float) -> int | None:
@@ -273,7 +274,7 @@ def run(collector: Collector, *, max_size: int | None, max_age: float | None, gr
         victims = {u.path for u in p.victims}
         left = {d: raw for d, raw in names.items() if d not in victims}
         refs = referenced(left)
-        for c in collector.containers():
+        for c in collector.containers(adopt=False):
             if not any(h in refs for h in c.hashes) and c.written < now - grace:
                 report.deleted_blobs += 1
                 report.freed_bytes += c.size

@@ -140,7 +140,7 @@ class RedisCollector(Collector):
             self.r._call(rem)
 
     # -- blobs -------------------------------------------------------------------
-    def containers(self) -> list[Container]:
+    def containers(self, *, adopt: bool = True) -> list[Container]:
         """Every blob (chunk 0 found by SCAN) with its time; blobs with none (uploaded by an older
         mithrilfs, or their time evicted) are given "now"."""
         prefix = f"{self.r.prefix}b:"
@@ -153,7 +153,7 @@ class RedisCollector(Collector):
                 if len(h) == 64:
                     hexes.append(h)
             now = time.time()
-            untimed = [h for h in hexes if h not in times]
+            untimed = [h for h in hexes if h not in times] if adopt else []
             sizes: list[int] = []
             pipe = self.r.client.pipeline(transaction=False)
             for start in range(0, len(untimed), _BATCH):

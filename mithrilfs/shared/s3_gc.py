@@ -156,7 +156,7 @@ class S3Collector(Collector):
         self.s3._call(compact)
 
     # -- blobs -------------------------------------------------------------------
-    def containers(self) -> list[Container]:
+    def containers(self, *, adopt: bool = True) -> list[Container]:
         def get() -> list[Container]:
             out = []
             for meta in self._list("blobs/"):
