@@ -151,6 +151,13 @@ def _node(mount_factory: MountFactory, tier: Tier, name: str):
     return mount_factory(name, *tier.remote, "--min-age", "0", env=tier.env)
 
 
+def _settled(m, dirs: int) -> None:
+    """*m*'s uploads are in, and its use records of the *dirs* directories it wrote (planted records must
+    come after them: ``ZADD GT`` keeps the newest)."""
+    wait_uploaded(m, 60)
+    wait_for(lambda: m.stats()["remote_use_records"] >= dirs, what="the writer's use records")
+
+
 def _entries(root: Path, n: int) -> dict[str, bytes]:
     """*n* cache entries ``triton/kI`` of two files each (50 KB, all different)."""
     files = {}
@@ -167,7 +174,7 @@ def _entries(root: Path, n: int) -> dict[str, bytes]:
 def test_gc_keeps_what_was_used_most_recently_under_max_age_and_max_size(mount_factory: MountFactory, tier: Tier):
     a = _node(mount_factory, tier, "a")
     files = _entries(a.mountpoint, 6)
-    wait_uploaded(a, 60)
+    _settled(a, 6)
     now = time.time()
     older = now + 3.5
     # a fleet last used kI (10 - I) days ago and an hour
@@ -238,7 +245,7 @@ def test_gc_racing_eight_writers_on_two_nodes_loses_no_published_name(mount_fact
     for i in range(6):  # entries last used days ago: gc deletes them while writers add names to some
         (a.mountpoint / "old" / f"o{i}").mkdir(parents=True)
         write_committed(a.mountpoint / "old" / f"o{i}" / "f", pool[i])
-    wait_uploaded(a, 60)
+    _settled(a, 6)
     tier.plant_use({f"old/o{i}": time.time() - 3 * DAY for i in range(6)})
     expected: dict[str, bytes] = {}
     lock = threading.Lock()
@@ -325,6 +332,7 @@ def test_a_name_or_a_blob_published_while_gc_runs_is_never_lost(mount_factory: M
     for rel in ("tmp/f", "tmp/h"):  # their blobs are named by nothing once the tombstones are sent
         os.unlink(a.mountpoint / rel)
     wait_for(lambda: a.stats()["remote_tombstones"] == 2 and a.stats()["upload_queue"] == 0, what="tombstones")
+    _settled(a, 3)
     tier.plant_use({"old/e1": time.time() - 3 * DAY, "old/e2": time.time() - 3 * DAY})
     older = time.time() + 3.5
     b = _node(mount_factory, tier, "b")
@@ -366,7 +374,7 @@ def test_gc_killed_half_way_and_run_again_leaves_nothing_dangling(mount_factory:
                                                                   point: str):
     a = _node(mount_factory, tier, "a")
     files = _entries(a.mountpoint, 8)
-    wait_uploaded(a, 60)
+    _settled(a, 8)
     tier.plant_use({f"triton/k{i}": time.time() - (3 if i < 6 else 0) * DAY for i in range(8)})
     older = time.time() + 3.5
     wait_for(lambda: time.time() > older, what="the blobs to be older than the grace")
@@ -476,7 +484,7 @@ def test_the_cronjob_and_the_timer_run_fleet_gc_with_the_sidecar_settings(mount_
     a = mount_factory("a", "--remote", redis_server.url, "--min-age", "0")
     (a.mountpoint / "k").mkdir()
     write_committed(a.mountpoint / "k" / "f", b"used long ago")
-    wait_uploaded(a)
+    _settled(a, 1)
     redis.Redis.from_url(redis_server.url).zadd("mfs:default:used", {"k": time.time() - 30 * DAY})
     run_env = {**os.environ, **env, "MITHRILFS_REMOTE": redis_server.url, "MITHRILFS_BIN": MITHRILFS_BIN}
     res = subprocess.run(["sh", str(REPO / "deploy" / "fleet-gc.sh")], env=run_env, capture_output=True, text=True,
