@@ -433,14 +433,16 @@ def _unlink_empty(collector: Collector, names: dict[str, dict[bytes, bytes]]) ->
 
 def _relink(collector: Collector, names: dict[str, dict[bytes, bytes]], key_store: RemoteStore | None) -> int:
     """Directories holding names whose parent has no entry for them (a killed run, a lost race): linked."""
-    missing = []
-    for d, raw in names.items():
-        if not d or not raw:
-            continue
+    def linked(d: str) -> bool:
         parent, _, name = d.rpartition("/")
-        held = names.get(parent, {}).get(name.encode(errors="surrogateescape"))
-        if held is None:
-            missing.append(d)
+        return names.get(parent, {}).get(name.encode(errors="surrogateescape")) is not None
+
+    missing: set[str] = set()
+    for d, raw in names.items():
+        while d and raw and not linked(d) and d not in missing:
+            missing.add(d)  # and its parent, if that one is not linked either (or holds nothing)
+            d = d.rpartition("/")[0]
+            raw = {b"": b""}
     if not missing:
         return 0
     store = key_store or collector.store

@@ -515,3 +515,20 @@ def test_a_write_redis_missed_in_front_of_a_bucket_unmarks_its_directory_without
     b = mount_factory("b", *remote, env=shared_seaweedfs.env())
     wait_for(lambda: (b.mountpoint / "d" / "second").exists(), timeout=20, what="the name on another node")
     assert (b.mountpoint / "d" / "second").read_bytes() == b"second"
+
+
+def test_a_directory_whose_parent_lost_its_entry_is_linked_again(mount_factory: MountFactory,
+                                                                 redis_server: RedisServer):
+    """What a lost race or a Redis Cluster's per-master order can leave: names in a directory its parent
+    no longer names (no new node could reach them).  The next run links it again, ancestors included."""
+    remote = ("--remote", redis_server.url, "--min-age", "0")
+    a = mount_factory("a", *remote)
+    (a.mountpoint / "x" / "y").mkdir(parents=True)
+    write_committed(a.mountpoint / "x" / "y" / "f", b"reachable again")
+    _settled(a, 1)
+    r = redis.Redis.from_url(redis_server.url)
+    assert r.hdel("mfs:default:d:x", "y") == 1 and r.hdel("mfs:default:d:", "x") == 1
+    res = run_cli("fleet", "gc", "--remote", redis_server.url, "--json")
+    assert res.returncode == 0 and json.loads(res.stdout)["relinked"] == 2, res.stdout + res.stderr
+    b = mount_factory("b", *remote)
+    assert (b.mountpoint / "x" / "y" / "f").read_bytes() == b"reachable again"
