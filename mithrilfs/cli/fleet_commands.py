@@ -67,7 +67,7 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
     print(f"  blobs: {verb} {report.deleted_blobs} ({format_size(report.freed_bytes)})"
           + ("" if report.dry_run else f"; {report.blobs} left, {format_size(report.kept_bytes)} of them unnamed"
              f" but younger than the grace ({format_duration_short(grace)})"))
-    print(f"  {report.requests} requests in {report.seconds:.1f} s" + (f"; {report.stopped}" if report.stopped else ""))
+    print(f"  {report.requests} requests in {report.seconds:.1f} s")
     return 0
 
 

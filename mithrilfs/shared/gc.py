@@ -194,7 +194,6 @@ class Report:
     relinked: int = 0
     requests: int = 0
     seconds: float = 0.0
-    stopped: str = ""
     deleted: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
