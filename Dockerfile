@@ -19,6 +19,8 @@ RUN command -v fusermount3 >/dev/null || { apt-get update && apt-get install -y 
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 COPY deploy/entrypoint.sh /usr/local/bin/mithrilfs-entrypoint
+# the same image runs the shared tier's budget on a schedule (deploy/fleet-gc-cronjob.yaml)
+COPY deploy/fleet-gc.sh /usr/local/bin/mithrilfs-fleet-gc
 # no MITHRILFS_MAX_SIZE here: unset, the budget is the store's own (`mithrilfs config /store --max-size 50G`,
 # kept in the store), else 10G; set it on the container to fix one for that container
 ENV MITHRILFS_MOUNTPOINT=/mithrilfs/cache MITHRILFS_STORE=/store

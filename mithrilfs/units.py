@@ -50,3 +50,11 @@ def format_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def format_duration_short(seconds: float) -> str:
+    """``8h``, ``90m``, ``45s``, ``2d``: the largest unit that divides it, for messages."""
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= n and seconds % n == 0:
+            return f"{seconds / n:.0f}{unit}"
+    return f"{seconds:g}s"

@@ -10,7 +10,15 @@ import os
 import sys
 from collections.abc import Sequence
 
-from mithrilfs.cli import cache_commands, jit_commands, mount_commands, store_commands, store_settings, tier_commands
+from mithrilfs.cli import (
+    cache_commands,
+    fleet_commands,
+    jit_commands,
+    mount_commands,
+    store_commands,
+    store_settings,
+    tier_commands,
+)
 from mithrilfs.cli.parser import build_parser
 from mithrilfs.errors import MountError, UsageError
 from mithrilfs.store.open import StoreError
@@ -28,7 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.umask(0o077)  # files they add to a store are private, like the daemon's; an archive too
     try:
         commands = {**mount_commands.COMMANDS, **cache_commands.COMMANDS, **store_commands.COMMANDS,
-                    **tier_commands.COMMANDS, **store_settings.COMMANDS, **jit_commands.COMMANDS}
+                    **tier_commands.COMMANDS, **store_settings.COMMANDS, **jit_commands.COMMANDS,
+                    **fleet_commands.COMMANDS}
         return commands[args.command](args)
     except UsageError as e:
         print(f"mithrilfs: error: {e}", file=sys.stderr)

@@ -265,6 +265,30 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--store", type=Path, default=None, help=f"store directory (default {default_store()})")
     i.add_argument("--json", action="store_true", help="print the result as JSON")
 
+    fl = sub.add_parser("fleet", help="the shared tier itself: its budget (fleet gc)")
+    fleet = fl.add_subparsers(dest="fleet_command", parser_class=_Parser, metavar="COMMAND", required=True)
+    fg = fleet.add_parser("gc", help="delete what the fleet has not used for longest, then the blobs nothing names",
+                          description="Deletes cache entries (directories) unused longer than --max-age, then the "
+                                      "least recently used until the rest fits --max-size, then the blobs no name "
+                                      "references. Same remote settings and secrets as mount. Exit status: 0 done, "
+                                      "1 the tier failed, 2 bad usage.")
+    fg.add_argument("--remote", type=_remote_url, action="append", required=True, metavar="URL",
+                    help="the shared tier, as given to mount (twice for Redis in front of a bucket)")
+    fg.add_argument("--remote-endpoint", default=None, metavar="URL", help="as for mount")
+    fg.add_argument("--remote-password-file", type=Path, default=None, metavar="FILE", help="as for mount")
+    fg.add_argument("--remote-cluster", action="store_true", help="as for mount")
+    fg.add_argument("--remote-namespace", default="default", metavar="NAME", help="as for mount (default 'default')")
+    fg.add_argument("--remote-key-file", type=Path, default=None, metavar="FILE",
+                    help="as for mount: signs the directory entries gc puts back")
+    fg.add_argument("--max-size", type=_size, default=None, metavar="SIZE",
+                    help="bytes the names may reference after the run: 500G, 2T... " + SIZE_HELP)
+    fg.add_argument("--max-age", type=_positive_duration, default=None, metavar="DURATION",
+                    help="delete cache entries unused for longer: 7d, 12h...")
+    fg.add_argument("--grace", type=_positive_duration, default=None, metavar="DURATION",
+                    help="never delete a blob written more recently (default and minimum: what writers assume, 7h)")
+    fg.add_argument("--dry-run", action="store_true", help="print what it would delete; delete nothing")
+    fg.add_argument("--json", action="store_true", help="print the result as JSON")
+
     f = sub.add_parser(
         "fsck", help="verify a store (not mounted); --repair fixes what it finds",
         description="Exit status: 0 no problems, 1 problems repaired, 4 problems left, 8 could not check.",

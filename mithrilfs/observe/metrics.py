@@ -27,6 +27,11 @@ _GAUGES = {
     "hit_rate": "hits / (hits + misses)",
     "dedup_ratio": "logical_bytes / physical_bytes",
     "restarts": "Times a new daemon took this live mount over (a crash, or mithrilfs restart)",
+    "remote_tier_bytes": "Bytes the shared tier's names reference, at its last fleet gc",
+    "remote_tier_blobs": "Blobs in the shared tier, at its last fleet gc",
+    "remote_tier_names": "Names in the shared tier, at its last fleet gc",
+    "remote_tier_gc_at": "When the shared tier's last fleet gc ran (unix seconds)",
+    "remote_tier_gc_freed_bytes": "Bytes the shared tier's last fleet gc freed",
 }
 
 

@@ -225,8 +225,15 @@ def format_levels(snap: dict[str, Any]) -> list[str]:
     levels = snap.get("remote_levels") or []
     lines = [f"shared tier  {len(levels)} level{'s' if len(levels) > 1 else ''}, {snap.get('upload_queue', 0)} queued"
              " for upload"] if levels else []
+    if "remote_tier_gc_at" in snap:
+        at = time.strftime("%Y-%m-%d %H:%M", time.localtime(snap["remote_tier_gc_at"]))
+        lines.append(f"  tier size  {snap['remote_tier_names']} names, {format_size(snap['remote_tier_bytes'])} in "
+                     f"{snap['remote_tier_blobs']} blobs (fleet gc at {at}, "
+                     f"{format_size(snap['remote_tier_gc_freed_bytes'])} freed)")
     for lv in levels:
         state = "reachable" if lv["reachable"] else f"unreachable: {lv['last_error']}"
+        if lv["reachable"] and lv.get("refuses_writes"):
+            state = f"reachable, refuses writes: {lv['last_error']}"
         lines.append(f"  {lv['kind']:<6} {lv['url']}: {state}; {lv['requests']} requests, {lv['errors']} errors,"
                      f" {format_size(lv['bytes_in'])} in, {format_size(lv['bytes_out'])} out")
     return lines

@@ -56,6 +56,7 @@ class LayeredStore(RemoteStore):
         self.counters = back.counters
         self.small_blob_bytes = min(HOT_BLOB_BYTES, back.small_blob_bytes)
         self.packs_by_directory = back.packs_by_directory
+        self.use_flush_seconds = back.use_flush_seconds
         #: Directories whose writes Redis missed (it was away): read from the bucket until it has them.
         self._front_missed: set[str] = set()
 
@@ -90,6 +91,14 @@ class LayeredStore(RemoteStore):
         raise RemoteError("; ".join(errors))
 
     def epoch(self) -> tuple[str, bool]:
+        """The bucket's; asked every few seconds by the uploader, which also mends Redis's marks here: a
+        node whose Redis write failed and that has nothing more to write would otherwise leave a directory
+        marked complete without its names for ``COMPLETE_SECONDS`` (seen once under load: a new node did
+        not find a file in the budget test)."""
+        try:
+            self._mend_front()
+        except RemoteError as e:
+            log.debug("%s: marks not mended yet: %s", self.front.url, e)
         return self.back.epoch()
 
     # -- names --------------------------------------------------------------
@@ -257,6 +266,16 @@ class LayeredStore(RemoteStore):
             return self.front.blob_names(hashes)
         except RemoteError:
             return {}
+
+    def record_use(self, records: dict[str, float]) -> None:
+        """Into the bucket, which ``fleet gc`` collects (Redis's blobs expire on their own)."""
+        self.back.record_use(records)
+
+    def tier_summary(self) -> dict[str, Any] | None:
+        return self.back.tier_summary()
+
+    def sweeping(self) -> bool:
+        return self.back.sweeping()
 
     def close(self) -> None:
         self.front.close()

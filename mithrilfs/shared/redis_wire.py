@@ -33,6 +33,7 @@ from urllib.parse import urlparse, urlunparse
 
 import blake3
 
+from mithrilfs.shared import usage
 from mithrilfs.shared.entries import (  # noqa: F401  (the entry model, re-exported for its older users)
     MAX_ENTRY_BYTES,
     EntryCodec,
@@ -207,6 +208,13 @@ class RedisStore(RemoteStore):
 
         try:
             result = fn(*args)
+        except redis.exceptions.ResponseError as e:
+            if "maxmemory" not in str(e):
+                raise self.level.failed(self._scrub(str(e).strip()), log) from None
+            # at maxmemory under noeviction: writes are refused, reads still served (no back-off); the
+            # uploader retries later, and status and stats name the cause until a write succeeds
+            raise self.level.failed("Redis is at its maxmemory and refuses writes (maxmemory-policy noeviction);"
+                                    " uploads wait, reads are served", log, back_off=False) from None
         except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
             raise self.level.failed(self._scrub(str(e).strip() or type(e).__name__), log) from None
         self.level.succeeded()
@@ -312,7 +320,9 @@ class RedisStore(RemoteStore):
         """
         if not items:
             return []
-        return self._call(self._publish_entries, items)
+        out = self._call(self._publish_entries, items)
+        self.level.wrote()
+        return out
 
     def _publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         results = self._run_script(items, force=False)
@@ -449,6 +459,8 @@ class RedisStore(RemoteStore):
         if not blobs:
             return []
 
+        timed = self.blob_ttl is None  # alone, Redis keeps blobs for good: ``fleet gc`` deletes old ones
+
         def check() -> list[str]:
             pipe = self.client.pipeline(transaction=False)
             order = []
@@ -457,8 +469,18 @@ class RedisStore(RemoteStore):
                 order.append((h, n))
                 for i in range(n):
                     pipe.exists(self._blob_key(h, i))
+                if timed:
+                    pipe.zscore(self.blob_times_key, h)
             flags = iter(pipe.execute())
-            return [h for h, n in order if not all([bool(next(flags)) for _ in range(n)])]
+            trusted_since = time.time() - usage.BLOB_TRUST_SECONDS
+            out = []
+            for h, n in order:
+                whole = all([bool(next(flags)) for _ in range(n)])
+                written = next(flags) if timed else None
+                # a blob written long ago (or before times were kept) may be gc's next: written again
+                if not whole or (timed and (written is None or float(written) < trusted_since)):
+                    out.append(h)
+            return out
 
         return self._call(check)
 
@@ -468,7 +490,9 @@ class RedisStore(RemoteStore):
         Small blobs share pipelines of up to ``_PIPELINE_BYTES``; a large one
         is sent a chunk at a time, so memory stays bounded by the chunk size.
         """
-        return self._call(self._upload_blobs, files)
+        gone = self._call(self._upload_blobs, files)
+        self.level.wrote()
+        return gone
 
     def _upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
         gone: set[str] = set()
@@ -486,6 +510,10 @@ class RedisStore(RemoteStore):
                     part = f.read(CHUNK) if f is not None else b""
                     if not part and i:
                         break
+                    if i == 0 and self.blob_ttl is None:
+                        # when it was written (gc's grace, ``shared.usage``), before its bytes: a gc deleting
+                        # the old copy meanwhile either goes first or sees it young
+                        pipe.zadd(self.blob_times_key, {h: time.time()})
                     pipe.set(self._blob_key(h, i), part, ex=self.blob_ttl)
                     pending += len(part)
                     self.counters["remote_uploaded_bytes"] += len(part)
@@ -613,6 +641,34 @@ class RedisStore(RemoteStore):
             return out
 
         return self._call(read)
+
+    # -- fleet gc (``shared.gc``) ----------------------------------------------
+    @property
+    def blob_times_key(self) -> str:
+        """A sorted set: blob hex -> when it was last written (unix seconds)."""
+        return f"{self.prefix}bt"
+
+    @property
+    def used_key(self) -> str:
+        """A sorted set: directory path -> when a node last used it (unix seconds)."""
+        return f"{self.prefix}used"
+
+    def record_use(self, records: dict[str, float]) -> None:
+        """``ZADD GT``: a record never moves a directory's last use back."""
+        def add() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            items = list(records.items())
+            for start in range(0, len(items), _BATCH):
+                pipe.zadd(self.used_key, dict(items[start:start + _BATCH]), gt=True)
+            pipe.execute()
+
+        if records:
+            self._call(add)
+
+    def tier_summary(self) -> dict[str, Any] | None:
+        from mithrilfs.shared.gc_summary import parse_summary
+
+        return parse_summary(self._call(lambda: self.client.get(f"{self.prefix}gc")))
 
     def redis_memory(self) -> int:
         """Bytes of memory the server (all masters) uses, for benchmarks."""

@@ -40,6 +40,7 @@ from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.bounded import in_thread, within_bound
 from mithrilfs.shared.entries import MAX_DIR_NAMES, RemoteEntry, RemoteError
+from mithrilfs.shared.fleet_state import FleetState
 from mithrilfs.shared.in_flight import InFlight
 from mithrilfs.shared.local_disk import LocalWriteError, StoreFile
 from mithrilfs.shared.prefetch import Prefetcher
@@ -125,7 +126,11 @@ class RemoteTier(Tier):
         self.recorder = StartupRecorder(self, startup_set)
         #: The same set as this mount uses it: names, prefetch order, look-ahead.
         self.order = StartupOrder(self, startup_set, look_ahead=True)
+        #: When each inode's read was last turned into a use record (``fleet``).
+        self._use_noted: dict[int, float] = {}
         self.behind = WriteBehind(self)
+        #: Use records out, the fleet gc's summary in (``fleet_state``).
+        self.fleet = FleetState(remote, events)
         self.prefetcher = Prefetcher(self, policy, physical)
         #: The startup set to prefetch as soon as the mount serves (by default, unless ``--no-prefetch``).
         self.prefetch_at_start = prefetch_at_start
@@ -541,8 +546,22 @@ class RemoteTier(Tier):
 
     # -- startup sets ------------------------------------------------------
     def record_read(self, ino: int) -> None:
-        """The first read of a file in this mount: in its first minutes, it joins the startup set."""
+        """A read at offset 0: its directory is used (``fleet``, at most one record an hour); the first
+        read in this mount within its first minutes also joins the startup set."""
+        now = time.monotonic()
+        noted = self._use_noted.get(ino)
+        if noted is None or now - noted >= self.fleet.usage.every:  # one dict lookup for most reads
+            if len(self._use_noted) > 100_000:
+                self._use_noted.clear()
+            self._use_noted[ino] = now
+            self._record_use(ino)
         self.recorder.read(ino)
+
+    def _record_use(self, ino: int) -> None:
+        for parent, _name in self.ns.names_of(ino)[:1]:
+            dir_path = self.paths.of_dir(parent)
+            if dir_path is not None:
+                self.fleet.usage.used(dir_path)
 
     async def unmounting(self) -> None:
         """Write the startup set's record (bounded: an unmount must not wait on a dead tier)."""
@@ -602,7 +621,7 @@ class RemoteTier(Tier):
         return self.order if set_name == self.startup_set else StartupOrder(self, set_name)
 
     def snapshot(self) -> dict[str, Any]:
-        return self.counters | {"upload_queue": self.behind.pending(), "remote_last_error": self.remote.last_error,
+        return self.counters | self.fleet.snapshot() | {"upload_queue": self.behind.pending(), "remote_last_error": self.remote.last_error,
                                 "prefetch": self.prefetcher.state,
                                 "remote_levels": [lv.state() for lv in self.remote.levels()]}
 

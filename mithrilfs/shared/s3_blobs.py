@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import blake3
 
+from mithrilfs.shared import usage
 from mithrilfs.shared.s3_packs import PACK_BLOB_BYTES
 from mithrilfs.shared.s3_repair import hashes_to
 
@@ -144,7 +146,9 @@ class S3Blobs:
             meta = self.store._unless_absent(lambda: _obstore().head(self.store.quick, self.store.base + self._blob_key(h)))
             if meta is None:
                 return h
-            if meta["size"] != size:
+            if meta["size"] != size or object_age(meta) > usage.BLOB_TRUST_SECONDS:
+                # the wrong size, or old enough that ``fleet gc`` may delete it once unreferenced: written
+                # over (renewing its time, ``shared.usage``)
                 with self._lock:
                     self.bad.add(h)
                 return h
@@ -234,3 +238,9 @@ def _obstore() -> Any:
 
 def os_size(f: BinaryIO) -> int:
     return os.fstat(f.fileno()).st_size
+
+
+def object_age(meta: Any) -> float:
+    """Seconds since an object was last written (0 when the server does not say)."""
+    written = meta.get("last_modified")
+    return time.time() - written.timestamp() if written is not None else 0.0

@@ -56,8 +56,9 @@ from datetime import timedelta
 from typing import Any, BinaryIO
 from urllib.parse import quote, unquote_to_bytes
 
+from mithrilfs.shared import usage
 from mithrilfs.shared.entries import MAX_DIR_NAMES, EntryCodec, RemoteEntry, RemoteError
-from mithrilfs.shared.s3_blobs import PART_BYTES, PROGRESS_BYTES, S3Blobs
+from mithrilfs.shared.s3_blobs import PART_BYTES, PROGRESS_BYTES, S3Blobs, object_age
 from mithrilfs.shared.s3_packs import Packs
 from mithrilfs.shared.s3_repair import BadBlobReports
 from mithrilfs.shared.s3_seen import SeenManifests
@@ -95,6 +96,8 @@ NAMES_TIMEOUT = timedelta(seconds=10)
 BULK_TIMEOUT = timedelta(seconds=120)
 #: Blobs up to this size go through the quick client.
 QUICK_BLOB_BYTES = 1 << 20
+#: Present while a ``fleet gc`` deletes blobs (``s3_gc``): writers hold their names back meanwhile.
+SWEEP_KEY = "gc-sweep"
 
 
 def _quoted(text: str) -> str:
@@ -110,6 +113,7 @@ class S3Store(RemoteStore):
 
     small_blob_bytes = SMALL_BLOB_BYTES
     packs_by_directory = True
+    use_flush_seconds = usage.USE_FLUSH_SECONDS
 
     def __init__(self, location: S3Location, namespace: str, key: bytes | None, settings: S3Settings, *,
                  counters: dict[str, int] | None = None) -> None:
@@ -435,7 +439,13 @@ class S3Store(RemoteStore):
             for i, r in zip(by_dir[d], self._merge_into(d, [items[i] for i in by_dir[d]])):
                 results[i] = r
 
-        self._call(lambda: self._parallel(one, list(by_dir)))
+        def deepest_first() -> None:
+            """A directory's names before its entry in its parent: ``fleet gc`` removes a directory's entry
+            only once the directory is empty, and checks again after (docs/design.md, *Fleet gc*)."""
+            for depth in sorted({_depth(d) for d in by_dir}, reverse=True):
+                self._parallel(one, [d for d in by_dir if _depth(d) == depth])
+
+        self._call(deepest_first)
         self._count("remote_uploaded_entries", sum(1 for w, _ in results if w))
         return results
 
@@ -539,6 +549,30 @@ class S3Store(RemoteStore):
 
         return self._call(read)
 
+    # -- fleet gc (``shared.gc``) ----------------------------------------------
+    def record_use(self, records: dict[str, float]) -> None:
+        """One new object of use records (directory -> when), never a rewrite; gc merges them."""
+        def add() -> None:
+            data = json.dumps(records, sort_keys=True).encode(errors="surrogateescape")
+            self._put(self.names, f"usage/{time.time_ns():020d}-{secrets.token_hex(6)}", data, "create", len(data))
+
+        if records:
+            self._call(add)
+
+    def sweeping(self) -> bool:
+        """A ``gc-sweep`` object younger than a gc run's limit: a gc deletes blobs now (``s3_gc``)."""
+        def get() -> bool:
+            meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + SWEEP_KEY))
+            return meta is not None and object_age(meta) < usage.GC_RUN_SECONDS
+
+        return bool(self._call(get))
+
+    def tier_summary(self) -> dict[str, Any] | None:
+        from mithrilfs.shared.gc_summary import MAX_SUMMARY_BYTES, parse_summary
+
+        got = self._call(lambda: self._get(self.names, "gc", MAX_SUMMARY_BYTES))
+        return parse_summary(got[0]) if got is not None else None
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -548,3 +582,7 @@ def _obstore() -> Any:
 
     return obstore
 
+
+
+def _depth(dir_path: str) -> int:
+    return dir_path.count("/") + 1 if dir_path else 0

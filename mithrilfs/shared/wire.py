@@ -61,6 +61,9 @@ class Level:
         self.bytes_out = 0
         #: When a request last succeeded (``stalled`` spares a level that answered meanwhile).
         self.last_ok = 0.0
+        #: Why the server refuses writes while it serves reads (Redis at ``maxmemory``); "" once a write
+        #: succeeds again (``wrote``).
+        self.refused = ""
 
     def available(self) -> bool:
         return time.monotonic() >= self._down_until
@@ -72,15 +75,26 @@ class Level:
     def refuse(self) -> RemoteError:
         return RemoteError(f"{self.url} unavailable ({self.last_error}); backing off")
 
-    def failed(self, why: str, log: Any) -> RemoteError:
-        """Count a failure, back off, and return the error to raise."""
+    def failed(self, why: str, log: Any, *, back_off: bool = True) -> RemoteError:
+        """Count a failure, back off, and return the error to raise.
+
+        *back_off* False: the server answered, refusing only this kind of
+        request (Redis at ``maxmemory`` refuses writes and still serves
+        reads): the error shows and counts, and other requests go on.
+        """
         with self._lock:
             self.counters["remote_errors"] += 1
             self.errors += 1
-            self._backoff = min(_MAX_BACKOFF, max(0.5, self._backoff * 2))
-            self._down_until = time.monotonic() + self._backoff
-            self.last_error = why
-        log.warning("remote tier %s: %s (retrying in %.1f s)", self.url, why, self._backoff)
+            if back_off:
+                self._backoff = min(_MAX_BACKOFF, max(0.5, self._backoff * 2))
+                self._down_until = time.monotonic() + self._backoff
+                self.last_error = why
+            else:
+                self.refused = why
+        if back_off:
+            log.warning("remote tier %s: %s (retrying in %.1f s)", self.url, why, self._backoff)
+        else:
+            log.warning("remote tier %s: %s", self.url, why)
         return RemoteError(why)
 
     def succeeded(self) -> None:
@@ -89,6 +103,10 @@ class Level:
             self.last_error = ""
             self.last_ok = time.monotonic()
 
+    def wrote(self) -> None:
+        """A write succeeded: the server takes writes again."""
+        self.refused = ""
+
     def moved(self, *, down: int = 0, up: int = 0, requests: int = 1) -> None:
         with self._lock:
             self.requests += requests
@@ -96,7 +114,8 @@ class Level:
             self.bytes_out += up
 
     def state(self) -> dict[str, Any]:
-        return {"kind": self.kind, "url": self.url, "reachable": not self.last_error, "last_error": self.last_error,
+        return {"kind": self.kind, "url": self.url, "reachable": not self.last_error,
+                "last_error": self.last_error or self.refused, "refuses_writes": bool(self.refused),
                 "requests": self.requests, "errors": self.errors, "bytes_in": self.bytes_in,
                 "bytes_out": self.bytes_out}
 
@@ -114,10 +133,12 @@ class RemoteStore(ABC):
     #: Whether the uploader sends a directory's names together (``write_behind``): a bucket packs the
     #: blobs of one batch together, so a directory sent whole is one range for its readers.
     packs_by_directory: bool = False
+    #: A node sends its use records at most this often (``record_use``: a bucket pays a PUT each time).
+    use_flush_seconds: float = 0.0
 
     @property
     def last_error(self) -> str:
-        return next((lv.last_error for lv in self.levels() if lv.last_error), "")
+        return next((lv.last_error or lv.refused for lv in self.levels() if lv.last_error or lv.refused), "")
 
     def available(self) -> bool:
         return any(lv.available() for lv in self.levels())
@@ -227,6 +248,21 @@ class RemoteStore(ABC):
     def blob_names(self, hashes: list[str]) -> dict[str, str]:
         """The paths ``note_blob_names`` kept for these blobs (``mithrilfs why`` across nodes); by default none."""
         return {}
+
+    def record_use(self, records: dict[str, float]) -> None:
+        """Tell the store when these directories were last used (``shared.usage``: what ``fleet gc`` keeps);
+        by default nowhere."""
+        return None
+
+    def sweeping(self) -> bool:
+        """Whether a ``fleet gc`` is deleting blobs now and a writer must not publish names on blobs it
+        checked (a store that deletes blobs atomically against writers, like Redis, never says so)."""
+        return False
+
+    def tier_summary(self) -> dict[str, Any] | None:
+        """What the last ``fleet gc`` found and did (its sizes and counts: the tier's size where known
+        cheaply), None when no gc ran or the store keeps none."""
+        return None
 
     @abstractmethod
     def close(self) -> None:

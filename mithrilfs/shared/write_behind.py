@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
+from mithrilfs.shared.usage import UPLOAD_LAG_SECONDS
 from mithrilfs.store.cas import EMPTY_DIGEST
 from mithrilfs.store.namespace import ROOT_INODE, Inode, join_path
 
@@ -113,6 +114,7 @@ class WriteBehind:
                 sent = await self._send_due()
                 if self.tier.recorder.due():
                     await self.tier.recorder.write()
+                await self.tier.fleet.step(self.tier.thread)
                 backoff = 0.5
             except Exception as e:  # a bug or an answer nobody foresaw must not take the mount down either
                 if isinstance(e, RemoteError):
@@ -190,7 +192,7 @@ class WriteBehind:
         keep = [i for i, (_, e) in enumerate(items) if e.hash not in gone]
         items = [items[i] for i in keep]
         names = [names[i] for i in keep]
-        results = await self.tier.thread(self.tier.remote.publish_entries, items + tomb_items)
+        results = await self._publish(items + tomb_items)
         with self.tier.ns.txn():
             self.tier.ns.mark_published(names)
             self.tier.queue.sent(settled)
@@ -220,6 +222,20 @@ class WriteBehind:
         held_until = now - int(HOLD_BUSY_DIRECTORY * 1e9)
         return [(ino, queued) for ino, queued in due
                 if queued <= held_until or not any(p in busy for p, _ in self.tier.ns.names_of(ino))]
+
+    async def _publish(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
+        """Publish names in the order ``fleet gc`` relies on: a directory's names before its entry in its
+        parent (files first, then directories deepest first); results in *items*' order.  Each directory
+        published into counts as used (``fleet``)."""
+        order = sorted(range(len(items)), key=lambda i: (items[i][1].type == "d", -items[i][0].count("/")))
+        for path, entry in items:
+            if entry.type != "d":
+                self.tier.fleet.used_path(path)
+        published = await self.tier.thread(self.tier.remote.publish_entries, [items[i] for i in order])
+        results: list[tuple[bool, RemoteEntry | None]] = [(False, None)] * len(items)
+        for i, r in zip(order, published):
+            results[i] = r
+        return results
 
     def _add_dirs(self, parent: int, items: list, names: list, done: set[int]) -> str | None:
         """Entries for *parent* and its ancestors (once per batch); the parent's path."""
@@ -267,8 +283,14 @@ class WriteBehind:
     async def _send_blobs(self, blobs: dict[str, tuple[str, int]]) -> tuple[set[str], set[str]]:
         """Upload the blobs the tier lacks (blobs first, names after): the hashes whose files were gone, and
         those the tier already held."""
+        checked = time.monotonic()
         missing = await self.tier.thread(self.tier.remote.missing_blobs, {h: size for h, (_, size) in blobs.items()})
         gone = await self.tier.thread(self.tier.remote.upload_blobs, [(h, blobs[h][0]) for h in missing])
+        if time.monotonic() - checked > UPLOAD_LAG_SECONDS:  # ``fleet gc``'s grace assumes no longer: again
+            raise RemoteError(f"blobs took more than {UPLOAD_LAG_SECONDS:.0f} s to upload; checking them again")
+        if blobs and await self.tier.thread(self.tier.remote.sweeping):
+            # a gc deleting blobs may have listed ours as old and unreferenced: check them again after it
+            raise RemoteError("a fleet gc is deleting blobs: names are published after it")
         lacked = set(missing)
         return gone, {h for h in blobs if h not in lacked}
 

@@ -1,0 +1,74 @@
+"""``fleet gc``: a budget for the shared tier, run from anywhere that reaches it (a CronJob, a timer).
+
+The remote settings and secrets are resolved as ``mount`` resolves them
+(``commands._remote_stores``, ``commands._remote_password``): the same
+flags, the same AWS_* variables, the same password file or environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from mithrilfs.cli.client import usage_error
+from mithrilfs.cli.mount_commands import _remote_password, _remote_stores
+from mithrilfs.shared.redis_wire import without_password
+from mithrilfs.units import format_duration_short, format_size
+
+
+def _remote_key(args: argparse.Namespace) -> bytes | None:
+    """The signing key, checked as ``mount`` checks it."""
+    if args.remote_key_file is None:
+        return None
+    try:
+        key = args.remote_key_file.read_bytes().strip()
+    except OSError as e:
+        usage_error(f"cannot read key file {args.remote_key_file}: {e.strerror}")
+    if len(key) < 16:
+        usage_error(f"key file {args.remote_key_file} holds fewer than 16 bytes")
+    return key
+
+
+def _cmd_fleet(args: argparse.Namespace) -> int:
+    from mithrilfs.shared import gc, usage
+    from mithrilfs.shared.connect import RemoteError, RemoteSpec, open_remote
+
+    args.remote_owner = None  # what ``_remote_password`` checks for mount
+    behind, s3 = _remote_stores(args)
+    key = _remote_key(args)
+    if not args.remote_namespace or not all(c.isalnum() or c in "-_." for c in args.remote_namespace):
+        usage_error(f"invalid namespace {args.remote_namespace!r} (letters, digits, - _ .)")
+    least = usage.min_grace()
+    grace = least if args.grace is None else args.grace
+    if grace < least:
+        usage_error(f"--grace must be at least {format_duration_short(least)}: a writer may rely on a blob"
+                    " that long before its name is published (docs/design.md, Fleet gc)")
+    password = _remote_password(args)
+    spec = RemoteSpec(without_password(args.remote), args.remote_namespace, key, password, args.remote_cluster,
+                      behind, s3)
+    store = open_remote(spec)
+    try:
+        report = gc.run(gc.collector_for(store), max_size=args.max_size, max_age=args.max_age, grace=grace,
+                        dry_run=args.dry_run)
+    except RemoteError as e:
+        print(f"mithrilfs: error: fleet gc of {store.url}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps({"url": store.url, "namespace": args.remote_namespace, **report.as_json()}, sort_keys=True))
+        return 0
+    verb = "would delete" if report.dry_run else "deleted"
+    print(f"fleet gc {store.url} (namespace {args.remote_namespace}){' -- dry run' if report.dry_run else ''}")
+    print(f"  names: {verb} {report.deleted_names} in {report.deleted_dirs} directories; {report.names} in "
+          f"{report.dirs} directories left, naming {format_size(report.bytes)}"
+          + (f"; {report.relinked} directories re-linked" if report.relinked else ""))
+    print(f"  blobs: {verb} {report.deleted_blobs} ({format_size(report.freed_bytes)})"
+          + ("" if report.dry_run else f"; {report.blobs} left, {format_size(report.kept_bytes)} of them unnamed"
+             f" but younger than the grace ({format_duration_short(grace)})"))
+    print(f"  {report.requests} requests in {report.seconds:.1f} s")
+    return 0
+
+
+COMMANDS = {"fleet": _cmd_fleet}

@@ -1,0 +1,226 @@
+"""``fleet gc`` on a bucket (alone, or behind Redis): manifests by compare-and-swap, blobs by age.
+
+A name goes by the same compare-and-swap writers use (``If-Match`` the
+manifest's ETag): only names still holding the value gc listed, so a name
+published meanwhile stays.  Use records are small objects under ``usage/``,
+one per node flush, merged here (and compacted into one when there are
+many).  A blob object is deleted only when unreferenced and last written
+before the grace, checked again (HEAD) just before; and while the sweep
+runs a ``gc-sweep`` object tells writers to hold their names back (a
+writer that re-uploaded an old blob gc listed as deletable checks its blobs
+again after the sweep: ``write_behind``).  S3 has no conditional DELETE
+that SeaweedFS and obstore both offer, hence the marker.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+from mithrilfs.shared import usage
+from mithrilfs.shared.entries import RemoteError
+from mithrilfs.shared.gc import Collector, Container
+from mithrilfs.shared.layered import LayeredStore
+from mithrilfs.shared.redis_gc import RedisCollector
+from mithrilfs.shared.s3_wire import CAS_ATTEMPTS, SWEEP_KEY, S3Store, _component, _obstore
+from mithrilfs.shared.wire import RemoteStore
+
+#: A gc that finds more use-record objects than this merges them into one.
+USAGE_COMPACTED = 64
+#: A use-record object larger than this is never read whole (a node writes a few KiB an hour).
+MAX_USAGE_BYTES = 32 << 20
+
+
+class S3Collector(Collector):
+    def __init__(self, store: RemoteStore, bucket: S3Store | None = None) -> None:
+        super().__init__(store)
+        s3 = bucket if bucket is not None else store
+        assert isinstance(s3, S3Store)
+        self.s3: S3Store = s3
+        self._usage_keys: list[str] = []
+        self._usage: dict[str, float] = {}
+        self._swept_at = 0.0
+        #: Manifests read by this collector: directory -> (ETag, entries).
+        self._manifests: dict[str, tuple[str, dict[bytes, bytes]]] = {}
+
+    def _list(self, prefix: str) -> list[dict[str, Any]]:
+        out = []
+        for batch in _obstore().list(self.s3.names, prefix=self.s3.base + prefix, chunk_size=1000):
+            self.s3.level.moved()
+            out += batch
+        return out
+
+    # -- names ---------------------------------------------------------------
+    def list_names(self) -> dict[str, dict[bytes, bytes]]:
+        """One LIST of the manifests, then a GET of each whose ETag changed since this collector last read it
+        (a run lists twice: the second costs the LIST and what writers changed meanwhile)."""
+        def get() -> dict[str, dict[bytes, bytes]]:
+            listed: dict[str, str] = {}
+            for meta in self._list("names/"):
+                rest = meta["path"][len(self.s3.base + "names/"):]
+                if not rest.endswith("#"):
+                    continue
+                parts = [p for p in rest[:-1].split("/") if p]
+                try:
+                    names = [_component(p) for p in parts if p.startswith("~")]
+                except UnicodeError:
+                    continue
+                if len(names) == len(parts):
+                    listed["/".join(names)] = meta.get("e_tag") or ""
+            todo = [d for d, etag in listed.items() if not etag or self._manifests.get(d, ("", {}))[0] != etag]
+            for d, (raw, etag) in zip(todo, self.s3._parallel(self.s3._read_manifest, todo)):
+                self._manifests[d] = (etag or "", raw)
+            return {d: self._manifests[d][1] for d in listed if self._manifests[d][1]}
+
+        return self.s3._call(get)
+
+    def names_of(self, dir_path: str) -> dict[bytes, bytes]:
+        return self.s3._call(lambda: self.s3._read_manifest(dir_path)[0])
+
+    def is_empty(self, dir_path: str) -> bool:
+        return not self.names_of(dir_path)
+
+    def _cas(self, dir_path: str, change: Any) -> int:
+        """Read, change (returns how many names it changed), put ``If-Match``; again on a 412."""
+        def go() -> int:
+            for _ in range(CAS_ATTEMPTS):
+                raw, etag = self.s3._read_manifest(dir_path)
+                n = change(raw)
+                if not n or self.s3._write_manifest(dir_path, raw, etag):
+                    return n
+                time.sleep(0.05)
+            raise RemoteError(f"directory {dir_path!r}: writers kept changing it")
+
+        return self.s3._call(go)
+
+    def remove_names(self, dir_path: str, raw: dict[bytes, bytes]) -> int:
+        def change(cur: dict[bytes, bytes]) -> int:
+            gone = [n for n, v in raw.items() if cur.get(n) == v]
+            for n in gone:
+                del cur[n]
+            return len(gone)
+
+        return self._cas(dir_path, change)
+
+    def remove_entry_if(self, dir_path: str, name: bytes, raw: bytes) -> bool:
+        return self.remove_names(dir_path, {name: raw}) == 1
+
+    def put_back(self, dir_path: str, name: bytes, raw: bytes) -> None:
+        def change(cur: dict[bytes, bytes]) -> int:
+            if name in cur:
+                return 0
+            cur[name] = raw
+            return 1
+
+        self._cas(dir_path, change)
+
+    # -- use records ------------------------------------------------------------
+    def use_times(self) -> dict[str, float]:
+        def get() -> dict[str, float]:
+            keys = [m["path"][len(self.s3.base):] for m in self._list("usage/")]
+            merged: dict[str, float] = {}
+            for chunk in self.s3._parallel(self._read_usage, keys):
+                for d, t in chunk.items():
+                    merged[d] = max(t, merged.get(d, 0.0))
+            self._usage_keys, self._usage = keys, merged
+            return merged
+
+        return self.s3._call(get)
+
+    def _read_usage(self, key: str) -> dict[str, float]:
+        got = self.s3._get(self.s3.names, key, MAX_USAGE_BYTES)
+        try:
+            d = json.loads(got[0]) if got is not None and got[0] is not None else {}
+        except (ValueError, RecursionError):
+            return {}
+        if not isinstance(d, dict):
+            return {}
+        return {k: float(v) for k, v in d.items() if isinstance(k, str) and type(v) in (int, float)}
+
+    def adopt(self, dirs: list[str], when: float) -> None:
+        self.s3.record_use(dict.fromkeys(dirs, when))
+
+    def forget_use(self, dirs: list[str]) -> None:
+        """Drop deleted directories' records; many record objects are merged into one (newer ones stay)."""
+        if not dirs and len(self._usage_keys) <= USAGE_COMPACTED:
+            return
+        keep = {d: t for d, t in self._usage.items() if d not in set(dirs)}
+
+        def compact() -> None:
+            data = json.dumps(keep, sort_keys=True).encode(errors="surrogateescape")
+            self.s3._put(self.s3.names, f"usage/{time.time_ns():020d}-{secrets.token_hex(6)}", data, "create",
+                         len(data))
+            self.s3._parallel(lambda key: _obstore().delete(self.s3.names, self.s3.base + key), self._usage_keys)
+            self.s3.level.moved(requests=len(self._usage_keys))
+
+        self.s3._call(compact)
+
+    # -- blobs -------------------------------------------------------------------
+    def containers(self, *, adopt: bool = True) -> list[Container]:
+        def get() -> list[Container]:
+            out = []
+            for meta in self._list("blobs/"):
+                h = meta["path"].rpartition("/")[2]
+                if len(h) == 64:
+                    out.append(Container(h, (h,), int(meta["size"]), meta["last_modified"].timestamp()))
+            return out
+
+        return self.s3._call(get)
+
+    def delete_container(self, c: Container, older_than: float) -> int | None:
+        key = self.s3.base + self.s3.blobs._blob_key(c.id)
+        if time.monotonic() - self._swept_at > usage.GC_RUN_SECONDS / 2:
+            self.begin_sweep()  # renewed: writers ignore a marker older than GC_RUN_SECONDS (a dead gc's)
+
+        def delete() -> int | None:
+            meta = self.s3._unless_absent(lambda: _obstore().head(self.s3.quick, key))
+            if meta is None or meta["last_modified"].timestamp() >= older_than:
+                return None  # gone already, or written again since it was listed
+            _obstore().delete(self.s3.quick, key)
+            self.s3.level.moved()
+            return int(meta["size"])
+
+        return self.s3._call(delete)
+
+    def begin_sweep(self) -> None:
+        self.s3._call(lambda: self.s3._put(self.s3.names, SWEEP_KEY, b"gc", "overwrite", 2))
+        self._swept_at = time.monotonic()
+
+    def end_sweep(self) -> None:
+        def delete() -> None:
+            _obstore().delete(self.s3.names, self.s3.base + SWEEP_KEY)
+            self.s3.level.moved()
+
+        self.s3._call(delete)
+
+    def write_summary(self, data: bytes) -> None:
+        self.s3._call(lambda: self.s3._put(self.s3.names, "gc", data, "overwrite", len(data)))
+
+
+class LayeredCollector(S3Collector):
+    """The bucket is collected; a directory whose names went is dropped from Redis too (read from the
+    bucket again at its next listing), and Redis's blobs expire on their own (``layered.HOT_TTL``)."""
+
+    def __init__(self, store: LayeredStore) -> None:
+        assert isinstance(store.back, S3Store)
+        super().__init__(store, store.back)
+        self.front = RedisCollector(store.front)
+
+    def remove_names(self, dir_path: str, raw: dict[bytes, bytes]) -> int:
+        n = super().remove_names(dir_path, raw)
+        self.front.remove_names(dir_path, raw)
+        self.front.r.unmark_complete([dir_path])
+        return n
+
+    def remove_entry_if(self, dir_path: str, name: bytes, raw: bytes) -> bool:
+        gone = super().remove_entry_if(dir_path, name, raw)
+        if gone:
+            self.front.remove_names(dir_path, {name: raw})
+            self.front.r.unmark_complete([dir_path])
+        return gone
+
+    def put_back(self, dir_path: str, name: bytes, raw: bytes) -> None:
+        super().put_back(dir_path, name, raw)
+        self.front.r.unmark_complete([dir_path])
