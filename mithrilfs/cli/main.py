@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from mithrilfs.cli import commands, jit_commands
+from mithrilfs.cli import commands, forget_command, jit_commands
 from mithrilfs.cli.parser import build_parser
 from mithrilfs.daemon import lifecycle as daemon
 from mithrilfs.errors import UsageError
@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("fsck", "import", "config", "export"):
         os.umask(0o077)  # files they add to a store are private, like the daemon's; an archive too
     try:
-        return {**commands.COMMANDS, **jit_commands.COMMANDS}[args.command](args)
+        return {**commands.COMMANDS, **jit_commands.COMMANDS, **forget_command.COMMANDS}[args.command](args)
     except UsageError as e:
         print(f"mithrilfs: error: {e}", file=sys.stderr)
         return 2
