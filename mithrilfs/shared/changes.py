@@ -39,7 +39,7 @@ import trio
 from mithrilfs.shared.entries import _NODE_RE, MAX_VERSION, RemoteEntry, RemoteError
 from mithrilfs.shared.feed_wire import MAX_RECORD_BYTES, FeedWire
 from mithrilfs.shared.write_behind import version_of
-from mithrilfs.store.namespace import ROOT_INODE, valid_name
+from mithrilfs.store.namespace import ROOT_INODE, join_path, valid_name
 
 if TYPE_CHECKING:  # the tier this part belongs to
     from mithrilfs.shared.remote_tier import RemoteTier
@@ -222,7 +222,10 @@ class Changes:
             return 0
         tomb = RemoteEntry("x", version, node)
         if tree:
-            removed = await self._remove_tree(parent, parts[-1], ino, tomb)
+            gone: list[tuple[str, bool]] = []
+            removed = await self._remove_tree(parent, parts[-1], ino, tomb, path, gone)
+            if node != self.tier.node:
+                await self._tombstone_here_too(gone, tomb)
         else:
             before = ns.lookup(parent, parts[-1])
             await self.tier._reconcile(parent, parts[-1], ino, tomb, path)
@@ -230,23 +233,62 @@ class Changes:
         self._count("remote_changes_applied", removed)
         return removed
 
-    async def _remove_tree(self, parent: int, name: bytes, ino_id: int, tomb: RemoteEntry) -> int:
+    async def _remove_tree(self, parent: int, name: bytes, ino_id: int, tomb: RemoteEntry, path: str,
+                           gone: list[tuple[str, bool]]) -> int:
         """Tombstone semantics over a whole tree: every name older than *tomb* goes (deepest first), a
-        directory once nothing newer is left in it; the kernel is told of each."""
+        directory once nothing newer is left in it; the kernel is told of each.  *gone* gets their paths,
+        and whether each was queued for upload (or being sent)."""
         ino = self.tier.ns.get(ino_id)
         if ino is None or self.tier.lifetimes.is_written(ino_id):
             return 0  # a write in progress wins when it commits
         removed = 0
         if ino.is_dir:
             for child_name, child in self.tier.ns.children(ino_id):
-                removed += await self._remove_tree(ino_id, child_name, child, tomb)
+                removed += await self._remove_tree(ino_id, child_name, child, tomb, join_path(path, child_name),
+                                                   gone)
             await trio.lowlevel.checkpoint()
             if self.tier.ns.has_children(ino_id):
                 return removed  # it holds names newer than the deletion: kept
         elif not tomb.newer_than(version_of(ino), self.tier.origin.get(ino_id, self.tier.node)):
             return removed  # written here after the deletion: ours stands
+        queued = self.tier.queue.holds(ino_id)
         self.tier._replace(parent, name, ino, None)
+        gone.append((path, queued))
         return removed + 1
+
+    async def _tombstone_here_too(self, gone: list[tuple[str, bool]], tomb: RemoteEntry) -> None:
+        """Names a purge took from this node that the purging node may not have seen get its tombstone too.
+
+        The purging node tombstoned every name it could see; a name only
+        this node held (written while it could not reach the tier) may reach
+        the tier before or after this node reads the purge, and must lose to
+        it either way.  So the purge's own tombstone (same version and node:
+        every node writing it agrees) is published here for each name that
+        was queued or being sent, and for each the tier holds alive at an
+        older version (one listing of their directories); names the purge
+        already covered cost no write.  When the tier does not answer, the
+        tombstones wait in the queue like a user's unlinks.
+        """
+        if not gone:
+            return
+        try:
+            dirs = sorted({p.rpartition("/")[0] for p, _ in gone})
+            listed = await self.tier.thread(self.tier.remote.list_dirs, dirs)
+            todo = []
+            for path, queued in gone:
+                d, _, name = path.rpartition("/")
+                held = listed.get(d, {}).get(name.encode(errors="surrogateescape"))
+                if queued or (held is not None and not held.is_tombstone
+                              and tomb.newer_than(held.version, held.node)):
+                    todo.append((path, tomb))
+            if todo:
+                await self.tier.thread(self.tier.remote.publish_entries, todo)
+        except RemoteError:
+            with self.tier.ns.txn():
+                for path, _ in gone:
+                    self.tier.queue.add_tombstone(path, tomb.version)
+                    self.tier.pending_tombstones[path] = tomb.version
+            self.tier._wake.set()
 
     async def resync_all(self) -> None:
         """The feed dropped records this node never read: reconcile every directory it holds with the tier."""

@@ -236,3 +236,28 @@ def test_forget_errors_are_one_line(mount_factory: MountFactory, redis_server: R
     res = run_cli("forget", "--fleet", str(shared.mountpoint), "x")
     assert res.returncode == 1 and "nothing was forgotten" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_an_upload_queued_before_the_purge_never_brings_the_name_back(mount_factory: MountFactory,
+                                                                       redis_server: RedisServer):
+    """B's write is queued while B cannot reach Redis (its ACL user is refused every command); A purges the
+    entry; when B's queue drains, its older version loses to the tombstone and goes from B too."""
+    redis_server.cli("ACL", "SETUSER", "nodeb", "on", ">secret-b", "~*", "+@all")
+    remote_b = redis_server.url.replace("redis://", "redis://nodeb:secret-b@")
+    a = mount_factory("a", "--remote", redis_server.url, "--min-age", "0")
+    b = mount_factory("b", "--remote", remote_b, "--min-age", "0")
+    _entry(a.mountpoint)
+    wait_uploaded(a)
+    assert (b.mountpoint / "kern" / "k0.so").read_bytes() == b"poisoned kernel 0"
+    redis_server.cli("ACL", "SETUSER", "nodeb", "-@all")  # B's connections stay, each command is refused
+    write_committed(b.mountpoint / "kern" / "from-b.so", b"written on B before the purge")
+    wait_for(lambda: b.stats()["remote_errors"] > 0, 20, "B's uploads to fail")
+    assert b.stats()["upload_queue"] > 0
+    run_cli("forget", "--fleet", str(a.mountpoint), "kern", check=True)
+    redis_server.cli("ACL", "SETUSER", "nodeb", "+@all")
+    wait_for(lambda: b.stats()["upload_queue"] == 0, 60, "B's queue to drain")
+    wait_for(lambda: not (b.mountpoint / "kern" / "from-b.so").exists(), 30, "B to drop its own older write")
+    raw = redis_server.cli("HGET", "mfs:default:d:kern", "from-b.so").stdout.strip()
+    assert json.loads(raw)["t"] == "x", raw  # the tombstone won in the tier
+    c = mount_factory("c", "--remote", redis_server.url, "--min-age", "0")
+    assert not (c.mountpoint / "kern").exists() and not (c.mountpoint / "kern" / "from-b.so").exists()
