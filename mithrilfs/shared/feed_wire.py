@@ -14,7 +14,7 @@ of its directory.  Each store carries it by its own means:
   written once (``If-None-Match: *``) and read by one LIST every
   ``S3_PERIOD`` seconds starting after the last key seen (less a window for
   writers' clocks and slow puts); announcers delete objects older than
-  ``S3_KEEP``.
+  ``S3_KEEP_SECONDS`` (one LIST, at most hourly).
 - Redis in front of a bucket: appended to both (a node with the bucket alone
   reads the journal), followed in Redis (cheap).
 
@@ -45,6 +45,8 @@ REDIS_PERIOD = 2.0
 S3_PERIOD = 3.0
 #: A journal object is kept this long; a node unmounted longer reconciles everything it holds at its mount.
 S3_KEEP_SECONDS = 7 * 24 * 3600
+#: An announcer deletes old journal objects at most this often.
+S3_PRUNE_SECONDS = 3600.0
 #: A bucket reader looks this far behind its cursor (writers' clocks, puts still in flight).
 S3_WINDOW_NS = 30 * 10**9
 #: A journal key dated further than this in the future is refused (it would hold the cursor ahead).
@@ -156,6 +158,8 @@ class S3Feed(FeedWire):
         self.prefix = "changes/"
         #: Keys read within the window behind the cursor: not read twice.
         self._seen: set[str] = set()
+        #: When this process last deleted old journal objects (at most once per ``S3_PRUNE_SECONDS``).
+        self._pruned_at = 0.0
 
     def head(self) -> str:
         return f"{time.time_ns():020d}"
@@ -202,7 +206,9 @@ class S3Feed(FeedWire):
     def append(self, raw: bytes) -> None:
         key = f"{self.prefix}{time.time_ns():020d}-{secrets.token_hex(8)}"
         self.store._call(lambda: self.store._put(self.store.names, key, raw, "create", len(raw)))
-        self.store._call(self._prune)
+        if time.monotonic() - self._pruned_at > S3_PRUNE_SECONDS or not self._pruned_at:
+            self._pruned_at = time.monotonic()
+            self.store._call(self._prune)
 
     def _prune(self) -> None:
         """Delete journal objects older than ``S3_KEEP_SECONDS`` (at most one page per announcement)."""
