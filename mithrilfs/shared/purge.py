@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from mithrilfs.shared.changes import Change, now_version, path_parts
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
+from mithrilfs.shared.wire import RemoteStore
 from mithrilfs.store.namespace import ROOT_INODE, join_path
 
 if TYPE_CHECKING:
@@ -42,10 +43,46 @@ def _under(path: str, d: str) -> bool:
     return d == path or d.startswith(path + "/")
 
 
+def dirs_under(remote: RemoteStore, paths: list[str]) -> set[str]:
+    """The tier's directories at or under *paths*: a bucket lists only the manifests under each (a purge of
+    one entry must not list a whole fleet's names); other stores filter ``all_dirs``."""
+    from mithrilfs.shared.layered import LayeredStore
+    from mithrilfs.shared.s3_wire import S3Store, _component, _obstore
+
+    if isinstance(remote, LayeredStore):
+        found = dirs_under(remote.back, paths)
+        try:
+            found |= dirs_under(remote.front, paths)
+        except RemoteError:
+            pass
+        return found
+    if not isinstance(remote, S3Store):
+        return {d for d in remote.all_dirs() if any(_under(p, d) for p in paths)}
+    s3 = remote
+
+    def scan(path: str) -> set[str]:
+        prefix = s3.base + s3._manifest_key(path)[:-1]  # "names/~a/~b/": the manifest "#" and those below
+        out = set()
+        for batch in _obstore().list(s3.names, prefix=prefix, chunk_size=1000):
+            s3.level.moved()
+            for meta in batch:
+                rest = meta["path"][len(prefix):]
+                parts = [q for q in rest[:-1].split("/") if q] if rest.endswith("#") else None
+                if parts is None or not all(q.startswith("~") for q in parts):
+                    continue
+                try:
+                    out.add("/".join([path, *(_component(q) for q in parts)]))
+                except UnicodeError:
+                    continue
+        return out
+
+    return set().union(*s3._call(lambda: [scan(p) for p in paths]))
+
+
 def remote_names(tier: RemoteTier, paths: list[str]) -> set[str]:
     """Every live name at or under *paths* in the tier (blocking: run in a thread)."""
     remote = tier.remote
-    dirs = [d for d in remote.all_dirs() if any(_under(p, d) for p in paths)]
+    dirs = dirs_under(remote, paths)
     parents = sorted({p.rpartition("/")[0] for p in paths})
     listed = remote.list_dirs(sorted(set(dirs) | set(parents)))
     found: set[str] = set()
