@@ -261,3 +261,31 @@ def test_an_upload_queued_before_the_purge_never_brings_the_name_back(mount_fact
     assert json.loads(raw)["t"] == "x", raw  # the tombstone won in the tier
     c = mount_factory("c", "--remote", redis_server.url, "--min-age", "0")
     assert not (c.mountpoint / "kern").exists() and not (c.mountpoint / "kern" / "from-b.so").exists()
+
+
+def test_forget_fleet_with_redis_in_front_of_a_bucket(mount_factory: MountFactory, redis_server: RedisServer,
+                                                      shared_seaweedfs: SeaweedFS):
+    """Redis in front of a bucket: the record goes to both, nodes follow Redis; a node on the bucket alone
+    (sharing its names) reads the journal."""
+    shared_seaweedfs.create_bucket("layered-forget")
+    env = shared_seaweedfs.env()
+    both = ("--remote", redis_server.url, "--remote", "s3://layered-forget/cache", "--min-age", "0")
+    a = mount_factory("a", *both, env=env)
+    b = mount_factory("b", *both, env=env)
+    s3_only = mount_factory("s", "--remote", "s3://layered-forget/cache", "--min-age", "0", env=env)
+    _entry(a.mountpoint)
+    wait_uploaded(a)
+    loops = []
+    for m in (b, s3_only):
+        assert (m.mountpoint / "kern" / "k0.so").read_bytes() == b"poisoned kernel 0"
+        loops.append(OpenLoop(m.mountpoint / "kern" / "k0.so"))
+    try:
+        start = time.monotonic()
+        run_cli("forget", "--fleet", str(a.mountpoint), "kern", check=True)
+        for loop in loops:
+            assert loop.gone_within(start) < BOUND
+    finally:
+        for loop in loops:
+            loop.stop()
+    c = mount_factory("c", *both, env=env)
+    assert not (c.mountpoint / "kern").exists()
