@@ -60,7 +60,8 @@ class Tier:
             redis.Redis.from_url(self.redis.url).xadd("mfs:default:changes", {"r": raw})
         else:
             assert self.weed is not None
-            name = key or f"{time.time_ns():020d}-planted{time.monotonic_ns() % 100000}"
+            now = time.time_ns()
+            name = key or f"{now // 10**12:08d}/{now:020d}-planted{time.monotonic_ns() % 100000}"
             obstore.put(self.weed.client(self.bucket), f"cache/default/changes/{name}", raw)
 
 
@@ -201,8 +202,10 @@ def test_hostile_feed_records_are_refused_and_counted(mount_factory: MountFactor
     for raw in hostile:
         tier.plant(raw)
     if tier.weed is not None:  # keys that cannot be journal records
-        tier.plant(record([["victim.so", version, 0]]), key="not-a-record")
-        tier.plant(record([["victim.so", version, 0]]), key=f"{time.time_ns() + 10**13:020d}-from-the-future")
+        now = time.time_ns()
+        tier.plant(record([["victim.so", version, 0]]), key=f"{now // 10**12:08d}/{now:020d}-not a record")
+        ahead = now + 7200 * 10**9  # in the current bucket, dated two hours ahead
+        tier.plant(record([["victim.so", version, 0]]), key=f"{now // 10**12:08d}/{ahead:020d}-from-the-future")
     # a good one after them: the follower went on (it drops the name here; with no tombstone in the tier,
     # a record alone deletes nothing for good: the name comes back at its next lookup)
     tier.plant(record([["k.so", version, 0]]))
