@@ -84,14 +84,17 @@ def purge_reach(root: Path, args: list[str], env: dict[str, str], purges: int) -
                 with open(d / name, "wb") as f:
                     f.write(os.urandom(2048))
                     os.fsync(f.fileno())
-        wait(lambda: stats(a)["upload_queue"] == 0, 120, "A's uploads")
+        wait(lambda: stats(a)["upload_queue"] == 0 and stats(a)["remote_uploaded_entries"] >= 3 * purges, 120,
+             "A's uploads")
         reach, command = [], []
         for i in range(purges):
             loops = []
             for n in "bc":
                 p = subprocess.Popen([sys.executable, "-c", OPEN_LOOP, str(nodes[n][0] / f"entry{i}" / "k.so")],
                                      stdout=subprocess.PIPE, text=True)
-                assert p.stdout is not None and p.stdout.readline().strip() == "open"
+                assert p.stdout is not None
+                if p.stdout.readline().strip() != "open":
+                    raise RuntimeError(f"node {n} could not open entry{i}/k.so")
                 loops.append(p)
             start = time.monotonic()
             subprocess.run([*CLI, "forget", "--fleet", str(a), f"entry{i}"], check=True, capture_output=True)
