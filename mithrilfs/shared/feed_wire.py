@@ -141,8 +141,6 @@ class RedisFeed(FeedWire):
 
     def _missed(self, cursor: str) -> bool:
         """Whether the stream dropped records after *cursor* (trimmed while this node was away)."""
-        if cursor == "0-0":
-            return False
         import redis
 
         def info() -> Any:
@@ -152,9 +150,22 @@ class RedisFeed(FeedWire):
                 return None
 
         got = self.store._call(info)
-        deleted = (got or {}).get("max-deleted-entry-id", b"0-0")
-        deleted = deleted.decode() if isinstance(deleted, bytes) else str(deleted)
-        return _stream_id(deleted) > _stream_id(cursor)
+        if not got:
+            return False
+
+        def as_id(value: Any) -> tuple[int, int]:
+            return _stream_id(value.decode() if isinstance(value, bytes) else str(value))
+
+        after = _stream_id(cursor)
+        if as_id(got.get("max-deleted-entry-id", b"0-0")) > after:  # XDEL past the cursor
+            return True
+        # trimming (MAXLEN) takes the oldest records and, measured on Redis 7.0, does not move
+        # max-deleted-entry-id: records went when fewer remain than were added, and what remains starts
+        # after the cursor (or nothing remains and the last one made is after it)
+        removed = int(got.get("entries-added", 0) or 0) - int(got.get("length", 0) or 0)
+        first = got.get("first-entry")
+        oldest = as_id(first[0]) if first else as_id(got.get("last-generated-id", b"0-0"))
+        return removed > 0 and oldest > after
 
     def append(self, raw: bytes) -> None:
         self.store._call(lambda: self.store.client.xadd(self.key, {"r": raw}, maxlen=FEED_MAXLEN, approximate=True))

@@ -292,3 +292,23 @@ def test_forget_fleet_with_redis_in_front_of_a_bucket(mount_factory: MountFactor
             loop.stop()
     c = mount_factory("c", *both, env=env)
     assert not (c.mountpoint / "kern").exists()
+
+
+def test_a_node_whose_records_were_trimmed_away_reconciles_everything_it_holds(mount_factory: MountFactory,
+                                                                                redis_server: RedisServer):
+    """B was away while the purge's record was trimmed from the stream (MAXLEN): at its mount it cannot
+    know what it missed, so it reconciles every directory it holds with the tier."""
+    a = mount_factory("a", "--remote", redis_server.url, "--min-age", "0")
+    b = mount_factory("b", "--remote", redis_server.url, "--min-age", "0")
+    _entry(a.mountpoint)
+    wait_uploaded(a)
+    assert (b.mountpoint / "kern" / "sub" / "k2.so").read_bytes() == b"poisoned kernel 2"
+    b.umount()
+    run_cli("forget", "--fleet", str(a.mountpoint), "kern", check=True)
+    redis_server.cli("XTRIM", "mfs:default:changes", "MAXLEN", "0")
+    b.mount()
+    start = time.monotonic()
+    wait_for(lambda: not (b.mountpoint / "kern" / "sub" / "k2.so").exists(), 30, "B to drop the purged names")
+    assert time.monotonic() - start < BOUND
+    assert b.stats()["remote_feed_resyncs"] == 1
+    assert (b.mountpoint / "keep.so").read_bytes() == b"keep"
