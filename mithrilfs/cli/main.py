@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from mithrilfs.cli import (
     cache_commands,
     fleet_commands,
+    forget_command,
     jit_commands,
     mount_commands,
     store_commands,
@@ -37,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         commands = {**mount_commands.COMMANDS, **cache_commands.COMMANDS, **store_commands.COMMANDS,
                     **tier_commands.COMMANDS, **store_settings.COMMANDS, **jit_commands.COMMANDS,
-                    **fleet_commands.COMMANDS}
+                    **fleet_commands.COMMANDS, **forget_command.COMMANDS}
         return commands[args.command](args)
     except UsageError as e:
         print(f"mithrilfs: error: {e}", file=sys.stderr)

@@ -219,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the startup set to fetch (default 'default')")
     which.add_argument("--all", action="store_true", help="fetch the whole shared namespace (within the budget)")
 
+    fg = sub.add_parser("forget", help="remove names (a cache entry: a directory and everything under it) from"
+                                       " every node of the fleet")
+    fg.add_argument("--fleet", action="store_true", help="from every node sharing the tier (required)")
+    fg.add_argument("mountpoint", type=Path)
+    fg.add_argument("paths", nargs="+", metavar="PATH", help="inside the mount: absolute, or relative to it")
+
     s = sub.add_parser("stats", help="hits, misses, bytes, dedup and latency of a mount")
     s.add_argument("mountpoint", type=Path)
     s.add_argument("--json", action="store_true", help="print the JSON document")

@@ -1,5 +1,5 @@
 """The commands of the control directory: what ``gc``, ``clear``, ``stats --zero``, ``config``,
-``push``, ``prefetch`` and ``run`` ask a live mount to do.
+``push``, ``prefetch``, ``forget --fleet`` and ``run`` ask a live mount to do.
 
 Each is a file of ``MOUNT/.mithrilfs/`` (``files``): what is written runs
 the command, its JSON answer is what the file reads back.  Commands change
@@ -54,7 +54,7 @@ class Commands:
         commands = [(b"gc", self.gc), (b"commit", self.commit), (b"clear", self.clear), (b"zero", self.zero),
                     (b"usage", self.usage_command), (b"settings", self.apply_settings)]
         if self.tier.shared:  # without a tier the files are absent: the CLI says "mounted without --remote"
-            commands += [(b"push", self.push), (b"prefetch", self.prefetch)]
+            commands += [(b"push", self.push), (b"prefetch", self.prefetch), (b"forget", self.forget)]
         for name, run in commands:
             control.add_command(name, run)
         control.add_json_async(b"usage.json", self.usage)
@@ -134,6 +134,16 @@ class Commands:
     async def push(self, request: bytes) -> bytes:
         """``push``: queue every file for upload; the CLI follows ``upload_queue`` in stats."""
         return answer(await self.tier.push())
+
+    async def forget(self, request: bytes) -> bytes:
+        """``forget --fleet``: a JSON list of paths (from the mount's root) to remove from every node."""
+        try:
+            paths = json.loads(request.decode(errors="surrogateescape"))
+        except (ValueError, RecursionError):
+            paths = None
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            return answer({"error": "the request is not a JSON list of paths"})
+        return answer(await self.tier.forget_fleet(paths))
 
     async def prefetch(self, request: bytes) -> bytes:
         """``prefetch``: ``set=NAME`` or ``all`` starts a prefetch; ``stats`` shows its progress."""

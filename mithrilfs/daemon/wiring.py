@@ -34,6 +34,7 @@ from mithrilfs.kernel import AfterReply, RequestTimes
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import KeptCounters
 from mithrilfs.observe.tops import TopDirs
+from mithrilfs.shared.feed_wire import open_feed
 from mithrilfs.shared.remote_tier import RemoteTier
 from mithrilfs.shared.tier import NullTier, Tier
 from mithrilfs.shared.wire import RemoteStore
@@ -98,7 +99,8 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
         tier = RemoteTier(ns, blobs, paths, events, lifetimes, tier_options.remote, policy, writes.physical,
                          recompiles, owner=tier_options.owner, requeue=after_crash,
                          startup_set=tier_options.startup_set, prefetch_at_start=tier_options.prefetch,
-                         prefetch_background=tier_options.prefetch_background)
+                         prefetch_background=tier_options.prefetch_background,
+                         feed=open_feed(tier_options.remote))
     budget = Budget(store, policy, writes, lifetimes, recency, stats, events, tops, evicted=tier)
     commit_listeners += [tier, budget, recompiles]
     integrity = Integrity(store, lifetimes, budget, tier, stats, events, tops, limiter, ReadAhead(blobs, stats))

@@ -39,13 +39,16 @@ from mithrilfs.cache.lifetime import Lifetimes, Removed
 from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.bounded import in_thread, within_bound
+from mithrilfs.shared.changes import Changes
 from mithrilfs.shared.entries import MAX_DIR_NAMES, RemoteEntry, RemoteError
 from mithrilfs.shared.fleet_state import FleetState
 from mithrilfs.shared.in_flight import InFlight
+from mithrilfs.shared.feed_wire import FeedWire, NullFeed
 from mithrilfs.shared.local_disk import LocalWriteError, StoreFile
 from mithrilfs.shared.prefetch import Prefetcher
 from mithrilfs.shared.startup_order import StartupOrder
 from mithrilfs.shared.startup_recorder import StartupRecorder
+from mithrilfs.shared.purge import forget_fleet
 from mithrilfs.shared.tier import Tier
 from mithrilfs.shared.wire import RemoteStore
 from mithrilfs.shared.write_behind import WriteBehind, version_of
@@ -89,7 +92,8 @@ class RemoteTier(Tier):
     def __init__(self, ns: Namespace, blobs: Blobs, paths: DirPaths, events: EventLog, lifetimes: Lifetimes,
                  remote: RemoteStore, policy: EvictionPolicy, physical: Callable[[], int], recompiles: Recompiles, *,
                  owner: tuple[int, int] | None = None, requeue: bool = False, startup_set: str = "default",
-                 prefetch_at_start: str | None = None, prefetch_background: bool = False) -> None:
+                 prefetch_at_start: str | None = None, prefetch_background: bool = False,
+                 feed: tuple[FeedWire, bytes | None] | None = None) -> None:
         self.ns = ns
         self.queue = TierQueue(ns)
         self.blobs = blobs
@@ -132,6 +136,8 @@ class RemoteTier(Tier):
         #: Use records out, the fleet gc's summary in (``fleet_state``).
         self.fleet = FleetState(remote, events)
         self.prefetcher = Prefetcher(self, policy, physical)
+        #: The change feed: this node's deletions told to the fleet, and the fleet's applied here.
+        self.changes = Changes(self, *(feed or (NullFeed(), None)))
         #: The startup set to prefetch as soon as the mount serves (by default, unless ``--no-prefetch``).
         self.prefetch_at_start = prefetch_at_start
         #: Nobody waits for that prefetch (no ``mount --prefetch``): ``status --ready`` does not either.
@@ -577,6 +583,9 @@ class RemoteTier(Tier):
     def tombstone(self, parent: int, name: bytes) -> None:
         self.behind.removing(parent, name)
 
+    async def forget_fleet(self, paths: list[str]) -> dict[str, Any]:
+        return await forget_fleet(self, paths)
+
     async def push(self) -> dict[str, Any]:
         """Queue everything; the tier is asked first, so a dead Redis is an error naming the cause at once."""
         try:
@@ -626,13 +635,14 @@ class RemoteTier(Tier):
                                 "remote_levels": [lv.state() for lv in self.remote.levels()]}
 
     async def run(self) -> None:
-        """The tier's background work: the uploader, and directory syncs nobody waits for."""
+        """The tier's background work: the uploader, the change feed, and directory syncs nobody waits for."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self._running.set()
             if self.prefetch_at_start is not None:
                 nursery.start_soon(functools.partial(self.start_prefetch, self.prefetch_at_start, at_start=True))
             nursery.start_soon(self.behind.uploader)
+            nursery.start_soon(self.changes.follow)
 
     async def thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)

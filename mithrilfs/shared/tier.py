@@ -15,7 +15,7 @@ What a tier is asked, and when:
 - ``fetch`` a blob the index names but the store lacks (first read);
 - ``publish`` a name that now points at new content (a commit, a rename:
   ``committed`` is the write path's hook), ``tombstone`` a name a user
-  removes (evictions never do);
+  removes (evictions never do); ``forget_fleet`` names on every node;
 - ``record_read`` the first read of a file (startup sets);
 - ``push``, ``start_prefetch`` (the control commands), ``snapshot`` (stats),
   ``run`` (background work) and ``unmounting``.
@@ -78,6 +78,10 @@ class Tier(ABC):
         """A user removes *name*: if it was published, queue its deletion for every node."""
 
     @abstractmethod
+    async def forget_fleet(self, paths: list[str]) -> dict[str, Any]:
+        """``forget --fleet``: remove *paths* (and what is under them) from every node (``shared.purge``)."""
+
+    @abstractmethod
     def record_read(self, ino: int) -> None:
         """The first read of a file in this mount (what the workload needs first)."""
 
@@ -124,6 +128,9 @@ class NullTier(Tier):
 
     def tombstone(self, parent: int, name: bytes) -> None:
         pass
+
+    async def forget_fleet(self, paths: list[str]) -> dict[str, Any]:
+        return {"error": WITHOUT_REMOTE, "no_tier": True}
 
     def record_read(self, ino: int) -> None:
         pass

@@ -200,6 +200,7 @@ class WriteBehind:
         for path, _ in tombs:
             self.tier.pending_tombstones.pop(path, None)
         self.tier.counters["remote_tombstones"] += len(tombs)
+        await self.tier.changes.announce_sent(tombs)  # every mounted node drops them within seconds
         for (path, ours), (written, other), name_key in zip(items, results, names):
             if other is None or ours.type == "d":
                 continue

@@ -26,6 +26,10 @@ class TierQueue:
             "INSERT OR REPLACE INTO upload_queue (inode, queued_ns) SELECT id, ? FROM inodes"
             " WHERE nlink > 0 AND ((mode & 61440) = 32768 OR (mode & 61440) = 40960)", (queued_ns,)).rowcount
 
+    def holds(self, inode: int) -> bool:
+        """Whether *inode* waits to be published (or is being sent: a row goes once its batch is sent)."""
+        return self.ns.db.execute("SELECT 1 FROM upload_queue WHERE inode = ?", (inode,)).fetchone() is not None
+
     def due(self, before_ns: int, limit: int) -> list[tuple[int, int]]:
         """(inode, queued_ns) queued at or before *before_ns*, oldest first."""
         return self.ns.db.execute(

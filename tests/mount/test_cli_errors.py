@@ -38,7 +38,7 @@ def test_commands_on_a_mount_whose_daemon_was_killed(mount_factory: MountFactory
     os.kill(m.pid, signal.SIGKILL)
     for args in (["stats", str(m.mountpoint)], ["gc", str(m.mountpoint)], ["push", str(m.mountpoint)],
                  ["env", str(m.mountpoint)], ["export", str(m.mountpoint), str(tmp_path / "x.tar")],
-                 ["prefetch", str(m.mountpoint)]):
+                 ["prefetch", str(m.mountpoint)], ["forget", "--fleet", str(m.mountpoint), "x"]):
         res = run_cli(*args, timeout=30)
         one_line_error(res)
         assert "stale mount" in res.stderr or "not a mithrilfs mount" in res.stderr, res.stderr

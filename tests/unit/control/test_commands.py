@@ -208,11 +208,14 @@ def test_settings_applies_stored_config_but_keeps_fixed_settings(store: Store) -
 
 
 def test_push_and_prefetch_without_a_tier_answer_no_tier(mounted: Mounted) -> None:
-    """A mount without --remote has a NullTier: no push or prefetch file, and the tier itself says why."""
+    """A mount without --remote has a NullTier: no push, prefetch or forget file, and the tier itself says why."""
     async def t() -> None:
         files = control(mounted)
         assert files.lookup(b"push") is None and files.lookup(b"prefetch") is None
+        assert files.lookup(b"forget") is None
         assert files.lookup(b"gc") is not None
+        forget = await mounted.tier.forget_fleet(["x"])
+        assert forget["no_tier"] is True and "error" in forget
         push = await mounted.tier.push()
         assert push["no_tier"] is True and "error" in push
         for set_name in (None, "default"):
