@@ -54,6 +54,7 @@ _BIG_CLASSES_ALLOWED = {
 _BIG_MODULES_ALLOWED = {
     "mithrilfs/shared/remote_tier.py",
     "mithrilfs/shared/s3_wire.py",
+    "mithrilfs/shared/redis_wire.py",
 }
 #: Cycles through ``TYPE_CHECKING`` imports (the runtime graph has none): the back references of
 #: the prefetcher and the uploader to RemoteTier, and of the bad-blob report to S3Store.
@@ -61,6 +62,7 @@ _TYPE_CYCLES_ALLOWED = [
     {"mithrilfs.shared.prefetch", "mithrilfs.shared.remote_tier", "mithrilfs.shared.write_behind"},
     {"mithrilfs.shared.s3_wire", "mithrilfs.shared.s3_repair"},
     {"mithrilfs.shared.s3_wire", "mithrilfs.shared.s3_blobs"},
+    {"mithrilfs.shared.changes", "mithrilfs.shared.remote_tier"},
 ]
 
 

@@ -68,17 +68,26 @@ def subcommands() -> frozenset[str]:
 #: ``mithrilfs COMMAND --help`` for each COMMAND of argv, through the console script's own entry point, in one
 #: process (a Python start per command took 20 s on the loaded 2-core machine); its exit status and text as JSON
 HELPS = """
-import contextlib, io, json, sys
+import contextlib, io, json, re, sys
 from mithrilfs.cli.main import main
-out = {}
-for name in sys.argv[1:]:
+
+def help_of(*words):
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         try:
-            code = main([name, "--help"])
+            code = main([*words, "--help"])
         except SystemExit as e:
             code = e.code
-    out[name] = [code, text.getvalue()]
+    return code, text.getvalue()
+
+out = {}
+for name in sys.argv[1:]:
+    code, text = help_of(name)
+    # a command of subcommands (fleet gc) lists them indented under its positional arguments: theirs too
+    for sub in re.findall(r"^    ([a-z][a-z-]*)(?:  |$)", text.split("options:")[0], re.M):
+        sub_code, sub_text = help_of(name, sub)
+        code, text = code or sub_code, text + sub_text
+    out[name] = [code, text]
 print(json.dumps(out))
 """
 

@@ -41,14 +41,14 @@ from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.bounded import in_thread, within_bound
 from mithrilfs.shared.changes import Changes
 from mithrilfs.shared.entries import MAX_DIR_NAMES, RemoteEntry, RemoteError
+from mithrilfs.shared.feed_wire import FeedWire, NullFeed
 from mithrilfs.shared.fleet_state import FleetState
 from mithrilfs.shared.in_flight import InFlight
-from mithrilfs.shared.feed_wire import FeedWire, NullFeed
 from mithrilfs.shared.local_disk import LocalWriteError, StoreFile
 from mithrilfs.shared.prefetch import Prefetcher
+from mithrilfs.shared.purge import forget_fleet
 from mithrilfs.shared.startup_order import StartupOrder
 from mithrilfs.shared.startup_recorder import StartupRecorder
-from mithrilfs.shared.purge import forget_fleet
 from mithrilfs.shared.tier import Tier
 from mithrilfs.shared.wire import RemoteStore
 from mithrilfs.shared.write_behind import WriteBehind, version_of
