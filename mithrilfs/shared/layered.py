@@ -243,6 +243,7 @@ class LayeredStore(RemoteStore):
     # -- startup sets ----------------------------------------------------------
     def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
                              last: bool = False) -> None:
+        items = self.back.with_locations(items)  # both levels' records say where the bucket holds each blob
         self.back.write_startup_record(name, record_id, items, last=last)
         self._to_front(lambda: self.front.write_startup_record(name, record_id, items, last=last))
 
@@ -253,10 +254,13 @@ class LayeredStore(RemoteStore):
         except RemoteError:
             return self.front.startup_records(name)
         try:
-            records += self.front.startup_records(name)
+            front = self.front.startup_records(name)
         except RemoteError:
-            pass
-        return records
+            front = []
+        for r in front:  # Redis's records say where the bucket holds their blobs too
+            self.back.learn("", {name.encode(errors="surrogateescape"): e for name, e in r.items
+                                 if e.pack is not None})
+        return records + front
 
     def note_blob_names(self, names: dict[str, str]) -> None:
         self._to_front(lambda: self.front.note_blob_names(names))

@@ -246,6 +246,9 @@ class Prefetcher:
         blobs = [(node.hash, node.size) for node in batch if node.hash is not None]
         if len(blobs) < len(batch):  # content dropped since it was claimed: fetched at its next read
             return [False] * len(batch)
+        unplaced = self._directories_to_relearn(batch)
+        if unplaced:  # named without where their blobs are (a set recorded by a node that never fetched them)
+            await trio.to_thread.run_sync(self.remote.list_dirs, unplaced, limiter=limiter)
         fetched = await trio.to_thread.run_sync(self._fetch_batch, blobs, limiter=limiter)
         good = [(digest, size, data) for (digest, size), data in zip(blobs, fetched) if data is not None]
         self.blobs.intend([(digest, size) for digest, size, _ in good])
@@ -259,6 +262,19 @@ class Prefetcher:
             if len(new) < len(good):
                 self.blobs.never_came([digest for digest, _, _ in good[len(new):]])
         return [data is not None for data in fetched]
+
+    def _directories_to_relearn(self, batch: list[Inode]) -> list[str]:
+        """The directories of the blobs the store cannot find by their hash alone: a bucket's packs are found
+        from the entries (``s3_packs``), so their manifests are read first (one request each, the batch's
+        files sharing a few directories).  Stores that find blobs by hash: none."""
+        dirs: set[str] = set()
+        for node in batch:
+            if node.hash is not None and not self.remote.knows_where(node.hash.hex()):
+                names = self.ns.names_of(node.id)
+                d = self.shared.paths.of_dir(names[0][0]) if names else None
+                if d is not None:
+                    dirs.add(d)
+        return sorted(dirs)
 
     def _fetch_batch(self, blobs: list[tuple[bytes, int]]) -> list[bytes | None]:
         """In a worker thread: one pipelined GET for the batch, each blob verified (size and blake3)."""

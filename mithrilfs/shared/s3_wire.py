@@ -526,7 +526,7 @@ class S3Store(RemoteStore):
         """One object per mount, written over at each of its (rare) writes: no read, no merge; the last
         also deletes the records past the ``RECORDS_KEPT`` newest (``startup_sets``)."""
         def write() -> None:
-            data = encode_record(self.codec, items)
+            data = encode_record(self.codec, self.with_locations(items))  # a reader fetches from the packs at once
             self._put(self.names, self._set_prefix(name) + record_id, data, "overwrite", len(data))
             if last:
                 old = self._record_keys(name)[RECORDS_KEPT:]
@@ -545,7 +545,10 @@ class S3Store(RemoteStore):
                 got = self._get(self.names, key, MAX_RECORD_BYTES)
                 return None if got is None else decode_record(self.codec, key[len(prefix):], got[0])
 
-            return [r for r in self._parallel(one, keys) if r is not None]
+            records = [r for r in self._parallel(one, keys) if r is not None]
+            for r in records:  # where their blobs are, where the recording node knew (else their manifests say)
+                self.packs.learn(entry for _, entry in r.items if entry.pack is not None)
+            return records
 
         return self._call(read)
 
