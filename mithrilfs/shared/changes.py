@@ -71,6 +71,9 @@ def path_parts(path: Any) -> list[bytes] | None:
     return parts if all(valid_name(p) for p in parts) else None
 
 
+#: Deletions a mount remembers against its startup set's names (a few hundred bytes each).
+PURGED_KEPT = 10_000
+
 class ChangeCodec:
     """Records to and from bytes for one namespace, signed with *key* when there is one."""
 
@@ -127,6 +130,9 @@ class Changes:
         self.tier = tier
         self.wire = wire
         self.codec = ChangeCodec(tier.remote.namespace, key)
+        #: Deletions this mount learned of (path -> the deletion), so a startup set recorded before one
+        #: never brings its names back (``StartupOrder``); the newest ``PURGED_KEPT`` are kept.
+        self.purged: dict[str, RemoteEntry] = {}
         for name in COUNTERS:
             tier.counters.setdefault(name, 0)
 
@@ -210,6 +216,10 @@ class Changes:
         parts = path_parts(path)
         if parts is None:
             return 0
+        self.purged.pop(path, None)
+        self.purged[path] = RemoteEntry("x", version, node)
+        while len(self.purged) > PURGED_KEPT:
+            del self.purged[next(iter(self.purged))]
         ns = self.tier.ns
         parent = ROOT_INODE
         for part in parts[:-1]:
@@ -232,6 +242,15 @@ class Changes:
             removed = int(before is not None and ns.lookup(parent, parts[-1]) is None)
         self._count("remote_changes_applied", removed)
         return removed
+
+    def deleted_since(self, path: str, entry: RemoteEntry) -> bool:
+        """Whether a deletion this mount learned of covers *path* and is newer than *entry*."""
+        parts = path.split("/")
+        for i in range(1, len(parts) + 1):
+            tomb = self.purged.get("/".join(parts[:i]))
+            if tomb is not None and tomb.newer_than(entry.version, entry.node):
+                return True
+        return False
 
     async def _remove_tree(self, parent: int, name: bytes, ino_id: int, tomb: RemoteEntry, path: str,
                            gone: list[tuple[str, bool]]) -> int:

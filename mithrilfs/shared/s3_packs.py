@@ -37,6 +37,7 @@ forgotten when the bucket's epoch changes (emptied: every pack is gone).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterable
 from dataclasses import replace
@@ -54,8 +55,9 @@ log = logging.getLogger(__name__)
 
 #: A pack is cut once it would grow past this (``MAX_PACK_BYTES`` bounds what a reader accepts).
 PACK_BYTES = 32 << 20
-#: Blobs up to this size go into packs; larger ones stay their own objects.
-PACK_BLOB_BYTES = 1 << 20
+#: Blobs up to this size go into packs; larger ones stay their own objects.  ``MITHRILFS_PACK_BLOB_BYTES=0``
+#: writes every blob as its own object: ``fleet gc`` collects those, not packs yet (docs/design.md, *Packs*).
+PACK_BLOB_BYTES = int(os.environ.get("MITHRILFS_PACK_BLOB_BYTES", 1 << 20))
 #: Ranges of one pack this close are fetched in one request (the gap's bytes are read and dropped).
 GAP_BYTES = 256 << 10
 #: One coalesced range GET spans at most this.

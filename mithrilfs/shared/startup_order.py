@@ -82,7 +82,8 @@ class StartupOrder:
         self._attempt = trio.Event()
         try:
             records = await self.tier.thread(self.tier.remote.startup_records, self.name)
-            self.items = merged(records)
+            # a name deleted since the record was written (forget --fleet, an unlink) never comes back from it
+            self.items = [(p, e) for p, e in merged(records) if not self.tier.changes.deleted_since(p, e)]
             await self._materialize(self.items)
             for path, entry in self.items:
                 if entry.type == "f":
