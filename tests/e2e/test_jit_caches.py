@@ -77,7 +77,6 @@ def test_a_new_node_compiles_nothing_with_every_cache_through_the_shared_tier(
     # node B: the same mount path, an empty store, home and TMPDIR
     m.store = tmp_path / "b-store"
     m.mount()
-    assert not (tmp_path / "b-store" / "blobs").exists() or m.stats()["remote_fetched_bytes"] > 0  # all from A
     b_env = _node(tmp_path, "b", cxx)
     warm, stderr = _run(m, b_env)
     assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
