@@ -44,11 +44,9 @@ MAX_MODULE_LINES = 600
 SIZE_REASON = "Size:"
 
 #: Cycles through ``TYPE_CHECKING`` imports (the runtime graph has none): the back references of
-#: the prefetcher and the uploader to RemoteTier, and of the bad-blob report to S3Store.
+#: the prefetcher and the uploader to RemoteTier.
 _TYPE_CYCLES_ALLOWED = [
     {"mithrilfs.shared.prefetch", "mithrilfs.shared.remote_tier", "mithrilfs.shared.write_behind"},
-    {"mithrilfs.shared.s3_wire", "mithrilfs.shared.s3_repair"},
-    {"mithrilfs.shared.s3_wire", "mithrilfs.shared.s3_blobs"},
 ]
 
 

@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from mithrilfs.shared.s3_blobs import PART_BYTES, PROGRESS_BYTES
 from mithrilfs.shared.s3_settings import S3Location, S3Settings
 from mithrilfs.shared.wire import Level, new_counters
 
@@ -25,6 +24,11 @@ from mithrilfs.shared.wire import Level, new_counters
 
 log = logging.getLogger("mithrilfs.shared.s3_wire")  # the name operators know from the logs
 
+#: Bodies are read in chunks of this size, each counted as it arrives: the mount's bound on a wait
+#: (``bounded.REMOTE_WAIT`` without progress) then holds for links down to 128 KiB/s.
+PROGRESS_BYTES = 256 << 10
+#: A blob up to this size is put in one request; larger ones in parts of it, streamed from the file.
+PART_BYTES = 8 << 20
 #: Parallel requests of one batch (HEADs, GETs, manifest updates).
 PARALLEL = 16
 CONNECT_TIMEOUT = timedelta(seconds=1)

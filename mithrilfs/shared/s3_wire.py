@@ -109,8 +109,8 @@ class S3Store(S3Connection, RemoteStore):
         super().__init__(location, namespace, settings, counters=counters)
         self.codec = EntryCodec(namespace, key, self.counters)
         self.reports = BadBlobReports(self)
-        self.blobs = S3Blobs(self)
         self.packs = Packs(self)
+        self.blobs = S3Blobs(self, self.packs, self.reports)
         #: Each manifest as last read or written: a publish merges into it without reading (``s3_seen``).
         self.seen = SeenManifests()
         #: The epoch token last seen: another one means the bucket was emptied (its packs are gone).
