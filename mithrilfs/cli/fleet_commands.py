@@ -13,7 +13,7 @@ import sys
 
 from mithrilfs.cli.client import usage_error
 from mithrilfs.cli.mount_commands import _remote_password, _remote_stores
-from mithrilfs.shared.redis_wire import without_password
+from mithrilfs.shared.redis_url import without_password
 from mithrilfs.units import format_duration_short, format_size
 
 

@@ -34,7 +34,7 @@ from mithrilfs.daemon.process import call_within, in_child
 from mithrilfs.daemon.umount import pending_uploads, umount
 from mithrilfs.errors import MountError, UsageError
 from mithrilfs.jitcaches import catalog, leaks
-from mithrilfs.shared.redis_wire import url_password, without_password
+from mithrilfs.shared.redis_url import url_password, without_password
 from mithrilfs.store.open import default_store
 from mithrilfs.units import format_size
 

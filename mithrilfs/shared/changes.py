@@ -238,7 +238,7 @@ class Changes:
                 await self._tombstone_here_too(gone, tomb)
         else:
             before = ns.lookup(parent, parts[-1])
-            await self.tier._reconcile(parent, parts[-1], ino, tomb, path)
+            await self.tier.reconciler.reconcile(parent, parts[-1], ino, tomb, path)
             removed = int(before is not None and ns.lookup(parent, parts[-1]) is None)
         self._count("remote_changes_applied", removed)
         return removed
@@ -271,7 +271,7 @@ class Changes:
         elif not tomb.newer_than(version_of(ino), self.tier.origin.get(ino_id, self.tier.node)):
             return removed  # written here after the deletion: ours stands
         queued = self.tier.queue.holds(ino_id)
-        self.tier._replace(parent, name, ino, None)
+        self.tier.reconciler.replace(parent, name, ino, None)
         gone.append((path, queued))
         return removed + 1
 

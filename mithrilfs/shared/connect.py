@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mithrilfs.shared import redis_wire
+from mithrilfs.shared import redis_url, redis_wire
 from mithrilfs.shared.entries import RemoteError
 from mithrilfs.shared.s3_settings import S3Location, S3Settings
 from mithrilfs.shared.wire import RemoteStore, new_counters
@@ -26,9 +26,9 @@ def check_url(url: str) -> None:
     if is_s3(url):
         S3Location.parse(url)
     elif url.startswith(("redis://", "rediss://")) or "://" not in url:
-        redis_wire.check_url(url)
+        redis_url.check_url(url)
     else:
-        raise ValueError(f"invalid remote {redis_wire.redact(url)!r} (use redis://host:port/db, rediss://... or"
+        raise ValueError(f"invalid remote {redis_url.redact(url)!r} (use redis://host:port/db, rediss://... or"
                          " s3://BUCKET/PREFIX)")
 
 

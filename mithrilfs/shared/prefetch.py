@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # the tier builds and drives its prefetcher
 log = logging.getLogger(__name__)
 
 #: Parallel fetch workers (threads blocked on the tier, hashing, writing staging files).  Each batch is
-#: one pipeline from Redis, or GETs over the bucket's pool of ``s3_wire.PARALLEL`` connections, which
+#: one pipeline from Redis, or GETs over the bucket's pool of ``s3_conn.PARALLEL`` connections, which
 #: bounds the requests a prefetch has in flight; the mount's own reads use other threads.
 WORKERS = 4
 #: Blobs and bytes per batch of small blobs: a read waiting for one waits for its batch.

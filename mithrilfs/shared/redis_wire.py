@@ -22,18 +22,9 @@ carry the password (``redact``).
 
 from __future__ import annotations
 
-import logging
-import os
-import secrets
-import threading
 import time
-from collections.abc import Callable
 from typing import Any, BinaryIO
-from urllib.parse import urlparse, urlunparse
 
-import blake3
-
-from mithrilfs.shared import usage
 from mithrilfs.shared.entries import (  # noqa: F401  (the entry model, re-exported for its older users)
     MAX_ENTRY_BYTES,
     EntryCodec,
@@ -41,33 +32,12 @@ from mithrilfs.shared.entries import (  # noqa: F401  (the entry model, re-expor
     RemoteError,
     parse_entry,
 )
-from mithrilfs.shared.startup_sets import (
-    MAX_RECORD_BYTES,
-    RECORDS_KEPT,
-    RECORDS_READ,
-    Record,
-    decode_record,
-    encode_record,
-    record_time,
-    valid_record_id,
-)
-from mithrilfs.shared.wire import Level, RemoteStore, new_counters
+from mithrilfs.shared.redis_blobs import CHUNK, RedisBlobs
+from mithrilfs.shared.redis_conn import _BATCH, RedisConnection
+from mithrilfs.shared.redis_records import RedisRecords
+from mithrilfs.shared.startup_sets import Record
+from mithrilfs.shared.wire import RemoteStore
 
-# redis-py is imported where it is used: a mount without --remote (and every CLI command)
-# starts without it, 0.15 s sooner
-
-log = logging.getLogger(__name__)
-
-#: Largest chunk of a blob in one Redis value (far below Redis's 512 MB limit).
-CHUNK = int(os.environ.get("MITHRILFS_REMOTE_CHUNK_BYTES", 32 << 20))
-CONNECT_TIMEOUT = 0.5
-OP_TIMEOUT = 2.0
-#: Bytes of small blobs sent in one pipeline.
-_PIPELINE_BYTES = 16 << 20
-#: Keys per pipelined batch of reads.
-_BATCH = 512
-#: A startup set's records stay this long after their last write (seconds).
-RECORD_TTL = 30 * 24 * 3600
 #: The field that marks a directory hash complete (no entry name holds a NUL byte); its value is when.
 COMPLETE = b"\0complete"
 #: A mark is trusted this long (seconds): a write Redis missed, a mark set by a reader that raced a
@@ -98,167 +68,27 @@ if cur then return {1, cur} end
 return {1}
 """
 
+class RedisStore(RedisConnection, RemoteStore):
+    """One namespace in one Redis server or cluster; every method may raise RemoteError.
 
-def check_url(url: str) -> None:
-    """ValueError with a one-line reason unless *url* is a redis:// or rediss:// URL."""
-    parsed = urlparse(url)
-    shown = redact(url)
-    try:
-        port = parsed.port
-    except ValueError:
-        raise ValueError(f"invalid remote {shown!r}: the port must be a number") from None
-    if parsed.scheme not in ("redis", "rediss") or not parsed.hostname:
-        raise ValueError(f"invalid remote {shown!r} (use redis://host:port/db or rediss://...)")
-    if port == 0:
-        raise ValueError(f"invalid remote {shown!r}: port 0")
-    if parsed.path not in ("", "/") and not parsed.path.lstrip("/").isdigit():
-        raise ValueError(f"invalid remote {shown!r}: the database must be a number")
-
-
-def _with_password(url: str, replacement: str | None) -> str:
-    """*url* with its password replaced (None: dropped, with its colon); unchanged when it has none."""
-    parsed = urlparse(url)
-    if parsed.password is None:
-        return url
-    user = parsed.username or ""
-    host = parsed.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parsed.port}" if parsed.port else ""
-    userinfo = f"{user}:{replacement}@" if replacement is not None else (f"{user}@" if user else "")
-    return urlunparse(parsed._replace(netloc=f"{userinfo}{host}{port}"))
-
-
-def redact(url: str) -> str:
-    """*url* with its password replaced by ``***`` (for logs, errors and process titles)."""
-    try:
-        return _with_password(url, "***")
-    except ValueError:
-        return "redis://***"
-
-
-def url_password(url: str) -> str | None:
-    return urlparse(url).password
-
-
-def without_password(url: str) -> str:
-    """*url* with no password at all (it is passed separately)."""
-    return _with_password(url, None)
-
-
-class RedisStore(RemoteStore):
-    """One namespace in one Redis server or cluster; every method may raise RemoteError."""
+    The connection (client, errors, epoch) is its base (``redis_conn``); blobs
+    and records are parts of their own (``redis_blobs``, ``redis_records``);
+    the entries -- directory hashes and their conditional write -- are here.
+    """
 
     small_blob_bytes = CHUNK
 
     def __init__(self, url: str, namespace: str, key: bytes | None = None, *, password: str | None = None,
                  cluster: bool = False, counters: dict[str, int] | None = None,
                  blob_ttl: int | None = None) -> None:
-        check_url(url)
-        self.url = redact(url)
-        self.namespace = namespace
-        self.prefix = f"mfs:{namespace}:"
-        self.key = key
-        self.cluster = cluster
-        self._password = password or url_password(url)
-        self._url = url
-        self._kwargs: dict[str, Any] = dict(socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=OP_TIMEOUT)
-        if password:
-            self._kwargs["password"] = password
-        self._client: Any = None
-        self._client_lock = threading.Lock()
+        super().__init__(url, namespace, key, password=password, cluster=cluster, counters=counters)
         self._script_sha: str | None = None
-        self.counters = counters if counters is not None else new_counters()
-        self.level = Level("redis", self.url, self.counters)
-        self.codec = EntryCodec(namespace, key, self.counters)
-        #: Seconds a blob stays after its last write or read (in front of a bucket: Redis holds the hot
-        #: set, the bucket everything); None: for good.
-        self.blob_ttl = blob_ttl
+        self.blobs = RedisBlobs(self, blob_ttl)
+        self.records = RedisRecords(self)
 
     @property
-    def client(self) -> Any:
-        """The redis-py client, made at first use: a cluster client connects as it is made, and a
-        tier that is down at mount time must cost a counted error, not the mount."""
-        if self._client is None:
-            # worker threads ask at once at mount time: a second client made beside the first would be
-            # dropped, and a dropped client closes its pool, the socket another thread is reading included
-            # (the "Bad file descriptor" a new node's first listing met)
-            with self._client_lock:
-                if self._client is None:
-                    import redis.cluster
-
-                    if self.cluster:
-                        self._client = redis.cluster.RedisCluster.from_url(
-                            self._url, cluster_error_retry_attempts=1, require_full_coverage=True, **self._kwargs)
-                    else:
-                        self._client = redis.Redis.from_url(self._url, health_check_interval=0, **self._kwargs)
-        return self._client
-
-    # -- availability ----------------------------------------------------
-    def levels(self) -> list[Level]:
-        return [self.level]
-
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._password, "***") if self._password else text
-
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if not self.level.available():
-            raise self.level.refuse()
-        import redis
-
-        try:
-            result = fn(*args)
-        except redis.exceptions.ResponseError as e:
-            if "maxmemory" not in str(e):
-                raise self.level.failed(self._scrub(str(e).strip()), log) from None
-            # at maxmemory under noeviction: writes are refused, reads still served (no back-off); the
-            # uploader retries later, and status and stats name the cause until a write succeeds
-            raise self.level.failed("Redis is at its maxmemory and refuses writes (maxmemory-policy noeviction);"
-                                    " uploads wait, reads are served", log, back_off=False) from None
-        except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
-            raise self.level.failed(self._scrub(str(e).strip() or type(e).__name__), log) from None
-        self.level.succeeded()
-        self.level.moved()
-        return result
-
-    def ping(self) -> None:
-        """Raise RemoteError naming the cause unless the server answers now (ignores the back-off)."""
-        self.level.retry_now()
-        self._call(lambda: self.client.ping())
-
-    # -- epoch -------------------------------------------------------------
-    def _epoch_keys(self) -> list[str]:
-        """One key per server: in a cluster, a key in a slot of each master."""
-        if not self.cluster:
-            return [f"{self.prefix}epoch"]
-        keys: dict[str, str] = {}
-        masters = {n.name for n in self.client.get_primaries()}
-        for i in range(1 << 14):
-            key = f"{self.prefix}epoch:{{e{i}}}"
-            owner = self.client.nodes_manager.get_node_from_slot(self.client.keyslot(key)).name
-            keys.setdefault(owner, key)
-            if len(keys) == len(masters):
-                break
-        return sorted(keys.values())
-
-    def epoch(self) -> tuple[str, bool]:
-        """(the tier's epoch token, True when it was just made because a server had none).
-
-        A server restarted empty (or a cluster master that lost its data)
-        has no epoch key: a new token is written to every server, and each
-        node, seeing a token it does not know, uploads what it has again.
-        """
-        def check() -> tuple[str, bool]:
-            keys = self._epoch_keys()
-            values = [self.client.get(k) for k in keys]
-            if values[0] is not None and all(v == values[0] for v in values):
-                return values[0].decode(errors="replace"), False
-            token = secrets.token_hex(8)
-            for k in keys:
-                self.client.set(k, token)
-            return token, True
-
-        return self._call(check)
+    def blob_ttl(self) -> int | None:
+        return self.blobs.blob_ttl
 
     # -- entries -----------------------------------------------------------
     def _dir_key(self, dir_path: str) -> str:
@@ -382,165 +212,27 @@ class RedisStore(RemoteStore):
                 self._script_sha = self.client.script_load(_SET_IF_NEWER)  # the server restarted
         raise AssertionError("unreachable")
 
-    # -- blobs -------------------------------------------------------------
-    def _blob_key(self, hex_digest: str, i: int) -> str:
-        return f"{self.prefix}b:{{{hex_digest}}}:{i}"
-
+    # -- blobs (``redis_blobs``) ---------------------------------------------
     def note_blob_names(self, names: dict[str, str]) -> None:
-        """One key per blob, set only if absent (the first node's path stays), living as long as the blob:
-        ``NODE<tab>PATH``."""
-        def note() -> None:
-            pipe = self.client.pipeline(transaction=False)
-            for h, path in names.items():
-                pipe.set(f"{self.prefix}bn:{{{h}}}", path.encode(errors="surrogateescape"), nx=True, ex=self.blob_ttl)
-            pipe.execute()
-
-        if names:
-            self._call(note)
+        self.blobs.note_blob_names(names)
 
     def blob_names(self, hashes: list[str]) -> dict[str, str]:
-        """Paths kept by ``note_blob_names``; a value that is not a plain relative path is ignored (anyone
-        with write access to Redis can put one there, and it is only ever shown)."""
-        def get() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
-            for h in hashes:
-                pipe.get(f"{self.prefix}bn:{{{h}}}")
-            return pipe.execute()
-
-        if not hashes:
-            return {}
-        out = {}
-        for h, raw in zip(hashes, self._call(get)):
-            path = raw.decode(errors="replace") if isinstance(raw, bytes) else None
-            if path and len(path) < 4096 and "\0" not in path and not path.startswith("/") \
-                    and ".." not in path.split("/"):
-                out[h] = path
-        return out
+        return self.blobs.blob_names(hashes)
 
     def fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
-        """Stream a blob of *size* bytes into *out*; its blake3, or None when Redis lacks (part of) it.
-
-        Chunk by chunk: memory never depends on the claimed size.  The bytes
-        must come to exactly *size*: more is bad data (``b""`` is returned,
-        which matches no digest), a missing chunk before the end is a miss.
-        The caller compares the digest.
-        """
-        return self._call(self._fetch_blob, hex_digest, size, out)
-
-    def _fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
-        hasher = blake3.blake3()
-        got = 0
-        i = 0
-        while True:
-            part = self._get(self.client, self._blob_key(hex_digest, i))
-            if part is None:
-                return None
-            if len(part) > size - got or (not part and size):
-                return b""
-            hasher.update(part)
-            out.write(part)
-            got += len(part)
-            self.level.moved(down=len(part), requests=0)  # as it arrives: the bound on a wait sees progress
-            i += 1
-            if got == size:
-                break
-        self.counters["remote_fetched_bytes"] += got
-        return hasher.digest()
-
-    def _get(self, client: Any, key: str) -> Any:
-        """GET, or GETEX renewing the blob's time to live (a hot blob stays)."""
-        return client.get(key) if self.blob_ttl is None else client.getex(key, ex=self.blob_ttl)
-
-    def _chunk_count(self, size: int) -> int:
-        return max(1, -(-size // CHUNK))
+        return self.blobs.fetch_blob(hex_digest, size, out)
 
     def missing_blobs(self, blobs: dict[str, int]) -> list[str]:
-        """Which of these blobs (hex → size) Redis lacks in full: every chunk is checked."""
-        if not blobs:
-            return []
-
-        timed = self.blob_ttl is None  # alone, Redis keeps blobs for good: ``fleet gc`` deletes old ones
-
-        def check() -> list[str]:
-            pipe = self.client.pipeline(transaction=False)
-            order = []
-            for h, size in blobs.items():
-                n = self._chunk_count(size)
-                order.append((h, n))
-                for i in range(n):
-                    pipe.exists(self._blob_key(h, i))
-                if timed:
-                    pipe.zscore(self.blob_times_key, h)
-            flags = iter(pipe.execute())
-            trusted_since = time.time() - usage.BLOB_TRUST_SECONDS
-            out = []
-            for h, n in order:
-                whole = all([bool(next(flags)) for _ in range(n)])
-                written = next(flags) if timed else None
-                # a blob written long ago (or before times were kept) may be gc's next: written again
-                if not whole or (timed and (written is None or float(written) < trusted_since)):
-                    out.append(h)
-            return out
-
-        return self._call(check)
+        return self.blobs.missing_blobs(blobs)
 
     def upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
-        """Upload blobs (hex, file path; "" for empty content); the hashes whose files were gone.
-
-        Small blobs share pipelines of up to ``_PIPELINE_BYTES``; a large one
-        is sent a chunk at a time, so memory stays bounded by the chunk size.
-        """
-        gone = self._call(self._upload_blobs, files)
-        self.level.wrote()
-        return gone
-
-    def _upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
-        gone: set[str] = set()
-        pipe = self.client.pipeline(transaction=False)
-        pending = 0
-        for h, path in files:
-            try:
-                f = open(path, "rb") if path else None
-            except FileNotFoundError:
-                gone.add(h)  # evicted before it could be uploaded: publish nothing for it
-                continue
-            try:
-                i = 0
-                while True:
-                    part = f.read(CHUNK) if f is not None else b""
-                    if not part and i:
-                        break
-                    if i == 0 and self.blob_ttl is None:
-                        # when it was written (gc's grace, ``shared.usage``), before its bytes: a gc deleting
-                        # the old copy meanwhile either goes first or sees it young
-                        pipe.zadd(self.blob_times_key, {h: time.time()})
-                    pipe.set(self._blob_key(h, i), part, ex=self.blob_ttl)
-                    pending += len(part)
-                    self.counters["remote_uploaded_bytes"] += len(part)
-                    self.level.moved(up=len(part), requests=0)
-                    i += 1
-                    if pending >= _PIPELINE_BYTES:
-                        pipe.execute()
-                        pending = 0
-                    if len(part) < CHUNK:
-                        break
-            finally:
-                if f is not None:
-                    f.close()
-        pipe.execute()
-        return gone
+        return self.blobs.upload_blobs(files)
 
     def put_blobs(self, blobs: list[tuple[str, bytes]]) -> None:
-        """Small verified blobs (one chunk each) read from the store behind Redis: into the hot set."""
-        def put() -> None:
-            pipe = self.client.pipeline(transaction=False)
-            for h, data in blobs:
-                pipe.set(self._blob_key(h, 0), data, ex=self.blob_ttl)
-                self.level.moved(up=len(data), requests=0)
-            pipe.execute()
+        self.blobs.put_blobs(blobs)
 
-        if blobs:
-            self._call(put)
+    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
+        return self.blobs.fetch_small_blobs(blobs)
 
     # -- batches (prefetch) -------------------------------------------------
     def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
@@ -569,117 +261,21 @@ class RedisStore(RemoteStore):
             return sorted({k[len(prefix):].decode(errors="surrogateescape") for k in keys})
 
         return self._call(scan)
-
-    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
-        """Single-chunk blobs (hex, size), one pipelined GET each; None where missing or not that size."""
-        def get() -> list[bytes | None]:
-            pipe = self.client.pipeline(transaction=False)
-            for h, _ in blobs:
-                self._get(pipe, self._blob_key(h, 0))
-            return pipe.execute()
-
-        parts = self._call(get)
-        out: list[bytes | None] = []
-        for (_, size), part in zip(blobs, parts):
-            ok = part is not None and len(part) == size
-            if part is not None and not ok:  # one chunk, another size than its entry says: bad data
-                self.counters["remote_verify_failures"] += 1
-            out.append(part if ok else None)
-            if ok:
-                self.counters["remote_fetched_bytes"] += size
-                self.level.moved(down=size, requests=0)
-        return out
-
-    # -- startup sets -------------------------------------------------------
-    def _set_key(self, name: str) -> str:
-        """The set's index (a sorted set of record ids by time); the name in braces is a cluster hash tag,
-        so the index and its records live in one slot."""
-        return f"{self.prefix}startup:{{{name}}}"
-
+    # -- records (``redis_records``) ------------------------------------------
     def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
                              last: bool = False) -> None:
-        """This mount's record, written over (one pipeline): the value, and its id in the set's index; the
-        last write also drops the records past the ``RECORDS_KEPT`` newest."""
-        def write() -> None:
-            data = encode_record(self.codec, items)
-            index = self._set_key(name)
-            pipe = self.client.pipeline(transaction=False)
-            pipe.set(f"{index}:{record_id}", data, ex=RECORD_TTL)
-            pipe.zadd(index, {record_id: record_time(record_id)})
-            pipe.expire(index, RECORD_TTL)
-            pipe.execute()
-            self.level.moved(up=len(data), requests=0)
-            if last:
-                old = [m.decode() for m in self.client.zrange(index, 0, -(RECORDS_KEPT + 1))]
-                if old:
-                    pipe = self.client.pipeline(transaction=False)
-                    pipe.delete(*[f"{index}:{r}" for r in old])
-                    pipe.zrem(index, *old)
-                    pipe.execute()
-
-        self._call(write)
+        self.records.write_startup_record(name, record_id, items, last=last)
 
     def startup_records(self, name: str) -> list[Record]:
-        """The newest records: their ids (ZREVRANGE), then their values (one pipeline of GETRANGEs, each
-        at most ``MAX_RECORD_BYTES`` + 1: a planted giant is never read whole); never a write."""
-        def read() -> list[Record]:
-            index = self._set_key(name)
-            ids = [m.decode(errors="replace") for m in self.client.zrevrange(index, 0, RECORDS_READ - 1)]
-            ids = [r for r in ids if valid_record_id(r)]
-            if not ids:
-                return []
-            pipe = self.client.pipeline(transaction=False)
-            for r in ids:
-                pipe.getrange(f"{index}:{r}", 0, MAX_RECORD_BYTES)
-            out = []
-            for r, data in zip(ids, pipe.execute()):
-                if data:  # gone (its time to live): nothing to read
-                    self.level.moved(down=len(data), requests=0)
-                    record = decode_record(self.codec, r, data if len(data) <= MAX_RECORD_BYTES else None)
-                    if record is not None:
-                        out.append(record)
-            return out
-
-        return self._call(read)
-
-    # -- fleet gc (``shared.gc``) ----------------------------------------------
-    @property
-    def blob_times_key(self) -> str:
-        """A sorted set: blob hex -> when it was last written (unix seconds)."""
-        return f"{self.prefix}bt"
-
-    @property
-    def used_key(self) -> str:
-        """A sorted set: directory path -> when a node last used it (unix seconds)."""
-        return f"{self.prefix}used"
+        return self.records.startup_records(name)
 
     def record_use(self, records: dict[str, float]) -> None:
-        """``ZADD GT``: a record never moves a directory's last use back."""
-        def add() -> None:
-            pipe = self.client.pipeline(transaction=False)
-            items = list(records.items())
-            for start in range(0, len(items), _BATCH):
-                pipe.zadd(self.used_key, dict(items[start:start + _BATCH]), gt=True)
-            pipe.execute()
-
-        if records:
-            self._call(add)
+        self.records.record_use(records)
 
     def tier_summary(self) -> dict[str, Any] | None:
         from mithrilfs.shared.gc_summary import parse_summary
 
         return parse_summary(self._call(lambda: self.client.get(f"{self.prefix}gc")))
-
-    def redis_memory(self) -> int:
-        """Bytes of memory the server (all masters) uses, for benchmarks."""
-        info = self._call(lambda: self.client.info("memory"))
-        if self.cluster:
-            return sum(v["used_memory"] for v in info.values())
-        return info["used_memory"]
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
 
 
 def _glob_escape(text: str) -> str:

@@ -15,18 +15,21 @@ has waited ``UPLOAD_DELAY`` (so a tmp file renamed into place is published
 under its final name only): blobs Redis lacks first, then the names, each
 written only where newer than what Redis holds.  When Redis loses its data
 (its epoch token changes) everything local is queued again.
+
+The tier holds the state and the sync of directories; its parts each hold
+one concern and are built here: reconciliation (``reconcile``), the fetch
+path and read-ahead (``remote_fetch``), blobs on their way (``in_flight``),
+the uploader (``write_behind``), the prefetch, startup sets, use records and
+the change feed.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 import secrets
 import socket
-import stat
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,26 +38,26 @@ import trio
 
 from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.integrity import Fetched
-from mithrilfs.cache.lifetime import Lifetimes, Removed
+from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
-from mithrilfs.shared.bounded import in_thread, within_bound
+from mithrilfs.shared.bounded import in_thread
 from mithrilfs.shared.changes import Changes
 from mithrilfs.shared.entries import MAX_DIR_NAMES, RemoteEntry, RemoteError
 from mithrilfs.shared.feed_wire import FeedWire, NullFeed
 from mithrilfs.shared.fleet_state import FleetState
 from mithrilfs.shared.in_flight import InFlight
-from mithrilfs.shared.local_disk import LocalWriteError, StoreFile
 from mithrilfs.shared.prefetch import Prefetcher
 from mithrilfs.shared.purge import forget_fleet
+from mithrilfs.shared.reconcile import Reconciler
+from mithrilfs.shared.remote_fetch import RemoteFetch
 from mithrilfs.shared.startup_order import StartupOrder
 from mithrilfs.shared.startup_recorder import StartupRecorder
 from mithrilfs.shared.tier import Tier
 from mithrilfs.shared.wire import RemoteStore
-from mithrilfs.shared.write_behind import WriteBehind, version_of
+from mithrilfs.shared.write_behind import WriteBehind
 from mithrilfs.store.blobs import Blobs
-from mithrilfs.store.cas import EMPTY_DIGEST
-from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path, outside_mode
+from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path
 from mithrilfs.store.tier_queue import TierQueue
 
 log = logging.getLogger(__name__)
@@ -64,9 +67,6 @@ DIR_SYNC_SECONDS = 5.0
 MISS_RESYNC_SECONDS = 1.0
 #: How long the kernel may cache "no such name" when other nodes can create names.
 NEGATIVE_TIMEOUT = 2.0
-#: A first read from a directory fetches up to this many of its other files, each at most this large.
-READ_AHEAD_FILES = 64
-READ_AHEAD_BYTES = 1 << 20
 #: Names merged per transaction: between two, the event loop serves other requests.
 MERGE_BATCH = 500
 
@@ -110,10 +110,12 @@ class RemoteTier(Tier):
         self.limiter = trio.CapacityLimiter(4)
         self._wake = trio.Event()
         self._dir_synced: dict[int, float] = {}
-        #: Directories read ahead in this mount.
-        self._read_ahead_dirs: set[int] = set()
         #: The blobs on their way, whoever fetches them (a read, a read-ahead, the look-ahead, the prefetch).
         self.in_flight = InFlight(self)
+        #: Remote content brought in, verified, with its neighbours (``remote_fetch``).
+        self.fetcher = RemoteFetch(self)
+        #: Remote names merged in, newest wins (``reconcile``).
+        self.reconciler = Reconciler(self)
         self._syncing: set[int] = set()
         #: Waited syncs in progress: a lookup in that directory waits for it rather than miss its names.
         self._sync_done: dict[int, trio.Event] = {}
@@ -184,7 +186,7 @@ class RemoteTier(Tier):
         self.counters["remote_hits" if ino is not None else "remote_misses"] += 1
         node = self.ns.get(ino) if ino is not None else None
         if node is not None and node.is_reg and node.hash is not None:
-            self._read_ahead(node, itself=True)  # a file the framework is about to open, and its neighbours
+            self.fetcher.read_ahead(node, itself=True)  # a file the framework is about to open, and its neighbours
             self.order.reached(parent, self._nursery)  # and the next directories its workload reads
         return ino
 
@@ -262,7 +264,7 @@ class RemoteTier(Tier):
         for i, (name, local, entry) in enumerate(existing):
             if self.ns.get(d) is None:
                 break
-            await self._reconcile(d, name, local, entry, join_path(dir_path, name))
+            await self.reconciler.reconcile(d, name, local, entry, join_path(dir_path, name))
             if i % MERGE_BATCH == MERGE_BATCH - 1:
                 await trio.lowlevel.checkpoint()
         return True
@@ -283,268 +285,27 @@ class RemoteTier(Tier):
 
     def merge(self, d: int, dir_path: str, entries: dict[bytes, RemoteEntry],
               only: set[bytes] | None = None) -> list[tuple[bytes, int, RemoteEntry]]:
-        """Materialize a directory's remote names it lacks, in one transaction (*only*: just these).
+        """Materialize a directory's remote names it lacks (``reconcile``); (name, local inode, entry) for
+        those it has, to reconcile."""
+        return self.reconciler.merge(d, dir_path, entries, only)
 
-        Returns (name, local inode, entry) for the names it already has, to reconcile.
-        """
-        parent = self.ns.get(d)
-        if parent is None or not parent.is_dir:
-            return []
-        existing = []
-        with self.ns.txn():
-            for name, entry in entries.items():
-                if only is not None and name not in only:
-                    continue
-                local = self.ns.lookup(d, name)
-                if local is not None:
-                    existing.append((name, local, entry))
-                elif not entry.is_tombstone and join_path(dir_path, name) not in self.pending_tombstones:
-                    self._create(parent, name, entry)
-        return existing
-
-    async def _reconcile(self, parent: int, name: bytes, ino_id: int, entry: RemoteEntry, path: str) -> None:
-        """One name both sides have: the newer version wins here; ours, if newer, is sent again."""
-        ino = self.ns.get(ino_id)
-        if ino is None or self.lifetimes.is_written(ino_id):
-            return  # a write in progress wins when it commits
-        if not entry.newer_than(version_of(ino), self.origin.get(ino_id, self.node)):
-            if not ino.is_dir and not self._same(ino, entry):
-                self.behind.queue_upload(ino_id)  # ours is newer: Redis holds an older (or replayed) version
-            return
-        if self._same(ino, entry):
-            return
-        if entry.is_tombstone and ino.is_dir:
-            await self._purge_dir(ino)
-            if self.ns.has_children(ino.id):
-                return  # it holds names nobody deleted: kept
-        elif ino.is_dir or entry.type == "d":
-            return  # a directory and a file under one name: keep the local one
-        self._note_conflict(path, ino, entry)
-        self._replace(parent, name, ino, None if entry.is_tombstone else entry)
-
-    async def _purge_dir(self, d: Inode) -> None:
-        """A directory deleted elsewhere: apply the tombstones of its names (a bounded walk)."""
-        await self.sync_dir(d.id, force=True)
-        for _name, child in self.ns.children(d.id):
-            node = self.ns.get(child)
-            if node is not None and node.is_dir:
-                await self._purge_dir(node)
-
-    def _same(self, ino: Inode, e: RemoteEntry) -> bool:
-        if e.is_tombstone:
-            return False
-        if e.type == "d":
-            return ino.is_dir
-        if e.type == "l":
-            return stat.S_ISLNK(ino.mode) and (ino.target or b"") == (e.target or "").encode(errors="surrogateescape")
-        return ino.is_reg and (ino.hash or EMPTY_DIGEST).hex() == e.hash
-
-    def _note_conflict(self, path: str, ino: Inode, theirs: RemoteEntry) -> None:
-        """A newer version from another writer replaces different local content."""
-        ours = self.origin.get(ino.id, self.node)
-        if theirs.type == "f" and ino.is_reg and ours != theirs.node:
-            mine = RemoteEntry("f", version_of(ino), ours, (ino.hash or EMPTY_DIGEST).hex(), ino.size)
-            self._conflict(path, mine, theirs, kept=theirs.node)
-
-    def _conflict(self, path: str, a: RemoteEntry, b: RemoteEntry, *, kept: str) -> None:
-        """Two writers gave one path different content: a non-deterministic build or a cache-key collision."""
-        self.counters["remote_conflicts"] += 1
-        log.warning("conflict at %s: %s wrote %s, %s wrote %s; keeping the newer (%s's)",
-                    path, a.node, (a.hash or "")[:16], b.node, (b.hash or "")[:16], kept)
-        self.events.emit("conflict", path=path, **{a.node: a.hash, b.node: b.hash}, kept=kept)
-
-    def _replace(self, parent: int, name: bytes, old: Inode, entry: RemoteEntry | None) -> None:
-        """Point a local name at a newer remote version (or remove it, for a tombstone)."""
-        parent_ino = self.ns.get(parent)
-        if parent_ino is None:
-            return
-        with self.ns.txn():
-            self.lifetimes.drop_name(parent_ino, name, old)
-            if entry is not None:
-                self._create(parent_ino, name, entry)
-        self.counters["remote_adopted"] += 1
-        try:
-            self.lifetimes.delete_if_unused(old.id)
-        except OSError as e:
-            log.warning("cannot delete inode %d yet: %s", old.id, e)
-            self.lifetimes.doomed.add(old.id)
-        removed: list[Removed] = [(parent, name, old.id)]
-        self.lifetimes.tell_kernel(removed)
-
-    def _create(self, parent: Inode, name: bytes, e: RemoteEntry) -> Inode | None:
-        """A local inode and name for a remote entry (inside a transaction), with its version as ctime;
-        None when the entry contradicts what this node knows (counted)."""
-        root = self.ns.get(ROOT_INODE)
-        assert root is not None
-        uid, gid = self.owner or (root.uid, root.gid)
-        if e.type == "d":
-            node = self.ns.create_inode(stat.S_IFDIR | outside_mode(stat.S_IFDIR, e.mode), uid, gid, nlink=2)
-            self.ns.add_link(parent, +1)
-        elif e.type == "l":
-            node = self.ns.create_inode(stat.S_IFLNK | 0o777, uid, gid,
-                                        target=(e.target or "").encode(errors="surrogateescape"))
-        else:
-            digest = bytes.fromhex(e.hash)  # type: ignore[arg-type]
-            known = self.ns.blob_info(digest)
-            if known is not None and known[1] > 0 and known[1] != e.size:
-                # this node holds that content: its size is a fact, and the entry says another
-                self.counters["remote_rejected"] += 1
-                log.warning("remote entry %r ignored: size %d, but its content is %d bytes", name, e.size, known[1])
-                return None
-            node = self.ns.create_inode(stat.S_IFREG | outside_mode(stat.S_IFREG, e.mode), uid, gid)
-            self.ns.add_placeholder(digest)  # fetched at the first read
-            self.ns.set_content(node, digest, e.size, e.mtime_ns or time.time_ns())
-        self.ns.update_attrs(node, ctime_ns=e.version * 1000, mtime_ns=e.mtime_ns or node.mtime_ns)
-        self.ns.link(parent.id, name, node.id, published=True)
-        self.origin[node.id] = e.node
-        return node
-
+    # -- fetches (``remote_fetch``) -------------------------------------------
     async def fetch(self, ino: Inode, max_bytes: int) -> Fetched:
-        """The first read of a file whose content is remote: its small siblings come along (read-ahead)."""
-        digest = ino.hash
-        assert digest is not None
-        coming = self.in_flight.fetching.get(digest)
-        if coming is not None and coming[1] == ino.size:  # a read-ahead is bringing it: wait, not ask twice
-            self.counters["remote_fetch_joined"] = self.counters.get("remote_fetch_joined", 0) + 1
-            try:
-                await within_bound(self.remote, coming[0].wait)
-            except RemoteError:
-                return Fetched.NO  # the tier stalled: the read fails within the one bound (counted)
-            if self.blobs.cas.exists(digest):
-                return Fetched.YES
-        if digest in self.in_flight.missed:  # a read-ahead (waited for, or done before this read came) found no
-            self.in_flight.missed.discard(digest)  # good copy: asking again now is the same; the next read asks
-            return Fetched.NO
-        if not self.remote.knows_where(digest.hex()):  # named in an earlier mount: its entry says where
-            await self._relearn(ino)
-        self._read_ahead(ino)
-        for parent, _name in self.ns.names_of(ino.id)[:1]:
-            self.order.reached(parent, self._nursery)
-        return Fetched.YES if await self.fetch_blob(ino, max_bytes) else Fetched.NO
-
-    async def _relearn(self, ino: Inode) -> None:
-        """Read the directory of a file again so the store learns where its blob (and its neighbours')
-        are: a bucket's packs are found from the names (``s3_packs``), and this mount never read them."""
-        names = self.ns.names_of(ino.id)
-        dir_path = self.paths.of_dir(names[0][0]) if names else None
-        if dir_path is not None:
-            await self._call(self.remote.list_dir, dir_path)
-
-    def _read_ahead(self, ino: Inode, *, itself: bool = False) -> None:
-        """Fetch, in the background, the small files of the directory a file is found or first read in.
-
-        A framework loads a cache entry's files together (Triton: a kernel's
-        binary, its metadata, its group file...), one after another: asked
-        one by one, each costs the tier's round trip in turn; read ahead,
-        they come in one batch (pipelined GETs from Redis, concurrent GETs
-        from a bucket), started when the first of them is looked up (with
-        it: *itself*) or read.  Once per directory per mount (again after an
-        eviction emptied it), within the budget's low watermark and the room
-        left on the store's disk after the read's own file, files up to
-        ``READ_AHEAD_BYTES``.
-        """
-        names = self.ns.names_of(ino.id)
-        if not names or self._nursery is None or names[0][0] in self._read_ahead_dirs:
-            return
-        parent = names[0][0]
-        self._read_ahead_dirs.add(parent)
-        todo: list[Inode] = []
-        seen = set() if itself else {ino.hash}
-        for _name, child in self.ns.children(parent):
-            node = self.ns.get(child)
-            if (node is None or not node.is_reg or node.hash is None or node.hash in seen
-                    or node.size > min(READ_AHEAD_BYTES, self.remote.small_blob_bytes) or node.hash in self.in_flight.fetching
-                    or self.blobs.cas.exists(node.hash)):
-                continue
-            seen.add(node.hash)
-            todo.append(node)
-            if len(todo) >= READ_AHEAD_FILES:
-                break
-        own = 0 if any(n.hash == ino.hash for n in todo) else ino.size  # the file looked up or read: next
-        if todo and self.in_flight.room_for(todo, own):
-            todo, events, _ = self.in_flight.claim(todo)  # now: a read right after this lookup waits for it
-            self._nursery.start_soon(self.in_flight.bring_claimed, todo, events, "remote_read_ahead")
+        return await self.fetcher.fetch(ino, max_bytes)
 
     async def fetch_blob(self, ino: Inode, max_bytes: int) -> bool:
-        """Bring a remote blob into the local CAS, size-checked and verified; False when it cannot be had.
-
-        A blob larger than *max_bytes* (the budget) could never stay: a miss.
-        While it comes, it is on its way (``in_flight``): a read or a prefetch of
-        the same content waits for it instead of asking again.
-        """
-        digest = ino.hash
-        assert digest is not None
-        if ino.size > max_bytes:
-            return False
-        mine = self.in_flight.register(digest, ino.size)
-        try:
-            return await self._fetch_blob(ino, digest)
-        finally:
-            self.in_flight.release(mine)
-
-    async def _fetch_blob(self, ino: Inode, digest: bytes) -> bool:
-        fd, staging = self.blobs.cas.new_staging()
-        owner = threading.Lock()
-        taken: list[str] = []  # who closes fd: the thread that writes it, or (it never ran) this task
-
-        def fetch_into() -> bytes | None:
-            """In the thread, which owns the file: abandoned past the bound, it writes on to an unlinked file."""
-            with owner:
-                if taken:
-                    return None
-                taken.append("thread")
-            with StoreFile(fd) as out:  # the store's disk filling up is no failure of the tier
-                return self.remote.fetch_blob(digest.hex(), ino.size, out)
-
-        try:
-            got = await self._call(fetch_into)
-            if got is None:
-                return False
-            if got != digest:
-                self.counters["remote_verify_failures"] += 1
-                log.error("remote blob %s does not match its hash or size: rejected", digest.hex())
-                self.events.emit("corruption", blob=digest.hex(), why="remote blob does not match its hash or size")
-                return False
-            try:
-                self.blobs.add(staging, digest, ino.size, trusted=True)
-            except OSError:
-                self.blobs.never_came([digest])
-                raise
-            self.arrived(digest, ino.size)
-            return True
-        except LocalWriteError as e:
-            raise e.error from None  # an OSError again: the request's full-disk handling takes it
-        finally:
-            with owner:
-                if not taken:
-                    taken.append("task")
-                    os.close(fd)
-            os.unlink(staging)
+        return await self.fetcher.fetch_blob(ino, max_bytes)
 
     def arrived(self, digest: bytes, size: int) -> None:
-        """Content *digest*, *size* bytes, is now in the store: names that claim another size for it go.
+        self.fetcher.arrived(digest, size)
 
-        An entry's size is the tier's word and the hash is the content's
-        name, so an entry naming that content with another size lies (hostile
-        or broken).  ``_create`` refuses such entries when the content is
-        here first; this catches those that came first, before a read can
-        serve them the content cut or padded.  A file being written is left
-        alone (its size is its writer's).
-        """
-        liars = [i for i in map(self.ns.get, self.ns.inodes_with_hash(digest))
-                 if i is not None and i.is_reg and i.size != size and not self.lifetimes.is_written(i.id)]
-        if liars:
-            self.counters["remote_rejected"] += len(liars)
-            log.warning("%d name(s) claim %d bytes for blob %s of %d: removed", len(liars), liars[0].size,
-                        digest.hex(), size)
-            self.lifetimes.forget_content(digest, liars)
 
     def forget_listed(self, dirs: set[int]) -> None:
         """Names left these directories locally only (evicted): the next lookup there asks the tier again,
         and the next read reads ahead again."""
         for d in dirs:
             self._dir_synced.pop(d, None)
-            self._read_ahead_dirs.discard(d)
+            self.fetcher.read_ahead_dirs.discard(d)
 
     def mark_synced(self, d: int) -> None:
         """The directory's remote names were just merged (by a prefetch): no sync needed for a while."""

@@ -4,7 +4,9 @@ Part of ``s3_wire.S3Store`` (its ``blobs``), which runs these in its
 ``_call`` (failures become a ``RemoteError`` and a back-off).  Small blobs
 travel in packs (``s3_packs``); larger ones, and blobs written over
 (found at the wrong size, or reported bad by a reader: ``s3_repair``), are
-objects of their own, ``blobs/HH/HEX``.
+objects of their own, ``blobs/HH/HEX``.  It speaks to the bucket through the
+store's connection (``s3_conn``) and is handed the packs and the reports:
+no back reference to the store.
 """
 
 from __future__ import annotations
@@ -13,31 +15,27 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 import blake3
 
 from mithrilfs.shared import usage
-from mithrilfs.shared.s3_packs import PACK_BLOB_BYTES
-from mithrilfs.shared.s3_repair import hashes_to
-
-if TYPE_CHECKING:
-    from mithrilfs.shared.s3_wire import S3Store
+from mithrilfs.shared.s3_conn import PART_BYTES, PROGRESS_BYTES, S3Connection
+from mithrilfs.shared.s3_packs import PACK_BLOB_BYTES, Packs
+from mithrilfs.shared.s3_repair import BadBlobReports, hashes_to
 
 log = logging.getLogger(__name__)
 
-#: Bodies are read in chunks of this size, each counted as it arrives: the mount's bound on a wait
-#: (``bounded.REMOTE_WAIT`` without progress) then holds for links down to 128 KiB/s.
-PROGRESS_BYTES = 256 << 10
-#: A blob up to this size is put in one request; larger ones in parts of it, streamed from the file.
-PART_BYTES = 8 << 20
 
 
 class S3Blobs:
     """One store's blobs (see the module doc); every method runs in the store's threads."""
 
-    def __init__(self, store: S3Store) -> None:
+    def __init__(self, store: S3Connection, packs: Packs, reports: BadBlobReports) -> None:
         self.store = store
+        #: Where blobs are (a small one in a pack), and the blobs readers reported bad: the store's parts too.
+        self.packs = packs
+        self.reports = reports
         self._lock = threading.Lock()
         #: Blobs found in the bucket at the wrong size (planted or cut short) or reported bad by a reader:
         #: written over, not if-absent.
@@ -54,10 +52,10 @@ class S3Blobs:
         pack does not give it right, from its own object."""
         if size == 0:
             return blake3.blake3(b"").digest()
-        in_pack = self.store.packs.location(hex_digest) is not None and size <= PACK_BLOB_BYTES
+        in_pack = self.packs.location(hex_digest) is not None and size <= PACK_BLOB_BYTES
         if in_pack:
             got: list[bytes | None] = [None]
-            self.store.packs.fetch([(hex_digest, size)], got)
+            self.packs.fetch([(hex_digest, size)], got)
             if got[0] is not None:  # verified: its size and hash
                 out.write(got[0])
                 return bytes.fromhex(hex_digest)
@@ -70,7 +68,7 @@ class S3Blobs:
         """A blob its pack did not give right and that has no good object of its own: never served, and
         reported, so a node holding it writes it again (``missing_blobs``)."""
         self.store._count("remote_verify_failures")
-        self.store.reports.report(hex_digest)
+        self.reports.report(hex_digest)
 
     def _fetch_own_object(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
         result = self.store._unless_absent(
@@ -94,7 +92,7 @@ class S3Blobs:
         self.store._count("remote_fetched_bytes", got)
         digest = hasher.digest()
         if digest.hex() != hex_digest:
-            self.store.reports.report(hex_digest)
+            self.reports.report(hex_digest)
         return digest
 
     def fetch_small(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
@@ -110,12 +108,12 @@ class S3Blobs:
                 return None
             self.store._count("remote_fetched_bytes", size)
             if blake3.blake3(got[0]).hexdigest() != h:  # the caller rejects it; the bucket learns it is bad
-                self.store.reports.report(h)
+                self.reports.report(h)
             return got[0]
 
         def run() -> list[bytes | None]:
             out: list[bytes | None] = [b"" if size == 0 else None for _, size in blobs]
-            failed = set(self.store.packs.fetch(blobs, out))
+            failed = set(self.packs.fetch(blobs, out))
             rest = [i for i, (_, size) in enumerate(blobs) if size and out[i] is None]
             for i, data in zip(rest, self.store._parallel(own, rest)):
                 out[i] = data
@@ -139,9 +137,9 @@ class S3Blobs:
             h, size = item
             if h in bad:
                 return h
-            if self.store.packs.location(h) is not None:
+            if self.packs.location(h) is not None:
                 return None
-            if size <= PACK_BLOB_BYTES and not self.store.packs.knows(h):
+            if size <= PACK_BLOB_BYTES and not self.packs.knows(h):
                 return h
             meta = self.store._unless_absent(lambda: _obstore().head(self.store.quick, self.store.base + self._blob_key(h)))
             if meta is None:
@@ -158,7 +156,7 @@ class S3Blobs:
             return []
 
         def check() -> list[str]:
-            bad.update(h for h in self.store.reports.reported() if h in blobs)
+            bad.update(h for h in self.reports.reported() if h in blobs)
             with self._lock:
                 self.bad |= bad
                 self.verify_first.update(bad)
@@ -215,15 +213,15 @@ class S3Blobs:
                 if written:
                     self.store._count("remote_uploaded_bytes", size)
             if verify:
-                self.store.reports.repaired(h)
+                self.reports.repaired(h)
             if bad:
-                self.store.packs.in_own_object(h)
+                self.packs.in_own_object(h)
             with self._lock:
                 self.bad.discard(h)
                 self.verify_first.discard(h)
 
         def run() -> None:
-            self.store.packs.upload(packed, gone)
+            self.packs.upload(packed, gone)
             self.store._parallel(one, alone)
 
         run()

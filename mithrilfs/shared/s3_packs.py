@@ -49,7 +49,7 @@ from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared.entries import MAX_PACK_BYTES, RemoteEntry
 
 if TYPE_CHECKING:
-    from mithrilfs.shared.s3_wire import S3Store
+    from mithrilfs.shared.s3_conn import S3Connection
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def pack_key(pack_id: str) -> str:
 class Packs:
     """One store's packs: where blobs are, writing packs, reading ranges (see the module doc)."""
 
-    def __init__(self, store: S3Store) -> None:
+    def __init__(self, store: S3Connection) -> None:
         self.store = store
         self._lock = threading.Lock()
         self._where: dict[str, Location] = {}

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import blake3
 
 if TYPE_CHECKING:
-    from mithrilfs.shared.s3_wire import S3Store
+    from mithrilfs.shared.s3_conn import S3Connection
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ _HEX = frozenset("0123456789abcdef")
 class BadBlobReports:
     """The ``bad/`` reports of one store (see the module doc); every method runs in the store's threads."""
 
-    def __init__(self, store: S3Store) -> None:
+    def __init__(self, store: S3Connection) -> None:
         self.store = store
         self._listed: set[str] = set()
         self._listed_at: float | None = None

@@ -47,18 +47,15 @@ import json
 import logging
 import random
 import secrets
-import threading
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any, BinaryIO
 from urllib.parse import quote, unquote_to_bytes
 
 from mithrilfs.shared import usage
 from mithrilfs.shared.entries import MAX_DIR_NAMES, EntryCodec, RemoteEntry, RemoteError
-from mithrilfs.shared.s3_blobs import PART_BYTES, PROGRESS_BYTES, S3Blobs, object_age
+from mithrilfs.shared.s3_blobs import S3Blobs, object_age
+from mithrilfs.shared.s3_conn import S3Connection, _obstore
 from mithrilfs.shared.s3_packs import Packs
 from mithrilfs.shared.s3_repair import BadBlobReports
 from mithrilfs.shared.s3_seen import SeenManifests
@@ -72,10 +69,8 @@ from mithrilfs.shared.startup_sets import (
     encode_record,
     valid_record_id,
 )
-from mithrilfs.shared.wire import Level, RemoteStore, new_counters
+from mithrilfs.shared.wire import RemoteStore
 from mithrilfs.store.namespace import valid_name
-
-# obstore is imported where it is used: a mount without an s3 remote starts without it
 
 log = logging.getLogger(__name__)
 
@@ -83,19 +78,8 @@ log = logging.getLogger(__name__)
 MAX_MANIFEST_BYTES = 32 << 20
 #: Blobs up to this size are fetched by the prefetcher in concurrent batches.
 SMALL_BLOB_BYTES = 8 << 20
-#: Parallel requests of one batch (HEADs, GETs, manifest updates).
-PARALLEL = 16
 #: Attempts of one manifest update before the tier gives up for now (the queue retries later).
 CAS_ATTEMPTS = 25
-CONNECT_TIMEOUT = timedelta(seconds=1)
-#: HEADs and small blobs: a stalled endpoint costs this, not a hang.
-QUICK_TIMEOUT = timedelta(seconds=2)
-#: Manifests, startup sets and the epoch: objects that grow with a directory (a 100,000-name manifest is 30 MB).
-NAMES_TIMEOUT = timedelta(seconds=10)
-#: Transfers of large blobs (a large blob over a slow link).
-BULK_TIMEOUT = timedelta(seconds=120)
-#: Blobs up to this size go through the quick client.
-QUICK_BLOB_BYTES = 1 << 20
 #: Present while a ``fleet gc`` deletes blobs (``s3_gc``): writers hold their names back meanwhile.
 SWEEP_KEY = "gc-sweep"
 
@@ -108,165 +92,29 @@ def _component(part: str) -> str:
     return unquote_to_bytes(part[1:]).decode(errors="surrogateescape")
 
 
-class S3Store(RemoteStore):
-    """One namespace in one bucket (see the module doc); every method may raise RemoteError."""
+class S3Store(S3Connection, RemoteStore):
+    """One namespace in one bucket (see the module doc); every method may raise RemoteError.
+
+    The connection (clients, errors, basic requests) is its base (``s3_conn``);
+    blobs, packs, reports and manifests as last seen are parts of their own;
+    the names (manifests and their compare-and-swap), the epoch and the
+    records are here.
+    """
 
     small_blob_bytes = SMALL_BLOB_BYTES
     packs_by_directory = True
     use_flush_seconds = usage.USE_FLUSH_SECONDS
-
     def __init__(self, location: S3Location, namespace: str, key: bytes | None, settings: S3Settings, *,
                  counters: dict[str, int] | None = None) -> None:
-        self.location = location
-        self.settings = settings
-        self.namespace = namespace
-        self.base = f"{location.prefix}/{namespace}/" if location.prefix else f"{namespace}/"
-        self.url = location.shown(settings.endpoint)
-        self.counters = counters if counters is not None else new_counters()
-        self.level = Level("s3", self.url, self.counters)
+        super().__init__(location, namespace, settings, counters=counters)
         self.codec = EntryCodec(namespace, key, self.counters)
-        self._clients: dict[timedelta, Any] = {}
-        self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="s3")
-        self._lock = threading.Lock()
         self.reports = BadBlobReports(self)
-        self.blobs = S3Blobs(self)
         self.packs = Packs(self)
+        self.blobs = S3Blobs(self, self.packs, self.reports)
         #: Each manifest as last read or written: a publish merges into it without reading (``s3_seen``).
         self.seen = SeenManifests()
         #: The epoch token last seen: another one means the bucket was emptied (its packs are gone).
         self._epoch_seen: str | None = None
-
-    # -- clients and errors ---------------------------------------------------
-    def _client(self, timeout: timedelta) -> Any:
-        from obstore.store import S3Store as Client
-
-        s = self.settings
-        config: Any = {"region": s.region}  # obstore types it as a TypedDict
-        if s.endpoint:
-            config["endpoint"] = s.endpoint
-            config["virtual_hosted_style_request"] = False
-        if s.access_key_id:
-            config.update(access_key_id=s.access_key_id, secret_access_key=s.secret_access_key)
-            if s.session_token:
-                config["session_token"] = s.session_token
-        elif not s.ambient_credentials:
-            config["skip_signature"] = True  # no credentials anywhere: an anonymous (public) bucket
-        return Client(self.location.bucket, config=config,
-                      client_options={"allow_http": True, "timeout": timeout, "connect_timeout": CONNECT_TIMEOUT},
-                      retry_config={"max_retries": 2, "retry_timeout": timeout,
-                                    "backoff": {"init_backoff": timedelta(milliseconds=100),
-                                                "max_backoff": timedelta(seconds=1), "base": 2}})
-
-    def _made(self, timeout: timedelta) -> Any:
-        client = self._clients.get(timeout)
-        if client is None:
-            client = self._clients.setdefault(timeout, self._client(timeout))
-        return client
-
-    @property
-    def quick(self) -> Any:
-        return self._made(QUICK_TIMEOUT)
-
-    @property
-    def names(self) -> Any:
-        return self._made(NAMES_TIMEOUT)
-
-    def blobs_for(self, size: int) -> Any:
-        """The client for a blob of *size* bytes: a small one must not wait minutes on a stalled endpoint."""
-        return self._made(QUICK_TIMEOUT if size <= QUICK_BLOB_BYTES else BULK_TIMEOUT)
-
-    def _count(self, counter: str, n: int = 1) -> None:
-        """Counters are added to from the pool's threads."""
-        with self._lock:
-            self.counters[counter] += n
-
-    def levels(self) -> list[Level]:
-        return [self.level]
-
-    def _why(self, e: BaseException) -> str:
-        """One line naming the cause of a failed request (the client's messages run to many lines)."""
-        text = str(e)
-        endpoint = self.settings.endpoint or "AWS S3"
-        bucket = self.location.bucket
-        if "NoSuchBucket" in text:
-            how = f"aws s3 mb s3://{bucket}" + (f" --endpoint-url {self.settings.endpoint}" if self.settings.endpoint
-                                                else "")
-            return f"bucket {bucket!r} does not exist at {endpoint} (create it: {how})"
-        for code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken"):
-            if code in text:
-                return f"access to bucket {bucket!r} refused ({code}): check the credentials"
-        if "403 Forbidden" in text:
-            return f"access to bucket {bucket!r} refused (403): check the credentials"
-        if "timed out" in text.lower() or "operation timed out" in text.lower() or "deadline" in text.lower():
-            return f"{endpoint} did not answer in time"
-        if "error sending request" in text or "Connection refused" in text or "tcp connect" in text:
-            return f"cannot connect to {endpoint}"
-        first = next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)
-        return first[:300]
-
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run *fn* against the bucket: its failures become a RemoteError and a back-off.
-
-        Data the bucket holds is never a failure of the bucket: every parser
-        here handles what it cannot read itself (counted in ``remote_rejected``).
-        """
-        if not self.level.available():
-            raise self.level.refuse()
-        import obstore.exceptions
-
-        try:
-            result = fn(*args)
-        except (obstore.exceptions.BaseError, OSError) as e:
-            raise self.level.failed(self._why(e), log) from None
-        except BaseException as e:
-            if type(e).__name__ != "PanicException":  # the Rust client's panic is no Exception
-                raise
-            raise self.level.failed(f"the S3 client failed: {str(e).splitlines()[0][:200]}", log) from None
-        self.level.succeeded()
-        return result
-
-    def _unless_absent(self, call: Callable[[], Any]) -> Any:
-        """*call*'s answer (a GET or HEAD, counted as one request), None when the object does not exist;
-        a missing bucket is no missing object, but an error."""
-        try:
-            result = call()
-        except FileNotFoundError as e:
-            if "NoSuchBucket" in str(e):
-                raise
-            result = None
-        self.level.moved()
-        return result
-
-    def _get(self, client: Any, key: str, limit: int) -> tuple[bytes | None, str | None] | None:
-        """(an object's bytes, its ETag), None when absent; the bytes are None when it holds more than
-        *limit* (never read: hostile or broken), the ETag None when the server gave none."""
-        result = self._unless_absent(lambda: _obstore().get(client, self.base + key))
-        if result is None:
-            return None
-        etag = result.meta.get("e_tag") or None
-        if result.meta["size"] > limit:
-            return None, etag
-        parts = []
-        for chunk in result.stream(min_chunk_size=PROGRESS_BYTES):
-            parts.append(bytes(chunk))
-            self.level.moved(down=len(parts[-1]), requests=0)  # as it arrives: the bound on a wait sees progress
-        return b"".join(parts), etag
-
-    def _put(self, client: Any, key: str, data: Any, mode: Any, size: int) -> bool:
-        """Put an object; False when the condition failed (someone else wrote it first)."""
-        import obstore.exceptions
-
-        try:
-            _obstore().put(client, self.base + key, data, mode=mode, chunk_size=PART_BYTES)
-        except (obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
-            self.level.moved()
-            return False
-        self.level.moved(up=size)
-        return True
-
-    def _parallel(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
-        return list(self._pool.map(fn, items))
-
     # -- availability and epoch -------------------------------------------------
     def ping(self) -> None:
         """The bucket answers a listing with these credentials (a missing bucket or bad key names itself).
@@ -575,16 +423,6 @@ class S3Store(RemoteStore):
 
         got = self._call(lambda: self._get(self.names, "gc", MAX_SUMMARY_BYTES))
         return parse_summary(got[0]) if got is not None else None
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _obstore() -> Any:
-    import obstore
-
-    return obstore
-
 
 
 def _depth(dir_path: str) -> int:

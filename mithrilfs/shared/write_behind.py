@@ -207,7 +207,7 @@ class WriteBehind:
             if not written:
                 await self._lost_to(name_key, path, other)
             elif other.type == "f" and ours.type == "f" and other.hash != ours.hash and other.node != self.tier.node:
-                self.tier._conflict(path, ours, other, kept=self.tier.node)
+                self.tier.reconciler.conflict(path, ours, other, kept=self.tier.node)
         await self._blobs_seen_elsewhere(items, results, held)
         return len(settled) + len(tombs)
 
@@ -300,4 +300,4 @@ class WriteBehind:
         parent, name = name_key
         ino_id = self.tier.ns.lookup(parent, name)
         if ino_id is not None:
-            await self.tier._reconcile(parent, name, ino_id, winner, path)
+            await self.tier.reconciler.reconcile(parent, name, ino_id, winner, path)

@@ -269,7 +269,7 @@ def test_startup_set_records_are_newest_first_bounded_and_hostile_ones_refused(
     """A reader gets the RECORDS_READ newest records in two requests and writes nothing; a record that is
     no record, too large, or holds entries signed with another key or impossible paths is refused or
     stripped, counted, and never raises."""
-    from mithrilfs.shared import redis_wire, startup_sets
+    from mithrilfs.shared import redis_records, startup_sets
     from mithrilfs.shared.startup_sets import merged, new_record_id
 
     key = b"k" * 16
@@ -295,7 +295,7 @@ def test_startup_set_records_are_newest_first_bounded_and_hostile_ones_refused(
                        (planted[3], b"x" * 5000)):
         redis_server.cli("SET", f"{index}:{rid}", value.decode())
         redis_server.cli("ZADD", index, str(startup_sets.record_time(rid)), rid)
-    monkeypatch.setattr(redis_wire, "MAX_RECORD_BYTES", 4000)
+    monkeypatch.setattr(redis_records, "MAX_RECORD_BYTES", 4000)
     rejected = ours.counters["remote_rejected"]
     records = ours.startup_records("warm")
     # the newest four: the giant and the non-JSON refused whole; the forged entry dropped; of the
@@ -304,7 +304,7 @@ def test_startup_set_records_are_newest_first_bounded_and_hostile_ones_refused(
     assert ours.counters["remote_rejected"] - rejected == 2 + 1 + 5
     assert ours.level.available()
     # a mount's last write keeps the RECORDS_KEPT newest, and their values only
-    monkeypatch.setattr(redis_wire, "RECORDS_KEPT", 3)
+    monkeypatch.setattr(redis_records, "RECORDS_KEPT", 3)
     last = new_record_id()
     ours.write_startup_record("warm", last, [("k/f9", file_entry(20, "n"))], last=True)
     kept = redis_server.cli("ZREVRANGE", index, "0", "-1").stdout.split()

@@ -1,0 +1,107 @@
+"""Records in Redis: startup sets (one record per mount, ``startup_sets``) and use records (fleet gc).
+
+Part of ``redis_wire.RedisStore`` (its ``records``): what a mount read first,
+for the next mount's prefetch, and when each directory was last used, for
+``fleet gc`` (``shared.gc``); both small, written in one pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mithrilfs.shared.entries import RemoteEntry
+from mithrilfs.shared.redis_conn import _BATCH, RedisConnection
+from mithrilfs.shared.startup_sets import (
+    MAX_RECORD_BYTES,
+    RECORDS_KEPT,
+    RECORDS_READ,
+    Record,
+    decode_record,
+    encode_record,
+    record_time,
+    valid_record_id,
+)
+
+#: A startup set's records stay this long after their last write (seconds).
+RECORD_TTL = 30 * 24 * 3600
+
+
+class RedisRecords:
+    """Startup-set and use records of a RedisStore, through its connection; may raise RemoteError."""
+
+    def __init__(self, conn: RedisConnection) -> None:
+        self.conn = conn
+        self.prefix = conn.prefix
+        self.codec = conn.codec
+        self.level = conn.level
+
+    @property
+    def client(self) -> Any:
+        return self.conn.client
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        return self.conn._call(fn, *args)
+
+    def _set_key(self, name: str) -> str:
+        """The set's index (a sorted set of record ids by time); the name in braces is a cluster hash tag,
+        so the index and its records live in one slot."""
+        return f"{self.prefix}startup:{{{name}}}"
+
+    def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
+                             last: bool = False) -> None:
+        """This mount's record, written over (one pipeline): the value, and its id in the set's index; the
+        last write also drops the records past the ``RECORDS_KEPT`` newest."""
+        def write() -> None:
+            data = encode_record(self.codec, items)
+            index = self._set_key(name)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(f"{index}:{record_id}", data, ex=RECORD_TTL)
+            pipe.zadd(index, {record_id: record_time(record_id)})
+            pipe.expire(index, RECORD_TTL)
+            pipe.execute()
+            self.level.moved(up=len(data), requests=0)
+            if last:
+                old = [m.decode() for m in self.client.zrange(index, 0, -(RECORDS_KEPT + 1))]
+                if old:
+                    pipe = self.client.pipeline(transaction=False)
+                    pipe.delete(*[f"{index}:{r}" for r in old])
+                    pipe.zrem(index, *old)
+                    pipe.execute()
+
+        self._call(write)
+
+    def startup_records(self, name: str) -> list[Record]:
+        """The newest records: their ids (ZREVRANGE), then their values (one pipeline of GETRANGEs, each
+        at most ``MAX_RECORD_BYTES`` + 1: a planted giant is never read whole); never a write."""
+        def read() -> list[Record]:
+            index = self._set_key(name)
+            ids = [m.decode(errors="replace") for m in self.client.zrevrange(index, 0, RECORDS_READ - 1)]
+            ids = [r for r in ids if valid_record_id(r)]
+            if not ids:
+                return []
+            pipe = self.client.pipeline(transaction=False)
+            for r in ids:
+                pipe.getrange(f"{index}:{r}", 0, MAX_RECORD_BYTES)
+            out = []
+            for r, data in zip(ids, pipe.execute()):
+                if data:  # gone (its time to live): nothing to read
+                    self.level.moved(down=len(data), requests=0)
+                    record = decode_record(self.codec, r, data if len(data) <= MAX_RECORD_BYTES else None)
+                    if record is not None:
+                        out.append(record)
+            return out
+
+        return self._call(read)
+
+    def record_use(self, records: dict[str, float]) -> None:
+        """``ZADD GT``: a record never moves a directory's last use back."""
+        def add() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            items = list(records.items())
+            for start in range(0, len(items), _BATCH):
+                pipe.zadd(self.conn.used_key, dict(items[start:start + _BATCH]), gt=True)
+            pipe.execute()
+
+        if records:
+            self._call(add)
+
