@@ -138,7 +138,9 @@ def test_a_prefetch_whose_daemon_is_killed_while_it_runs_is_finished_by_the_succ
     b = mount_factory("b", *_remote(redis_server), env={"MITHRILFS_TEST_CRASH_AT": crash_at})
     res = run_cli("prefetch", str(b.mountpoint), "--all", timeout=60)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("prefetched 10 files"), res.stdout
+    # killed before fetching: the successor fetches all 10; killed as the answer is read, the first daemon
+    # may have fetched them already (a loaded run: "prefetched 0 files"), and they are not fetched twice
+    assert res.stdout.startswith("prefetched 10 files" if crash_at == "prefetch_fetch" else "prefetched "), res.stdout
     stats = b.stats()
     assert stats["restarts"] == 1 and stats["physical_bytes"] == sum(len(v) for v in files.values())
     b.pid = stats["pid"]
