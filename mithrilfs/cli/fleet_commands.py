@@ -1,7 +1,7 @@
 """``fleet gc``: a budget for the shared tier, run from anywhere that reaches it (a CronJob, a timer).
 
 The remote settings and secrets are resolved as ``mount`` resolves them
-(``commands._remote_stores``, ``commands._remote_password``): the same
+(``mount_commands._remote_stores``, ``_remote_password``, ``remote_key``, ``check_namespace``): the same
 flags, the same AWS_* variables, the same password file or environment.
 """
 
@@ -12,22 +12,9 @@ import json
 import sys
 
 from mithrilfs.cli.client import usage_error
-from mithrilfs.cli.mount_commands import _remote_password, _remote_stores
+from mithrilfs.cli.mount_commands import _remote_password, _remote_stores, check_namespace, remote_key
 from mithrilfs.shared.redis_url import without_password
 from mithrilfs.units import format_duration_short, format_size
-
-
-def _remote_key(args: argparse.Namespace) -> bytes | None:
-    """The signing key, checked as ``mount`` checks it."""
-    if args.remote_key_file is None:
-        return None
-    try:
-        key = args.remote_key_file.read_bytes().strip()
-    except OSError as e:
-        usage_error(f"cannot read key file {args.remote_key_file}: {e.strerror}")
-    if len(key) < 16:
-        usage_error(f"key file {args.remote_key_file} holds fewer than 16 bytes")
-    return key
 
 
 def _cmd_fleet(args: argparse.Namespace) -> int:
@@ -36,9 +23,8 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
 
     args.remote_owner = None  # what ``_remote_password`` checks for mount
     behind, s3 = _remote_stores(args)
-    key = _remote_key(args)
-    if not args.remote_namespace or not all(c.isalnum() or c in "-_." for c in args.remote_namespace):
-        usage_error(f"invalid namespace {args.remote_namespace!r} (letters, digits, - _ .)")
+    key = remote_key(args)
+    check_namespace(args)
     least = usage.min_grace()
     grace = least if args.grace is None else args.grace
     if grace < least:

@@ -42,23 +42,35 @@ if TYPE_CHECKING:  # imported where used: a CLI command without a remote starts 
     from mithrilfs.shared.s3_settings import S3Settings
 
 
+def remote_key(args: argparse.Namespace) -> bytes | None:
+    """The signing key of ``--remote-key-file`` (``mount``, ``fleet gc``): a one-line error when it cannot be read
+    or is too short to sign with."""
+    if args.remote_key_file is None:
+        return None
+    try:
+        key: bytes = args.remote_key_file.read_bytes().strip()
+    except OSError as e:
+        usage_error(f"cannot read key file {args.remote_key_file}: {e.strerror}")
+    if len(key) < 16:
+        usage_error(f"key file {args.remote_key_file} holds fewer than 16 bytes")
+    return key
+
+
+def check_namespace(args: argparse.Namespace) -> None:
+    """``--remote-namespace`` is a key prefix: letters, digits, - _ . only."""
+    if not args.remote_namespace or not all(c.isalnum() or c in "-_." for c in args.remote_namespace):
+        usage_error(f"invalid namespace {args.remote_namespace!r} (letters, digits, - _ .)")
+
+
 def _cmd_mount(args: argparse.Namespace) -> int:
     behind, s3 = _remote_stores(args)
     store = (args.store or default_store()).expanduser().absolute()
     given = given_settings(args)
     policy = store_policy(store, given)
-    key = None
-    if args.remote_key_file is not None:
-        if args.remote is None:
-            usage_error("--remote-key-file needs --remote")
-        try:
-            key = args.remote_key_file.read_bytes().strip()
-        except OSError as e:
-            usage_error(f"cannot read key file {args.remote_key_file}: {e.strerror}")
-        if len(key) < 16:
-            usage_error(f"key file {args.remote_key_file} holds fewer than 16 bytes")
-    if not args.remote_namespace or not all(c.isalnum() or c in "-_." for c in args.remote_namespace):
-        usage_error(f"invalid namespace {args.remote_namespace!r} (letters, digits, - _ .)")
+    if args.remote_key_file is not None and args.remote is None:
+        usage_error("--remote-key-file needs --remote")
+    key = remote_key(args)
+    check_namespace(args)
     password = _remote_password(args)
     opts = MountOptions(
         policy=policy,
