@@ -8,31 +8,17 @@ by method and by area of the layout (names, packs, blobs, sets, epoch).
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import os
 import secrets
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MountFactory, RedisServer, SeaweedFS, run_cli, wait_for, wait_uploaded
+from conftest import MountFactory, RedisServer, SeaweedFS, delay_proxy_module, run_cli, wait_for, wait_uploaded
 from test_shared_s3 import BASE, _s3, errno_of_read, get, keys, manifest, pack_key, put, stored_blob
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
-
-def _delay_proxy() -> Any:
-    spec = importlib.util.spec_from_file_location("delay_proxy", SCRIPTS / "delay_proxy.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["delay_proxy"] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 AREAS = ("blobs", "packs", "names", "sets", "epoch", "bad")
 
@@ -47,7 +33,7 @@ def area(method: str, target: str) -> str:
 @pytest.fixture
 def proxy(shared_seaweedfs: SeaweedFS) -> Iterator[Any]:
     """The delay proxy (no delay) in front of the module's SeaweedFS, counting requests by area."""
-    dp = _delay_proxy()
+    dp = delay_proxy_module()
     with dp.DelayProxy("127.0.0.1", shared_seaweedfs.ports["s3"], protocol="http", label=area) as p:
         yield p
 

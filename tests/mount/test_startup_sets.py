@@ -4,15 +4,12 @@ of a lazy node."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import ModuleType
 
-from conftest import MountFactory, RedisServer, run_cli, wait_for
+from conftest import MountFactory, RedisServer, delay_proxy_module, run_cli, wait_for
 from test_prefetch import fill
 from test_shared_tier import _remote
 
@@ -38,16 +35,6 @@ def record_paths(redis_server: RedisServer) -> list[list[str]]:
     """The paths of each record of the default set, newest first."""
     ids = redis_server.cli("ZREVRANGE", SET, "0", "-1").stdout.split()
     return [[p for p, _ in json.loads(redis_server.cli("GET", f"{SET}:{i}").stdout)["order"]] for i in ids]
-
-
-def delay_proxy() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "delay_proxy.py"
-    spec = importlib.util.spec_from_file_location("delay_proxy", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["delay_proxy"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_load_writes_one_record_and_a_new_node_prefetches_it_in_the_background(mount_factory: MountFactory,
@@ -104,7 +91,7 @@ def test_a_read_of_what_the_prefetch_is_bringing_waits_for_it(mount_factory: Mou
     for p in sorted(files):
         (a.mountpoint / p).read_bytes()
     a.umount()
-    with delay_proxy().DelayProxy("127.0.0.1", redis_server.port, rtt_ms=300, protocol="redis",
+    with delay_proxy_module().DelayProxy("127.0.0.1", redis_server.port, rtt_ms=300, protocol="redis",
                                   connect_rtts=0) as proxy:
         b = mount_factory("b", "--remote", f"redis://127.0.0.1:{proxy.port}/0", "--min-age", "0")
         order = sorted(files, reverse=True)  # the last of the set first: some queued, some on their way

@@ -12,34 +12,19 @@ from __future__ import annotations
 
 import http.client
 import http.server
-import importlib.util
 import os
 import random
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import redis
-from conftest import RedisServer, wait_for
+from conftest import RedisServer, delay_proxy_module, wait_for
 
-
-def load_script() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "delay_proxy.py"
-    spec = importlib.util.spec_from_file_location("delay_proxy", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["delay_proxy"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-dp = load_script()
+dp = delay_proxy_module()
 
 
 class Objects(http.server.BaseHTTPRequestHandler):
