@@ -37,22 +37,22 @@ class FleetState:
         self.records_sent = 0
 
     def used_path(self, path: str) -> None:
-        """A file at *path* (in the tier's namespace) was read or published."""
+        """A file at *path* (in the tier's namespace) was read."""
         self.usage.used(dir_of(path))
+
+    async def before_publish(self, paths: list[str], thread: Callable[..., Awaitable[Any]]) -> None:
+        """Record the use of the directories these names go into, now, before they are published (a
+        RemoteError propagates: the names wait for the next batch)."""
+        for path in paths:
+            self.usage.published(dir_of(path))
+        await self._send(thread)
 
     async def step(self, thread: Callable[..., Awaitable[Any]]) -> None:
         """Send due use records and read the gc record when their time has come (RemoteError propagates:
         the uploader backs off)."""
         now = time.monotonic()
         if self.usage.pending() and now - self._flushed >= self.remote.use_flush_seconds:
-            records = self.usage.take()
-            try:
-                await thread(self.remote.record_use, records)
-            except RemoteError:
-                self.usage.failed(records)
-                raise
-            self._flushed = now
-            self.records_sent += len(records)
+            await self._send(thread)
         if now - self._summary_at >= SUMMARY_SECONDS:
             self._summary_at = now
             summary = await thread(self.remote.tier_summary)
@@ -60,6 +60,18 @@ class FleetState:
                 if self.summary is not None or time.time() - summary["at"] < 2 * SUMMARY_SECONDS:
                     self.events.emit("fleet_gc", url=self.remote.url, **summary)
                 self.summary = summary
+
+    async def _send(self, thread: Callable[..., Awaitable[Any]]) -> None:
+        records = self.usage.take()
+        if not records:
+            return
+        try:
+            await thread(self.remote.record_use, records)
+        except RemoteError:
+            self.usage.failed(records)
+            raise
+        self._flushed = time.monotonic()
+        self.records_sent += len(records)
 
     def snapshot(self) -> dict[str, Any]:
         out: dict[str, Any] = {"remote_use_records": self.records_sent}

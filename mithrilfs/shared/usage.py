@@ -3,11 +3,16 @@
 ``fleet gc`` deletes what has gone unused longest, so age must mean
 "unused for", not "written before".  Every node notes the directory of each
 file it reads (``RemoteTier.record_read``: every read at offset 0, local or
-remote) and of each name it publishes, and tells the tier about a directory
-at most once per ``USE_RECORD_SECONDS`` (an hour): one dict lookup per read,
+remote) and tells the tier about a directory at most once per
+``USE_RECORD_SECONDS`` (an hour): one dict lookup per read,
 and at most one record per directory per node per hour (Redis: a ``ZADD
 GT`` into one sorted set, pipelined with the uploader's batch; a bucket:
 one small object per flush, at most every ``USE_FLUSH_SECONDS``).
+
+A name it publishes is different: its directory's record is written
+before the name (one record write per upload batch), so gc, which lists
+the names before the records, never sees a name older than its last use
+(a name published meanwhile is never taken for an unused one).
 
 The times here also order gc against writers (docs/design.md, *Fleet gc*):
 
@@ -82,6 +87,13 @@ class UseRecorder:
         if len(self._told) > 100_000:  # forget what was told long ago: memory stays bounded
             cutoff = time.monotonic() - self.every
             self._told = {d: t for d, t in self._told.items() if t >= cutoff}
+
+    def published(self, dir_path: str) -> None:
+        """A name published in *dir_path*: due whatever was told this hour, and sent before the name
+        (``FleetState.before_publish``), so no gc can list the name with an older last use than its
+        publication (an hour-old record would let a ``--max-age`` under an hour delete it at once)."""
+        self._told[dir_path] = time.monotonic()
+        self._due[dir_path] = time.time()
 
     def pending(self) -> int:
         return len(self._due)

@@ -227,11 +227,9 @@ class WriteBehind:
     async def _publish(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         """Publish names in the order ``fleet gc`` relies on: a directory's names before its entry in its
         parent (files first, then directories deepest first); results in *items*' order.  Each directory
-        published into counts as used (``fleet``)."""
+        published into is recorded as used first (``fleet``: no gc sees the name before its use)."""
         order = sorted(range(len(items)), key=lambda i: (items[i][1].type == "d", -items[i][0].count("/")))
-        for path, entry in items:
-            if entry.type != "d":
-                self.tier.fleet.used_path(path)
+        await self.tier.fleet.before_publish([path for path, e in items if e.type not in "dx"], self.tier.thread)
         published = await self.tier.thread(self.tier.remote.publish_entries, [items[i] for i in order])
         results: list[tuple[bool, RemoteEntry | None]] = [(False, None)] * len(items)
         for i, r in zip(order, published):

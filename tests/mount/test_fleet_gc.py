@@ -302,6 +302,24 @@ def test_gc_racing_eight_writers_on_two_nodes_loses_no_published_name(mount_fact
     assert c.stats()["remote_verify_failures"] == 0
 
 
+def test_a_name_published_into_a_long_unused_directory_counts_as_its_use(mount_factory: MountFactory, tier: Tier):
+    """The loaded run's loss: a writer published a name into a directory whose last use record was days old
+    (it had told the tier of that directory within the hour, so it sent no new record), and gc, listing the
+    name before any record, deleted it with the directory.  A publish now records its directory's use first."""
+    a = _node(mount_factory, tier, "a")
+    (a.mountpoint / "old" / "e1").mkdir(parents=True)
+    first, second = os.urandom(20_000), os.urandom(20_000)
+    write_committed(a.mountpoint / "old" / "e1" / "f", first)
+    _settled(a, 1)
+    tier.plant_use({"old/e1": time.time() - 3 * DAY})  # as a fleet would have left it, days ago
+    write_committed(a.mountpoint / "old" / "e1" / "g", second)
+    wait_uploaded(a, 60)
+    assert tier.gc_json("--max-age", "1d")["deleted"] == []
+    c = _node(mount_factory, tier, "c")
+    assert (c.mountpoint / "old" / "e1" / "g").read_bytes() == second
+    assert (c.mountpoint / "old" / "e1" / "f").read_bytes() == first
+
+
 def _paused_gc(tier: Tier, point: str, tmp: Path, *args: str) -> tuple[subprocess.Popen, Path]:
     """gc started in the background, waiting at *point* (``gc.pause_for_tests``) until the test lets it go on."""
     flag = tmp / f"pause-{point}"
