@@ -32,17 +32,15 @@ import hmac
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from mithrilfs.shared.entries import _NODE_RE, MAX_VERSION, RemoteEntry, RemoteError
 from mithrilfs.shared.feed_wire import MAX_RECORD_BYTES, FeedWire
+from mithrilfs.shared.tier_state import Change, ChangesTier
 from mithrilfs.shared.write_behind import version_of
 from mithrilfs.store.namespace import ROOT_INODE, join_path, valid_name
-
-if TYPE_CHECKING:  # the tier this part belongs to
-    from mithrilfs.shared.remote_tier import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +50,6 @@ RECORD_PATHS = 256
 MAX_PATH_BYTES = 4096
 COUNTERS = ("remote_changes_announced", "remote_changes_applied", "remote_changes_rejected",
             "remote_feed_reads", "remote_feed_resyncs")
-
-#: (path, version, whole tree)
-Change = tuple[str, int, bool]
 
 
 def path_parts(path: Any) -> list[bytes] | None:
@@ -126,7 +121,7 @@ class ChangeCodec:
 class Changes:
     """Announce this node's deletions and apply the fleet's (part of ``RemoteTier``: its ``changes``)."""
 
-    def __init__(self, tier: RemoteTier, wire: FeedWire, key: bytes | None) -> None:
+    def __init__(self, tier: ChangesTier, wire: FeedWire, key: bytes | None) -> None:
         self.tier = tier
         self.wire = wire
         self.codec = ChangeCodec(tier.remote.namespace, key)

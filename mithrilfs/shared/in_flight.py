@@ -14,28 +14,22 @@ waited on it answers at once rather than ask the same question again.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import trio
 
 from mithrilfs.shared.entries import RemoteError
 from mithrilfs.shared.local_disk import room as disk_room
+from mithrilfs.shared.tier_state import Events, InFlightTier
 from mithrilfs.store.namespace import Inode
 from mithrilfs.store.open import is_disk_full
 
-if TYPE_CHECKING:  # the tier builds and owns its registry
-    from mithrilfs.shared.remote_tier import RemoteTier
-
 log = logging.getLogger(__name__)
-
-#: Claimed blobs: content -> (set once it arrived or did not, the size it was claimed at).
-Events = dict[bytes, tuple[trio.Event, int]]
 
 
 class InFlight:
     """The tier's blobs on their way (see the module doc)."""
 
-    def __init__(self, tier: RemoteTier) -> None:
+    def __init__(self, tier: InFlightTier) -> None:
         self.tier = tier
         self.fetching: Events = {}
         #: Blobs a background fetch found missing or bad: the read that waited on one answers at once.

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -35,12 +36,10 @@ from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared.entries import RemoteError
 from mithrilfs.shared.local_disk import cause, disk_full_message
+from mithrilfs.shared.tier_state import PrefetchTier
 from mithrilfs.store.cas import hash_bytes
 from mithrilfs.store.namespace import ROOT_INODE, Inode
 from mithrilfs.store.open import is_disk_full
-
-if TYPE_CHECKING:  # the tier builds and drives its prefetcher
-    from mithrilfs.shared.remote_tier import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ BACKGROUND_BATCH_BLOBS = 16
 
 
 class Prefetcher:
-    def __init__(self, shared: RemoteTier, policy: EvictionPolicy, physical: Any) -> None:
+    def __init__(self, shared: PrefetchTier, policy: EvictionPolicy, physical: Callable[[], int]) -> None:
         self.shared = shared
         self.ns = shared.ns
         self.blobs = shared.blobs

@@ -21,15 +21,13 @@ does not answer: the command says so in one line and can be run again.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mithrilfs.shared.changes import Change, now_version, path_parts
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
+from mithrilfs.shared.tier_state import PurgeTier
 from mithrilfs.shared.wire import RemoteStore
 from mithrilfs.store.namespace import ROOT_INODE, join_path
-
-if TYPE_CHECKING:
-    from mithrilfs.shared.remote_tier import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +77,7 @@ def dirs_under(remote: RemoteStore, paths: list[str]) -> set[str]:
     return set().union(*s3._call(lambda: [scan(p) for p in paths]))
 
 
-def remote_names(tier: RemoteTier, paths: list[str]) -> set[str]:
+def remote_names(tier: PurgeTier, paths: list[str]) -> set[str]:
     """Every live name at or under *paths* in the tier (blocking: run in a thread)."""
     remote = tier.remote
     dirs = dirs_under(remote, paths)
@@ -94,7 +92,7 @@ def remote_names(tier: RemoteTier, paths: list[str]) -> set[str]:
     return found
 
 
-def local_names(tier: RemoteTier, path: str) -> set[str]:
+def local_names(tier: PurgeTier, path: str) -> set[str]:
     """Every name at or under *path* in this node's index."""
     parts = path_parts(path)
     if parts is None:
@@ -117,7 +115,7 @@ def local_names(tier: RemoteTier, path: str) -> set[str]:
     return found
 
 
-async def forget_fleet(tier: RemoteTier, paths: list[str]) -> dict[str, Any]:
+async def forget_fleet(tier: PurgeTier, paths: list[str]) -> dict[str, Any]:
     """Purge *paths* (relative to the mount root) from the fleet; ``{"error": ...}`` in one line on failure."""
     if not paths or len(paths) > MAX_PATHS or any(path_parts(p) is None for p in paths):
         return {"error": f"give 1 to {MAX_PATHS} paths inside the mount"}

@@ -14,16 +14,13 @@ from __future__ import annotations
 import logging
 import stat
 import time
-from typing import TYPE_CHECKING
 
 from mithrilfs.cache.lifetime import Removed
 from mithrilfs.shared.entries import RemoteEntry
+from mithrilfs.shared.tier_state import ReconcileTier
 from mithrilfs.shared.write_behind import version_of
 from mithrilfs.store.cas import EMPTY_DIGEST
 from mithrilfs.store.namespace import ROOT_INODE, Inode, join_path, outside_mode
-
-if TYPE_CHECKING:  # the tier builds and owns its reconciler
-    from mithrilfs.shared.remote_tier import RemoteTier
 
 log = logging.getLogger("mithrilfs.shared.remote_tier")  # the name operators know from the logs
 
@@ -31,7 +28,7 @@ log = logging.getLogger("mithrilfs.shared.remote_tier")  # the name operators kn
 class Reconciler:
     """The tier's merging of remote names into the local namespace (see the module doc)."""
 
-    def __init__(self, tier: RemoteTier) -> None:
+    def __init__(self, tier: ReconcileTier) -> None:
         self.tier = tier
 
     def merge(self, d: int, dir_path: str, entries: dict[bytes, RemoteEntry],

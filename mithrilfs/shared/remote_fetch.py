@@ -13,16 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING
 
 from mithrilfs.cache.integrity import Fetched
 from mithrilfs.shared.bounded import within_bound
 from mithrilfs.shared.entries import RemoteError
 from mithrilfs.shared.local_disk import LocalWriteError, StoreFile
+from mithrilfs.shared.tier_state import FetchTier
 from mithrilfs.store.namespace import Inode
-
-if TYPE_CHECKING:  # the tier builds and owns its fetcher
-    from mithrilfs.shared.remote_tier import RemoteTier
 
 log = logging.getLogger("mithrilfs.shared.remote_tier")  # the name operators know from the logs
 
@@ -34,7 +31,7 @@ READ_AHEAD_BYTES = 1 << 20
 class RemoteFetch:
     """The tier's fetches of remote content (see the module doc)."""
 
-    def __init__(self, tier: RemoteTier) -> None:
+    def __init__(self, tier: FetchTier) -> None:
         self.tier = tier
         #: Directories read ahead in this mount.
         self.read_ahead_dirs: set[int] = set()

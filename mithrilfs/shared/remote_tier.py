@@ -20,7 +20,8 @@ The tier holds the state and the sync of directories; its parts each hold
 one concern and are built here: reconciliation (``reconcile``), the fetch
 path and read-ahead (``remote_fetch``), blobs on their way (``in_flight``),
 the uploader (``write_behind``), the prefetch, startup sets, use records and
-the change feed.
+the change feed.  Each part sees the tier through a protocol of what it uses
+(``tier_state``), so none imports this module back.
 """
 
 from __future__ import annotations

@@ -23,16 +23,13 @@ by the prefetch at mount or by the first read that needs the tier; the
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import trio
 
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.startup_sets import merged
+from mithrilfs.shared.tier_state import OrderTier
 from mithrilfs.store.namespace import ROOT_INODE, Inode
-
-if TYPE_CHECKING:  # the tier builds and drives its orders
-    from mithrilfs.shared.remote_tier import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +48,7 @@ MATERIALIZE_BATCH = 500
 class StartupOrder:
     """Startup set *name* as this mount knows it; *look_ahead*: reads reaching it fetch ahead."""
 
-    def __init__(self, tier: RemoteTier, name: str, *, look_ahead: bool = False) -> None:
+    def __init__(self, tier: OrderTier, name: str, *, look_ahead: bool = False) -> None:
         self.tier = tier
         self.name = name
         self.look_ahead = look_ahead

@@ -21,17 +21,14 @@ from __future__ import annotations
 import logging
 import stat
 import time
-from typing import TYPE_CHECKING
 
 import trio
 
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.startup_sets import MAX_RECORD_PATHS, new_record_id
+from mithrilfs.shared.tier_state import RecorderTier
 from mithrilfs.shared.write_behind import version_of
 from mithrilfs.store.namespace import ROOT_INODE, join_path
-
-if TYPE_CHECKING:  # the tier builds and drives its recorder
-    from mithrilfs.shared.remote_tier import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +43,7 @@ UNMOUNT_WAIT = 5.0
 class StartupRecorder:
     """Records first reads into set *name* (see the module doc); ``due``/``write`` are the uploader's."""
 
-    def __init__(self, tier: RemoteTier, name: str) -> None:
+    def __init__(self, tier: RecorderTier, name: str) -> None:
         self.tier = tier
         self.name = name
         #: This mount's record: sorts newest first among the set's (``startup_sets.new_record_id``).

@@ -13,17 +13,14 @@ from __future__ import annotations
 import logging
 import stat
 import time
-from typing import TYPE_CHECKING
 
 import trio
 
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
+from mithrilfs.shared.tier_state import UploaderTier
 from mithrilfs.shared.usage import UPLOAD_LAG_SECONDS
 from mithrilfs.store.cas import EMPTY_DIGEST
 from mithrilfs.store.namespace import ROOT_INODE, Inode, join_path
-
-if TYPE_CHECKING:  # the tier this half is mixed into
-    from mithrilfs.shared.remote_tier import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +55,7 @@ def in_directory_order(blobs: dict[str, tuple[str, int]],
 class WriteBehind:
     """The tier's queue and uploader; *tier* holds the state both halves share."""
 
-    def __init__(self, tier: RemoteTier) -> None:
+    def __init__(self, tier: UploaderTier) -> None:
         self.tier = tier
 
     def queue_upload(self, ino: int) -> None:
