@@ -167,6 +167,9 @@ class LayeredStore(RemoteStore):
         self._to_front(lambda: self.front.publish_entries(items), {path.rpartition("/")[0] for path, _ in items})
         return results
 
+    def container_of(self, hex_digest: str) -> str | None:
+        return self.back.container_of(hex_digest)
+
     def knows_where(self, hex_digest: str) -> bool:
         return self.back.knows_where(hex_digest)
 

@@ -53,6 +53,11 @@ BATCH_BYTES = 8 << 20
 #: Blobs per batch of a prefetch nobody waits for: its workload reads meanwhile, and a read-ahead's GETs
 #: queue behind the batches in the bucket's pool, so they are kept short.
 BACKGROUND_BATCH_BLOBS = 16
+#: A store that packs blobs (a bucket: one range GET per pack a batch touches, not one per blob) has its
+#: batches cut by bytes and at pack boundaries instead: a batch of this many bytes or more ends where the
+#: next blob is in another pack.  Measured at 20 ms on 1,500 kernels (386 MiB in 275 packs), batches of
+#: 64 (16) blobs: 427 (894) range GETs for the prefetch (the background one).
+PACKED_BATCH_MIN_BYTES = 4 << 20
 
 
 class Prefetcher:
@@ -176,20 +181,7 @@ class Prefetcher:
         todo.sort(key=lambda n: order[n.id])  # a directory's blobs together: one range of a pack for a bucket
         self.state["total_files"] = len(todo)
         self.state["total_bytes"] = sum(n.size for n in todo)
-        batches: list[list[Inode]] = []
-        batch: list[Inode] = []
-        size = 0
-        for n in todo:
-            if n.size > self.remote.small_blob_bytes:
-                batches.append([n])  # streamed alone, at its place in the order
-                continue
-            if batch and (len(batch) >= batch_blobs or size + n.size > BATCH_BYTES):
-                batches.append(batch)
-                batch, size = [], 0
-            batch.append(n)
-            size += n.size
-        if batch:
-            batches.append(batch)
+        batches = self._batches(todo, batch_blobs)
         send, receive = trio.open_memory_channel[list[Inode]](len(batches))
         for b in batches:
             send.send_nowait(b)
@@ -199,6 +191,30 @@ class Prefetcher:
             for _ in range(WORKERS):
                 nursery.start_soon(self._worker, receive.clone(), limiter)
         receive.close()
+
+    def _batches(self, todo: list[Inode], batch_blobs: int) -> list[list[Inode]]:
+        """*todo* cut into batches (large blobs alone, at their place): by count and bytes, or, where the
+        store packs blobs, by bytes and at pack boundaries (``PACKED_BATCH_MIN_BYTES``)."""
+        packed = self.remote.packs_by_directory
+        batches: list[list[Inode]] = []
+        batch: list[Inode] = []
+        size = 0
+        last: str | None = None
+        for n in todo:
+            if n.size > self.remote.small_blob_bytes:
+                batches.append([n])  # streamed alone, at its place in the order
+                continue
+            pack = self.remote.container_of(n.hash.hex()) if packed else None  # type: ignore[union-attr]
+            if batch and (size + n.size > BATCH_BYTES or (
+                    size >= PACKED_BATCH_MIN_BYTES and pack != last if packed else len(batch) >= batch_blobs)):
+                batches.append(batch)
+                batch, size = [], 0
+            batch.append(n)
+            size += n.size
+            last = pack
+        if batch:
+            batches.append(batch)
+        return batches
 
     async def _worker(self, receive: trio.MemoryReceiveChannel, limiter: trio.CapacityLimiter) -> None:
         async with receive:

@@ -255,6 +255,10 @@ class S3Store(S3Connection, RemoteStore):
         return self._call(scan)
 
     # -- where blobs are (``s3_packs``) ----------------------------------------------
+    def container_of(self, hex_digest: str) -> str | None:
+        place = self.packs.location(hex_digest)
+        return place[0] if place is not None else None
+
     def knows_where(self, hex_digest: str) -> bool:
         return self.packs.knows(hex_digest)
 

@@ -217,6 +217,12 @@ class RemoteStore(ABC):
     def startup_records(self, name: str) -> list[Record]:
         """The ``RECORDS_READ`` newest records of a startup set, checked (a bounded number of requests)."""
 
+    def container_of(self, hex_digest: str) -> str | None:
+        """The object holding a blob with others, where the store knows it (a bucket's pack): the prefetch
+        cuts its batches there, so a pack is one range GET, not one per batch it straddles.  Stores that
+        keep each blob apart: None."""
+        return None
+
     def knows_where(self, hex_digest: str) -> bool:
         """Whether a fetch of this blob can find it without its entry being read first.
 
