@@ -29,6 +29,12 @@ UPLOAD_DELAY = 0.3
 UPLOAD_BATCH = 512
 #: A directory still being written holds its due names back at most this long (``_quiet_directories``).
 HOLD_BUSY_DIRECTORY = 3.0
+#: A store that packs a batch's blobs (a bucket) holds the due names of a writer still writing (something
+#: queued in the last ``UPLOAD_DELAY``) this long at most, or until they fill ``PACK_FILL`` bytes: a pack per
+#: upload batch was a pack every 0.3 s of a compile, and a new node reads one range GET per pack (measured
+#: at 20 ms on 1,500 kernels written in 86 s: 331 packs, 331 GETs for its prefetch).
+PACK_WINDOW = 2.0
+PACK_FILL = 8 << 20
 #: How often the uploader asks whether the tier lost its data (its epoch token).
 EPOCH_SECONDS = 2.0
 
@@ -148,7 +154,7 @@ class WriteBehind:
         now = time.time_ns()
         due = self.tier.queue.due(now - int(UPLOAD_DELAY * 1e9), UPLOAD_BATCH)
         if due and self.tier.remote.packs_by_directory:
-            due = self._quiet_directories(due, now)
+            due = [] if self._filling_a_pack(due, now) else self._quiet_directories(due, now)
         tombs = self.tier.queue.tombstones(UPLOAD_BATCH)
         if not due and not tombs:
             return 0
@@ -207,6 +213,22 @@ class WriteBehind:
                 self.tier.reconciler.conflict(path, ours, other, kept=self.tier.node)
         await self._blobs_seen_elsewhere(items, results, held)
         return len(settled) + len(tombs)
+
+    def _filling_a_pack(self, due: list[tuple[int, int]], now: int) -> bool:
+        """Whether to hold *due* back for a fuller pack: the writer is still writing, the oldest has waited
+        less than ``PACK_WINDOW`` and they hold less than a batch or ``PACK_FILL`` bytes.  A writer that
+        stops (a test, a compile's end) is sent ``UPLOAD_DELAY`` after its last write, as before."""
+        if len(due) >= UPLOAD_BATCH or now - due[0][1] >= PACK_WINDOW * 1e9:
+            return False
+        if not self.tier.queue.queued_after(now - int(UPLOAD_DELAY * 1e9), 1):
+            return False
+        size = 0
+        for ino, _ in due:
+            node = self.tier.ns.get(ino)
+            size += node.size if node is not None else 0
+            if size >= PACK_FILL:
+                return False
+        return True
 
     def _quiet_directories(self, due: list[tuple[int, int]], now: int) -> list[tuple[int, int]]:
         """The due names, less those of directories still being written (a name queued there less than

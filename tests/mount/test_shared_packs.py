@@ -291,3 +291,25 @@ def test_a_lazy_node_reads_a_remounted_writers_startup_set_without_a_manifest_pe
     assert count(proxy, "GET names") <= 3, proxy.labels()  # the root, triton/ and the first kernel's
     assert count(proxy, "GET packs") <= len(kernels), proxy.labels()
     assert b.stats()["remote_look_ahead"] >= 3 * len(kernels)  # most files came ahead of their reads
+
+
+def test_a_writer_still_writing_fills_its_packs(mount_factory: MountFactory, shared_seaweedfs: SeaweedFS,
+                                               bucket: str):
+    """A compile writes kernel after kernel: its names wait (at most ``PACK_WINDOW``, 2 s, or 8 MiB) while
+    it writes, so its packs are one per two seconds of writing, not one per upload batch (every 0.3 s: a
+    new node reads one range GET per pack); and once it stops, what it wrote is sent at once."""
+    import time
+
+    kernels = workload(60, seed=3)
+    a = mount_factory("a", *_s3(bucket), env=shared_seaweedfs.env())
+    start = time.monotonic()
+    for key, kfiles in kernels.items():
+        write_kernel(a.mountpoint / "triton", key, kfiles)
+    writing = time.monotonic() - start
+    wait_uploaded(a, 60)
+    packs = [k for k in keys(shared_seaweedfs, bucket) if "/packs/" in k]
+    assert 1 <= len(packs) <= writing / 2.0 + 2, (len(packs), writing)
+    b = mount_factory("b", *_s3(bucket), env=shared_seaweedfs.env())
+    for key, kfiles in kernels.items():
+        for name, data in kfiles.items():
+            assert (b.mountpoint / "triton" / key / name).read_bytes() == data
