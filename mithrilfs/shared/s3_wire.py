@@ -321,7 +321,8 @@ class S3Store(S3Connection, RemoteStore):
                     continue
                 if (cur is not None and cur.pack is not None and entry.type == "f" and entry.pack is None
                         and cur.hash == entry.hash):
-                    entry = replace(entry, pack=cur.pack, offset=cur.offset)  # where the bucket has it
+                    # where the bucket has it (the place, with its pack's time, is a live name's)
+                    entry = replace(entry, pack=cur.pack, offset=cur.offset, packed=cur.packed)
 
                 if held is None and len(raw) >= MAX_DIR_NAMES:  # readers would refuse the manifest whole
                     self._count("remote_rejected")
@@ -411,12 +412,15 @@ class S3Store(S3Connection, RemoteStore):
             self._call(add)
 
     def sweeping(self) -> bool:
-        """A ``gc-sweep`` object younger than a gc run's limit: a gc deletes blobs now (``s3_gc``)."""
+        """A ``gc-sweep`` object younger than a gc run's limit: a gc deletes blobs and packs now (``s3_gc``)."""
         def get() -> bool:
             meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + SWEEP_KEY))
             return meta is not None and object_age(meta) < usage.GC_RUN_SECONDS
 
-        return bool(self._call(get))
+        if not self._call(get):
+            return False
+        self.packs.swept()  # the names wait for the sweep: packs gc may be deleting are not trusted after it
+        return True
 
     def tier_summary(self) -> dict[str, Any] | None:
         from mithrilfs.shared.gc_summary import MAX_SUMMARY_BYTES, parse_summary
