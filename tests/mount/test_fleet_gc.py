@@ -263,24 +263,40 @@ def test_fleet_gc_bad_input_is_one_line(tmp_path: Path, redis_server: RedisServe
 
 def test_gc_racing_eight_writers_on_two_nodes_loses_no_published_name(mount_factory: MountFactory, tier: Tier):
     """gc runs in a loop while 8 writers (4 per node) publish, into new directories and into old ones gc is
-    deleting, with content whose blobs gc is deleting (unreferenced: their names were deleted or unlinked);
-    then a new node reads every name the writers published, byte for byte, and nothing dangles."""
+    deleting, with content whose blobs gc is deleting (unreferenced: their names were deleted or unlinked;
+    in a bucket, a pack of them all that nothing names, older than the grace, whose places one node knows);
+    then a new node reads every name the writers published, byte for byte, and nothing dangles (no place in
+    a deleted pack)."""
     pool = [os.urandom(20_000) for _ in range(10)]
     a, b = _node(mount_factory, tier, "a"), _node(mount_factory, tier, "b")
     for i in range(6):  # entries last used days ago: gc deletes them while writers add names to some
         (a.mountpoint / "old" / f"o{i}").mkdir(parents=True)
         write_committed(a.mountpoint / "old" / f"o{i}" / "f", pool[i])
     _settled(a, 6)
+    # every pool blob also in a bucket's pack (Redis: a blob) that nothing names and older than the grace when
+    # the writers start: gc deletes it while they publish its bytes, and a knows its place
+    (a.mountpoint / "seed").mkdir()
+    for i, data in enumerate(pool):
+        write_committed(a.mountpoint / "seed" / f"s{i}", data)
+    wait_uploaded(a, 60)
+    for i in range(len(pool)):
+        os.unlink(a.mountpoint / "seed" / f"s{i}")
+    wait_for(lambda: a.stats()["remote_tombstones"] == len(pool) and a.stats()["upload_queue"] == 0,
+             what="the seed's tombstones")
+    older = time.time() + 3.5
+    wait_for(lambda: time.time() > older, what="the seed to be older than the grace")
     tier.plant_use({f"old/o{i}": time.time() - 3 * DAY for i in range(6)})
     expected: dict[str, bytes] = {}
     lock = threading.Lock()
     stop = threading.Event()
     errors: list[BaseException] = []
+    runs = [0]  # gc runs finished: the writers go on until one ran while they wrote (at most 40 writes each)
 
     def writer(root: Path, w: int) -> None:
         try:
             rnd = random.Random(w)
-            for j in range(12):
+            j = -1
+            while (j := j + 1) < 12 or (runs[0] < 1 and j < 40):
                 if j % 4 == 3:  # into an old entry gc is deleting
                     rel = f"old/o{rnd.randrange(6)}/new-{w}-{j}"
                 else:
@@ -304,6 +320,7 @@ def test_gc_racing_eight_writers_on_two_nodes_loses_no_published_name(mount_fact
             res = tier.gc("--max-age", "1d")
             if res.returncode:
                 errors.append(AssertionError(res.stderr))
+            runs[0] += 1
 
     gc_thread = threading.Thread(target=collector)
     gc_thread.start()
