@@ -38,9 +38,10 @@ forgotten when the bucket's epoch changes (emptied: every pack is gone).
 grace (``s3_gc``).  So a place carries when its pack was written
 (``RemoteEntry.packed``, ``pt``), a writer counts a blob present only in a
 pack younger than ``usage.BLOB_TRUST_SECONDS`` (``S3Blobs.missing``: an
-older one is packed again), a place is never replaced by one in an older
-pack (the place checked is the place published), and the places in packs
-written over while a gc sweep runs are forgotten (``swept``).
+older one is packed again), a publish refuses a place it adds in a pack
+older than ``usage.min_grace`` (one learned from a read after the check:
+``stale``), and the places in packs written over while a gc sweep runs are
+forgotten (``swept``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 import blake3
 
 from mithrilfs.cache.writepath import crash_point
+from mithrilfs.shared import usage
 from mithrilfs.shared.entries import MAX_PACK_BYTES, RemoteEntry
 
 if TYPE_CHECKING:
@@ -107,9 +109,7 @@ class Packs:
                 if e.type != "f" or e.hash is None:
                     continue
                 if e.pack is not None and e.size <= PACK_BLOB_BYTES:  # no reader holds more in memory
-                    cur = self._where.get(e.hash)
-                    if cur is None or cur[2] <= e.packed:  # never an older pack over a newer one: the place
-                        self._remember(e.hash, (e.pack, e.offset, e.packed))  # a writer checked stays its place
+                    self._remember(e.hash, (e.pack, e.offset, e.packed))
                 elif e.hash not in self._where:
                     self._remember(e.hash, None)
 
@@ -155,6 +155,16 @@ class Packs:
                 loc = self._where.get(e.hash) if e.type == "f" and e.pack is None and e.hash else None
                 out.append((path, replace(e, pack=loc[0], offset=loc[1], packed=loc[2]) if loc is not None else e))
         return out
+
+    @staticmethod
+    def stale(before: list[tuple[str, RemoteEntry]], located: list[tuple[str, RemoteEntry]]) -> list[str]:
+        """The paths ``locate`` gave a place in a pack written longer than ``usage.min_grace`` ago: a place
+        learned (from a read) after the blob was checked, which ``fleet gc`` may be deleting; the publish
+        refuses the batch, whose next check packs those blobs again.  A place the entry had already is not
+        this node's to judge (a live name's, kept by ``_merge_into``)."""
+        cutoff = time.time() - usage.min_grace()
+        return [path for (path, was), (_, e) in zip(before, located)
+                if was.pack is None and e.pack is not None and e.packed <= cutoff]
 
     # -- writing -----------------------------------------------------------------
     def upload(self, files: list[tuple[str, str, int]], gone: set[str]) -> None:

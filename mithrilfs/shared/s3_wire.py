@@ -262,6 +262,17 @@ class S3Store(S3Connection, RemoteStore):
     def with_locations(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
         return self.packs.locate(items)
 
+    def locate_for_publish(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
+        """``with_locations`` for names about to be published: RemoteError (nothing published; the batch is
+        sent again, its blobs checked and packed again) when a place added is in a pack old enough for
+        ``fleet gc`` to delete (``Packs.stale``)."""
+        located = self.packs.locate(items)
+        stale = self.packs.stale(items, located)
+        if stale:
+            raise RemoteError(f"{len(stale)} names would locate their blobs in packs old enough for fleet gc "
+                              f"to delete (e.g. {stale[0]!r}): checking them again")
+        return located
+
     def will_publish(self, paths: list[str]) -> None:
         """Read the manifests the publish will merge into that this node has not seen: their entries say
         which blobs the bucket holds (no HEAD per blob), and the publish merges into what was read."""
@@ -277,7 +288,7 @@ class S3Store(S3Connection, RemoteStore):
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         if not items:
             return []
-        items = self.packs.locate(items)
+        items = self.locate_for_publish(items)
         by_dir: dict[str, list[int]] = {}
         for i, (path, _) in enumerate(items):
             by_dir.setdefault(path.rpartition("/")[0], []).append(i)
