@@ -50,9 +50,10 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
     print(f"  names: {verb} {report.deleted_names} in {report.deleted_dirs} directories; {report.names} in "
           f"{report.dirs} directories left, naming {format_size(report.bytes)}"
           + (f"; {report.relinked} directories re-linked" if report.relinked else ""))
-    print(f"  blobs: {verb} {report.deleted_blobs} ({format_size(report.freed_bytes)})"
-          + ("" if report.dry_run else f"; {report.blobs} left, {format_size(report.kept_bytes)} of them unnamed"
-             f" but younger than the grace ({format_duration_short(grace)})"))
+    print(f"  blobs: {verb} {report.deleted_blobs} and {report.deleted_packs} packs ({format_size(report.freed_bytes)})"
+          + ("" if report.dry_run else f"; {report.blobs} and {report.packs} packs left, "
+             f"{format_size(report.kept_bytes)} of them unnamed but younger than the grace"
+             f" ({format_duration_short(grace)})"))
     print(f"  {report.requests} requests in {report.seconds:.1f} s")
     return 0
 

@@ -38,7 +38,9 @@ MAX_TARGET = 4095
 MAX_PACK_BYTES = 64 << 20
 _NODE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _PACK_RE = re.compile(r"[0-9a-f]{32}")
-_KEYS = {"t", "v", "n", "h", "s", "m", "mt", "tg", "pk", "po", "mac"}
+_KEYS = {"t", "v", "n", "h", "s", "m", "mt", "tg", "pk", "po", "pt", "mac"}
+#: A pack's write time (``pt``, unix seconds) is below this (year 2286): a bound, not a check of the clock.
+MAX_PACK_TIME = 10**10
 
 
 class RemoteError(Exception):
@@ -59,6 +61,10 @@ class RemoteEntry:
     #: packs); None: in its own object.  Signed like every other field, so it cannot be redirected.
     pack: str | None = None
     offset: int = 0
+    #: When the writer wrote that pack (unix seconds, its clock before the PUT; 0: unknown, an entry from
+    #: before ``fleet gc`` collected packs).  A writer trusts a place only while this is younger than
+    #: ``usage.BLOB_TRUST_SECONDS`` (``s3_blobs.missing``), so gc may delete a pack no listed name locates.
+    packed: int = 0
 
     @property
     def is_tombstone(self) -> bool:
@@ -75,6 +81,8 @@ class RemoteEntry:
             d.update(h=self.hash, s=self.size)
             if self.pack is not None:
                 d.update(pk=self.pack, po=self.offset)
+                if self.packed:
+                    d["pt"] = self.packed
         if self.type == "l":
             d["tg"] = self.target
         return d
@@ -107,7 +115,7 @@ def parse_entry(raw: bytes) -> tuple[RemoteEntry, str | None]:
     mac = d.get("mac")
     if mac is not None and not isinstance(mac, str):
         raise ValueError("bad mac")
-    if t != "f" and ("pk" in d or "po" in d):
+    if t != "f" and ("pk" in d or "po" in d or "pt" in d):
         raise ValueError("a location on an entry that is no file")
     if t == "x":
         return RemoteEntry("x", version, node), mac
@@ -118,8 +126,8 @@ def parse_entry(raw: bytes) -> tuple[RemoteEntry, str | None]:
         if not is_hex_digest(h):
             raise ValueError("bad hash")
         size = _int(d, "s", 0, MAX_SIZE)
-        pack, offset = _location(d, size)
-        return RemoteEntry("f", version, node, h, size, mode, mtime, pack=pack, offset=offset), mac
+        pack, offset, packed = _location(d, size)
+        return RemoteEntry("f", version, node, h, size, mode, mtime, pack=pack, offset=offset, packed=packed), mac
     if t == "l":
         tg = d.get("tg")
         if not isinstance(tg, str) or not 0 < len(tg.encode(errors="surrogateescape")) <= MAX_TARGET or "\0" in tg:
@@ -128,17 +136,21 @@ def parse_entry(raw: bytes) -> tuple[RemoteEntry, str | None]:
     return RemoteEntry("d", version, node, mode=mode, mtime_ns=mtime), mac
 
 
-def _location(d: dict, size: int) -> tuple[str | None, int]:
-    """A file entry's pack and offset (None, 0 without one): both or neither, inside one pack."""
+def _location(d: dict, size: int) -> tuple[str | None, int, int]:
+    """A file entry's pack, offset and the pack's write time (None, 0, 0 without one): pack and offset both
+    or neither, inside one pack; the time optional (entries written before it was kept have none)."""
     if "pk" not in d and "po" not in d:
-        return None, 0
+        if "pt" in d:
+            raise ValueError("a pack time without a pack")
+        return None, 0, 0
     pack = d.get("pk")
     if not isinstance(pack, str) or not _PACK_RE.fullmatch(pack):
         raise ValueError("bad pack id")
     offset = _int(d, "po", 0, MAX_PACK_BYTES)
     if offset + size > MAX_PACK_BYTES:
         raise ValueError("location past the end of any pack")
-    return pack, offset
+    packed = _int(d, "pt", 1, MAX_PACK_TIME) if "pt" in d else 0
+    return pack, offset, packed
 
 
 def is_hex_digest(value: Any) -> bool:

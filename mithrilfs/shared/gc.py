@@ -13,12 +13,15 @@ A run, on any store (``Collector``: ``redis_gc``, ``s3_gc``):
    a directory's names before its entry in its parent);
 4. list again and re-link directories whose parent lacks them (a run killed
    between steps, a race the check above lost);
-5. delete blob containers (a blob; a pack later) none of whose blobs a name
-   references, and last written before the names were listed less the
-   grace (``usage.min_grace``): a blob a writer relied on is never deleted
-   before its name is published and listed.  A pack (issue 33) is one
-   container: deleted when none of its blobs is named; a partly dead pack
-   stays, for compaction (later).
+5. delete blob containers (a blob object or chunks; a bucket's pack) that
+   no name references, and last written before the names were listed less
+   the grace (``usage.min_grace``): a blob a writer relied on is never
+   deleted before its name is published and listed.  A pack (issue 33) is
+   one container, referenced by the entries that locate a blob in it
+   (``pk``): deleted when none does; a partly dead pack stays (compaction
+   is not built).  Writers trust a pack's place only while the pack is
+   younger than ``usage.BLOB_TRUST_SECONDS`` (its time is in the place), so
+   the grace covers packs as it covers blobs.
 
 Everything read is hostile: entries are validated (``parse_entry``, without
 their signature: an entry signed with another key still protects its blob).
@@ -47,13 +50,16 @@ GC_NODE = "fleet-gc"
 
 @dataclass(frozen=True)
 class Container:
-    """What a store deletes as one: a blob object (a pack of blobs, later: deleted when none is named)."""
+    """What a store deletes as one: a blob (its object or chunks), or a bucket's pack of blobs."""
 
     id: str
+    #: What a name references to keep it: the blob's hash; a pack's id (the entries locating a blob in it).
     hashes: tuple[str, ...]
     size: int
     #: When it was last written (unix seconds).
     written: float
+    #: "blob" or "pack" (counted apart in the report).
+    kind: str = "blob"
 
 
 @dataclass
@@ -187,9 +193,12 @@ class Report:
     deleted_dirs: int = 0
     deleted_names: int = 0
     deleted_blobs: int = 0
+    #: Packs deleted (a bucket's; their bytes are in ``freed_bytes`` with the blobs').
+    deleted_packs: int = 0
     freed_bytes: int = 0
     kept_bytes: int = 0
     blobs: int = 0
+    packs: int = 0
     bytes: int = 0
     relinked: int = 0
     requests: int = 0
@@ -223,6 +232,19 @@ def referenced(names: dict[str, dict[bytes, bytes]]) -> dict[str, int]:
             if e is not None and e.type == "f" and e.hash:
                 refs[e.hash] = e.size
     return refs
+
+
+def live(names: dict[str, dict[bytes, bytes]]) -> set[str]:
+    """What the names keep: every file's blob hash and the pack each locates its blob in (``Container.hashes``)."""
+    out: set[str] = set()
+    for raw in names.values():
+        for v in raw.values():
+            e = _entry(v)
+            if e is not None and e.type == "f" and e.hash:
+                out.add(e.hash)
+                if e.pack is not None:
+                    out.add(e.pack)
+    return out
 
 
 def plan(units: dict[str, Unit], now: float, max_size: int | None, max_age: float | None) -> Plan:
@@ -272,11 +294,10 @@ def run(collector: Collector, *, max_size: int | None, max_age: float | None, gr
     if dry_run:
         victims = {u.path for u in p.victims}
         left = {d: raw for d, raw in names.items() if d not in victims}
-        refs = referenced(left)
+        keep = live(left)
         for c in collector.containers(adopt=False):
-            if not any(h in refs for h in c.hashes) and c.written < now - grace:
-                report.deleted_blobs += 1
-                report.freed_bytes += c.size
+            if not any(h in keep for h in c.hashes) and c.written < now - grace:
+                _count_deleted(report, c, c.size)
         report.deleted_dirs = len(p.victims)
         report.deleted_names = sum(len(u.files) for u in p.victims)
         report.names = sum(len(u.files) for u in units.values()) - report.deleted_names
@@ -292,7 +313,8 @@ def run(collector: Collector, *, max_size: int | None, max_age: float | None, gr
         collector.write_summary(make_summary(
             at=time.time(), names=report.names, dirs=report.dirs, blobs=report.blobs, bytes=report.bytes,
             deleted_dirs=report.deleted_dirs, deleted_names=report.deleted_names, deleted_blobs=report.deleted_blobs,
-            freed_bytes=report.freed_bytes, requests=report.requests, seconds=report.seconds))
+            packs=report.packs, deleted_packs=report.deleted_packs, freed_bytes=report.freed_bytes,
+            requests=report.requests, seconds=report.seconds))
     return report
 
 
@@ -389,6 +411,7 @@ def _sweep(collector: Collector, now: float, grace: float, report: Report, key_s
         report.relinked = _relink(collector, names, key_store)
         _unlink_empty(collector, names)
         refs = referenced(names)
+        keep = live(names)
         units = units_of(names)
         report.dirs = len(units)
         report.names = sum(len(u.files) for u in units.values())
@@ -396,12 +419,13 @@ def _sweep(collector: Collector, now: float, grace: float, report: Report, key_s
         # relative to the listing: a name published after it was checked at most UPLOAD_LAG before, on a blob
         # written at most BLOB_TRUST before that (``usage``), so never before this, however long the run
         cutoff = listed_at - grace
-        report.blobs = len(containers)
+        report.blobs = sum(1 for c in containers if c.kind != "pack")
+        report.packs = len(containers) - report.blobs
         pause_for_tests("sweep")
         doomed = []
         for c in containers:
-            if any(h in refs for h in c.hashes) or c.written >= cutoff:
-                report.kept_bytes += c.size if not any(h in refs for h in c.hashes) else 0
+            if any(h in keep for h in c.hashes) or c.written >= cutoff:
+                report.kept_bytes += c.size if not any(h in keep for h in c.hashes) else 0
             else:
                 doomed.append(c)
 
@@ -409,13 +433,24 @@ def _sweep(collector: Collector, now: float, grace: float, report: Report, key_s
             crash_point("gc_sweep")  # the tests': a gc killed while it deletes blobs
             return collector.delete_container(c, cutoff)
 
-        for freed in _parallel(delete, doomed):
+        for c, freed in zip(doomed, _parallel(delete, doomed)):
             if freed is not None:
-                report.deleted_blobs += 1
-                report.blobs -= 1
-                report.freed_bytes += freed
+                _count_deleted(report, c, freed)
+                if c.kind == "pack":
+                    report.packs -= 1
+                else:
+                    report.blobs -= 1
     finally:
         collector.end_sweep()
+
+
+def _count_deleted(report: Report, c: Container, freed: int) -> None:
+    """One container gone (or, in a dry run, that would go): counted by kind, its bytes freed."""
+    if c.kind == "pack":
+        report.deleted_packs += 1
+    else:
+        report.deleted_blobs += 1
+    report.freed_bytes += freed
 
 
 def _unlink_empty(collector: Collector, names: dict[str, dict[bytes, bytes]]) -> None:

@@ -17,8 +17,8 @@ from typing import Any
 SUMMARY_SECONDS = 60.0
 MAX_SUMMARY_BYTES = 4096
 #: The fields, all numbers: when it ran, what the tier held after it, and what it deleted.
-FIELDS = ("at", "names", "dirs", "blobs", "bytes", "deleted_dirs", "deleted_names", "deleted_blobs",
-          "freed_bytes", "requests", "seconds")
+FIELDS = ("at", "names", "dirs", "blobs", "packs", "bytes", "deleted_dirs", "deleted_names", "deleted_blobs",
+          "deleted_packs", "freed_bytes", "requests", "seconds")
 
 
 def make_summary(**values: float) -> bytes:

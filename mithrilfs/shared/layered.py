@@ -162,7 +162,7 @@ class LayeredStore(RemoteStore):
         return sorted(dirs)
 
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
-        items = self.back.with_locations(items)  # Redis's names say where the bucket holds each blob too
+        items = self.back.locate_for_publish(items)  # Redis's names say where the bucket holds each blob too
         results = self.back.publish_entries(items)
         self._to_front(lambda: self.front.publish_entries(items), {path.rpartition("/")[0] for path, _ in items})
         return results

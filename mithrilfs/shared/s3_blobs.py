@@ -129,16 +129,20 @@ class S3Blobs:
 
         A small blob is there when this node knows its pack (from the
         entries it read, ``will_publish``'s manifests included, or its own
-        uploads), missing otherwise: no HEAD per blob (two nodes racing may
-        both pack it, a duplicate).  Larger ones, and those known only as
+        uploads) and that pack was written less than ``BLOB_TRUST_SECONDS``
+        ago (the time its place carries), missing otherwise: no HEAD per
+        blob (two nodes racing may both pack it, a duplicate).  Larger ones, and those known only as
         their own objects, are asked for (HEAD).
         """
         def one(item: tuple[str, int]) -> str | None:
             h, size = item
             if h in bad:
                 return h
-            if self.packs.location(h) is not None:
-                return None
+            loc = self.packs.location(h)
+            if loc is not None:
+                # a pack written longer ago than the trust period may be one ``fleet gc`` deletes once no
+                # name locates it: the blob is packed again (a new place), as an old loose blob is written again
+                return None if time.time() - loc[2] < usage.BLOB_TRUST_SECONDS else h
             if size <= PACK_BLOB_BYTES and not self.packs.knows(h):
                 return h
             meta = self.store._unless_absent(lambda: _obstore().head(self.store.quick, self.store.base + self._blob_key(h)))

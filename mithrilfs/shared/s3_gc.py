@@ -4,11 +4,12 @@ A name goes by the same compare-and-swap writers use (``If-Match`` the
 manifest's ETag): only names still holding the value gc listed, so a name
 published meanwhile stays.  Use records are small objects under ``usage/``,
 one per node flush, merged here (and compacted into one when there are
-many).  A blob object is deleted only when unreferenced and last written
-before the grace, checked again (HEAD) just before; and while the sweep
-runs a ``gc-sweep`` object tells writers to hold their names back (a
-writer that re-uploaded an old blob gc listed as deletable checks its blobs
-again after the sweep: ``write_behind``).  S3 has no conditional DELETE
+many).  A blob object or a pack is deleted only when unreferenced (a pack:
+no entry locates a blob in it) and last written before the grace, checked
+again (HEAD) just before; and while the sweep runs a ``gc-sweep`` object
+tells writers to hold their names back (a writer that re-uploaded an old
+blob, or wrote an old pack's bytes again, checks its blobs again after the
+sweep: ``write_behind``, ``Packs.swept``).  S3 has no conditional DELETE
 that SeaweedFS and obstore both offer, hence the marker.
 """
 
@@ -24,6 +25,7 @@ from mithrilfs.shared.entries import RemoteError
 from mithrilfs.shared.gc import Collector, Container
 from mithrilfs.shared.layered import LayeredStore
 from mithrilfs.shared.redis_gc import RedisCollector
+from mithrilfs.shared.s3_packs import pack_key
 from mithrilfs.shared.s3_wire import CAS_ATTEMPTS, SWEEP_KEY, S3Store, _component, _obstore
 from mithrilfs.shared.wire import RemoteStore
 
@@ -159,18 +161,23 @@ class S3Collector(Collector):
 
     # -- blobs -------------------------------------------------------------------
     def containers(self, *, adopt: bool = True) -> list[Container]:
+        """Blob objects (kept by their hash) and packs (kept by their id: an entry locating a blob in it)."""
         def get() -> list[Container]:
             out = []
             for meta in self._list("blobs/"):
                 h = meta["path"].rpartition("/")[2]
                 if len(h) == 64:
                     out.append(Container(h, (h,), int(meta["size"]), meta["last_modified"].timestamp()))
+            for meta in self._list("packs/"):
+                p = meta["path"].rpartition("/")[2]
+                if len(p) == 32:
+                    out.append(Container(p, (p,), int(meta["size"]), meta["last_modified"].timestamp(), "pack"))
             return out
 
         return self.s3._call(get)
 
     def delete_container(self, c: Container, older_than: float) -> int | None:
-        key = self.s3.base + self.s3.blobs._blob_key(c.id)
+        key = self.s3.base + (pack_key(c.id) if c.kind == "pack" else self.s3.blobs._blob_key(c.id))
         if time.monotonic() - self._swept_at > usage.GC_RUN_SECONDS / 2:
             self.begin_sweep()  # renewed: writers ignore a marker older than GC_RUN_SECONDS (a dead gc's)
 

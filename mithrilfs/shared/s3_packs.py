@@ -7,8 +7,9 @@ small blobs of a batch (up to ``PACK_BLOB_BYTES`` each; larger ones stay
 their own objects, ``blobs/HH/HEX``) into *packs*: ``packs/HH/ID``, the
 blobs concatenated in the order the batch gives them (one directory's
 together, in the order they were written), cut at ``PACK_BYTES``, written
-once (``If-None-Match: *``); ID is the first 128 bits of the pack's own
-blake3, so a pack is never two things.  A pack has no index of its own:
+``If-None-Match: *`` (a pack of the very same bytes already there is
+written over, renewing its time for ``fleet gc``); ID is the first 128
+bits of the pack's own blake3, so a pack is never two things.  A pack has no index of its own:
 each file's entry in its directory's manifest carries its blob's pack and
 offset (``RemoteEntry.pack``/``offset``, signed and validated like every
 other field), so a reader learns where a directory's blobs are from the
@@ -32,6 +33,15 @@ publish the same bytes may both pack them (a duplicate, never a loss).  A
 blob materialized in an earlier mount whose place is not known is found by
 reading its directory again (``RemoteStore.knows_where``).  The map is
 forgotten when the bucket's epoch changes (emptied: every pack is gone).
+
+``fleet gc`` deletes a pack no entry locates once it is older than its
+grace (``s3_gc``).  So a place carries when its pack was written
+(``RemoteEntry.packed``, ``pt``), a writer counts a blob present only in a
+pack younger than ``usage.BLOB_TRUST_SECONDS`` (``S3Blobs.missing``: an
+older one is packed again), a publish refuses a place it adds in a pack
+older than ``usage.min_grace`` (one learned from a read after the check:
+``stale``), and the places in packs written over while a gc sweep runs are
+forgotten (``swept``).
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -46,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 import blake3
 
 from mithrilfs.cache.writepath import crash_point
+from mithrilfs.shared import usage
 from mithrilfs.shared.entries import MAX_PACK_BYTES, RemoteEntry
 
 if TYPE_CHECKING:
@@ -56,7 +68,7 @@ log = logging.getLogger(__name__)
 #: A pack is cut once it would grow past this (``MAX_PACK_BYTES`` bounds what a reader accepts).
 PACK_BYTES = 32 << 20
 #: Blobs up to this size go into packs; larger ones stay their own objects.  ``MITHRILFS_PACK_BLOB_BYTES=0``
-#: writes every blob as its own object: ``fleet gc`` collects those, not packs yet (docs/design.md, *Packs*).
+#: writes every blob as its own object.
 PACK_BLOB_BYTES = int(os.environ.get("MITHRILFS_PACK_BLOB_BYTES", 1 << 20))
 #: Ranges of one pack this close are fetched in one request (the gap's bytes are read and dropped).
 GAP_BYTES = 256 << 10
@@ -68,8 +80,9 @@ KNOWN_BLOBS = 1 << 18
 
 assert PACK_BYTES + PACK_BLOB_BYTES <= MAX_PACK_BYTES
 
-#: Where a blob is: (pack id, offset), or None for its own object.
-Location = tuple[str, int] | None
+#: Where a blob is: (pack id, offset, when the pack was written: unix seconds, 0 unknown), or None for its
+#: own object.
+Location = tuple[str, int, int] | None
 
 
 def pack_key(pack_id: str) -> str:
@@ -83,6 +96,9 @@ class Packs:
         self.store = store
         self._lock = threading.Lock()
         self._where: dict[str, Location] = {}
+        #: Packs this node wrote again over an old one of the same bytes (``_put_pack``) since the last
+        #: sweep it saw: a gc that listed the old one may delete it after checking its time.
+        self._renewed: set[str] = set()
 
     # -- where blobs are ---------------------------------------------------------
     def learn(self, entries: Iterable[RemoteEntry]) -> None:
@@ -93,7 +109,7 @@ class Packs:
                 if e.type != "f" or e.hash is None:
                     continue
                 if e.pack is not None and e.size <= PACK_BLOB_BYTES:  # no reader holds more in memory
-                    self._remember(e.hash, (e.pack, e.offset))
+                    self._remember(e.hash, (e.pack, e.offset, e.packed))
                 elif e.hash not in self._where:
                     self._remember(e.hash, None)
 
@@ -116,10 +132,20 @@ class Packs:
         with self._lock:
             self._remember(h, None)
 
+    def swept(self) -> None:
+        """A ``fleet gc`` sweep is running (the writer holds its names back): the places in packs this node
+        wrote over an old one are forgotten, so the next try packs those blobs again instead of trusting a
+        pack gc may have deleted between its check of the time and its DELETE."""
+        with self._lock:
+            if self._renewed:
+                self._where = {h: loc for h, loc in self._where.items() if loc is None or loc[0] not in self._renewed}
+                self._renewed.clear()
+
     def forget_all(self) -> None:
         """The bucket was emptied (a new epoch): no pack this node knew of is there."""
         with self._lock:
             self._where.clear()
+            self._renewed.clear()
 
     def locate(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
         """File entries with the place of their blob where it is in a known pack."""
@@ -127,8 +153,18 @@ class Packs:
         with self._lock:
             for path, e in items:
                 loc = self._where.get(e.hash) if e.type == "f" and e.pack is None and e.hash else None
-                out.append((path, replace(e, pack=loc[0], offset=loc[1]) if loc is not None else e))
+                out.append((path, replace(e, pack=loc[0], offset=loc[1], packed=loc[2]) if loc is not None else e))
         return out
+
+    @staticmethod
+    def stale(before: list[tuple[str, RemoteEntry]], located: list[tuple[str, RemoteEntry]]) -> list[str]:
+        """The paths ``locate`` gave a place in a pack written longer than ``usage.min_grace`` ago: a place
+        learned (from a read) after the blob was checked, which ``fleet gc`` may be deleting; the publish
+        refuses the batch, whose next check packs those blobs again.  A place the entry had already is not
+        this node's to judge (a live name's, kept by ``_merge_into``)."""
+        cutoff = time.time() - usage.min_grace()
+        return [path for (path, was), (_, e) in zip(before, located)
+                if was.pack is None and e.pack is not None and e.packed <= cutoff]
 
     # -- writing -----------------------------------------------------------------
     def upload(self, files: list[tuple[str, str, int]], gone: set[str]) -> None:
@@ -162,12 +198,17 @@ class Packs:
     def _put_pack(self, data: bytes, members: list[tuple[str, int]]) -> None:
         pack_id = blake3.blake3(data).hexdigest()[:32]
         s = self.store
-        if s._put(s.blobs_for(len(data)), pack_key(pack_id), data, "create", len(data)):
-            s._count("remote_uploaded_bytes", len(data))
-        # else: a pack with these very bytes is there already (its id is their hash)
+        written = int(time.time())  # before the PUT, whole seconds down: never after the object's Last-Modified
+        if not s._put(s.blobs_for(len(data)), pack_key(pack_id), data, "create", len(data)):
+            # a pack with these very bytes is there already (its id is their hash), maybe old enough for
+            # ``fleet gc`` to be deleting it: written again, which renews its time (as an old loose blob is)
+            s._put(s.blobs_for(len(data)), pack_key(pack_id), data, "overwrite", len(data))
+            with self._lock:
+                self._renewed.add(pack_id)
+        s._count("remote_uploaded_bytes", len(data))
         with self._lock:
             for h, offset in members:
-                self._remember(h, (pack_id, offset))
+                self._remember(h, (pack_id, offset, written))
         crash_point("pack_uploaded")  # the tests': a node killed between a pack and its names
 
     # -- reading -----------------------------------------------------------------

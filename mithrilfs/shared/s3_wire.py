@@ -268,6 +268,17 @@ class S3Store(S3Connection, RemoteStore):
     def with_locations(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
         return self.packs.locate(items)
 
+    def locate_for_publish(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
+        """``with_locations`` for names about to be published: RemoteError (nothing published; the batch is
+        sent again, its blobs checked and packed again) when a place added is in a pack old enough for
+        ``fleet gc`` to delete (``Packs.stale``)."""
+        located = self.packs.locate(items)
+        stale = self.packs.stale(items, located)
+        if stale:
+            raise RemoteError(f"{len(stale)} names would locate their blobs in packs old enough for fleet gc "
+                              f"to delete (e.g. {stale[0]!r}): checking them again")
+        return located
+
     def will_publish(self, paths: list[str]) -> None:
         """Read the manifests the publish will merge into that this node has not seen: their entries say
         which blobs the bucket holds (no HEAD per blob), and the publish merges into what was read."""
@@ -283,7 +294,7 @@ class S3Store(S3Connection, RemoteStore):
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         if not items:
             return []
-        items = self.packs.locate(items)
+        items = self.locate_for_publish(items)
         by_dir: dict[str, list[int]] = {}
         for i, (path, _) in enumerate(items):
             by_dir.setdefault(path.rpartition("/")[0], []).append(i)
@@ -327,7 +338,8 @@ class S3Store(S3Connection, RemoteStore):
                     continue
                 if (cur is not None and cur.pack is not None and entry.type == "f" and entry.pack is None
                         and cur.hash == entry.hash):
-                    entry = replace(entry, pack=cur.pack, offset=cur.offset)  # where the bucket has it
+                    # where the bucket has it (the place, with its pack's time, is a live name's)
+                    entry = replace(entry, pack=cur.pack, offset=cur.offset, packed=cur.packed)
 
                 if held is None and len(raw) >= MAX_DIR_NAMES:  # readers would refuse the manifest whole
                     self._count("remote_rejected")
@@ -429,12 +441,15 @@ class S3Store(S3Connection, RemoteStore):
             self._call(add)
 
     def sweeping(self) -> bool:
-        """A ``gc-sweep`` object younger than a gc run's limit: a gc deletes blobs now (``s3_gc``)."""
+        """A ``gc-sweep`` object younger than a gc run's limit: a gc deletes blobs and packs now (``s3_gc``)."""
         def get() -> bool:
             meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + SWEEP_KEY))
             return meta is not None and object_age(meta) < usage.GC_RUN_SECONDS
 
-        return bool(self._call(get))
+        if not self._call(get):
+            return False
+        self.packs.swept()  # the names wait for the sweep: packs gc may be deleting are not trusted after it
+        return True
 
     def tier_summary(self) -> dict[str, Any] | None:
         from mithrilfs.shared.gc_summary import MAX_SUMMARY_BYTES, parse_summary

@@ -241,6 +241,11 @@ class RemoteStore(ABC):
         """*items* with where this store holds each file's blob, where it knows (what other levels copy)."""
         return items
 
+    def locate_for_publish(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
+        """``with_locations`` for names about to be published; a store whose places age refuses an old one
+        (RemoteError: the batch is checked again)."""
+        return self.with_locations(items)
+
     def will_publish(self, paths: list[str]) -> None:
         """The paths the next ``publish_entries`` writes, before its blobs go: a store that reads their
         directories to publish may read them now and learn which blobs it holds (``missing_blobs``)."""

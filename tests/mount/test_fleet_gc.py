@@ -79,14 +79,19 @@ class Tier:
         obstore.put(self._s3(), self.BASE + "usage/00000000000000000000-planted", json.dumps(times).encode())
 
     def has_blob(self, data: bytes) -> bool:
+        """The bytes are in the tier: a Redis blob, a bucket's blob object, or inside one of its packs."""
         h = hash_bytes(data).hex()
         if self.kind == "redis":
             return bool(self._r().exists(f"mfs:default:b:{{{h}}}:0"))
-        try:
-            obstore.head(self._s3(), f"{self.BASE}blobs/{h[:2]}/{h}")
-            return True
-        except FileNotFoundError:
-            return False
+        return _s3_has(self._s3(), f"{self.BASE}blobs/{h[:2]}/{h}") or any(data in p for p in self.packs().values())
+
+    def packs(self) -> dict[str, bytes]:
+        """A bucket's packs: id -> bytes (the tests' packs are small)."""
+        out = {}
+        for batch in obstore.list(self._s3(), prefix=self.BASE + "packs/"):
+            for meta in batch:
+                out[meta["path"].rpartition("/")[2]] = bytes(obstore.get(self._s3(), meta["path"]).bytes())
+        return out
 
     def names(self) -> dict[str, dict[str, dict]]:
         """Every directory's entries, as the tier holds them."""
@@ -112,8 +117,10 @@ class Tier:
         return out
 
     def assert_nothing_dangles(self) -> None:
-        """Every file entry's blob is in the tier; every directory holding names is named in its parent."""
+        """Every file entry's blob is in the tier (a bucket's entry with a place: its pack is there and holds
+        the blob at that offset); every directory holding names is named in its parent."""
         names = self.names()
+        packs = self.packs() if self.kind == "s3" else {}
         for d, entries in names.items():
             if d:
                 parent, _, base = d.rpartition("/")
@@ -121,6 +128,11 @@ class Tier:
             for name, e in entries.items():
                 if e["t"] == "f" and e["s"]:
                     h = e["h"]
+                    if "pk" in e:
+                        assert e["pk"] in packs, f"{d}/{name} locates its blob in pack {e['pk']}, which is gone"
+                        piece = packs[e["pk"]][e["po"]:e["po"] + e["s"]]
+                        assert hash_bytes(piece).hex() == h, f"{d}/{name}: its pack holds other bytes there"
+                        continue
                     present = (bool(self._r().exists(f"mfs:default:b:{{{h}}}:0")) if self.kind == "redis"
                                else _s3_has(self._s3(), f"{self.BASE}blobs/{h[:2]}/{h}"))
                     assert present, f"{d}/{name} names blob {h[:16]}, which is gone"
@@ -136,16 +148,17 @@ def _s3_has(client, key: str) -> bool:
 
 @pytest.fixture(params=["redis", "s3"])
 def tier(request: pytest.FixtureRequest, redis_server: RedisServer) -> Tier:
-    """Redis alone or a bucket (or, where a test asks, Redis in front of a bucket: looked at in the bucket)."""
+    """Redis alone or a bucket, small blobs in packs (or, where a test asks, Redis in front of a bucket: looked
+    at in the bucket; or a bucket of blob objects only, ``s3-loose``)."""
     if request.param == "redis":
         return Tier("redis", ("--remote", redis_server.url), dict(TIMES), redis_url=redis_server.url)
     weed: SeaweedFS = request.getfixturevalue("shared_seaweedfs")
     bucket = "gc-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[-40:].strip("-")
     weed.create_bucket(bucket)
     front = ("--remote", redis_server.url) if request.param == "layered" else ()
-    # every blob its own object: fleet gc collects those; packs (the default) are not collected yet
-    return Tier("s3", (*front, "--remote", f"s3://{bucket}/cache"),
-                {**weed.env(), **TIMES, "MITHRILFS_PACK_BLOB_BYTES": "0"}, weed=weed, bucket=bucket)
+    loose = {"MITHRILFS_PACK_BLOB_BYTES": "0"} if request.param == "s3-loose" else {}
+    return Tier("s3", (*front, "--remote", f"s3://{bucket}/cache"), {**weed.env(), **TIMES, **loose}, weed=weed,
+                bucket=bucket)
 
 
 def _node(mount_factory: MountFactory, tier: Tier, name: str):
@@ -159,22 +172,29 @@ def _settled(m, dirs: int) -> None:
     wait_for(lambda: m.stats()["remote_use_records"] >= dirs, what="the writer's use records")
 
 
-def _entries(root: Path, n: int) -> dict[str, bytes]:
-    """*n* cache entries ``triton/kI`` of two files each (50 KB, all different)."""
+def _entries(m, n: int) -> dict[str, bytes]:
+    """*n* cache entries ``triton/kI`` of two files each (50 KB, all different), each uploaded before the
+    next: in a bucket, a pack holds one entry's blobs only, so deleting an entry frees its packs whole."""
     files = {}
     for i in range(n):
-        (root / "triton" / f"k{i}").mkdir(parents=True)
+        (m.mountpoint / "triton" / f"k{i}").mkdir(parents=True)
         for f in ("kernel.cubin", "kernel.json"):
             data = os.urandom(50_000)
-            write_committed(root / "triton" / f"k{i}" / f, data)
+            write_committed(m.mountpoint / "triton" / f"k{i}" / f, data)
             files[f"triton/k{i}/{f}"] = data
+        wait_uploaded(m, 60)
     return files
+
+
+def _deleted(res: dict) -> int:
+    """Containers a run deleted (or would): blobs, and a bucket's packs."""
+    return res["deleted_blobs"] + res["deleted_packs"]
 
 
 @pytest.mark.parametrize("tier", ["redis", "s3", "layered"], indirect=True)
 def test_gc_keeps_what_was_used_most_recently_under_max_age_and_max_size(mount_factory: MountFactory, tier: Tier):
     a = _node(mount_factory, tier, "a")
-    files = _entries(a.mountpoint, 6)
+    files = _entries(a, 6)
     _settled(a, 6)
     now = time.time()
     older = now + 3.5
@@ -189,12 +209,16 @@ def test_gc_keeps_what_was_used_most_recently_under_max_age_and_max_size(mount_f
     assert b.stats()["remote_use_records"] == 2  # 12 reads in 2 directories: one record each this hour
     wait_for(lambda: time.time() > older, what="the blobs to be older than the grace")
     dry = tier.gc_json("--max-age", "7d", "--dry-run")
-    assert sorted(dry["deleted"]) == ["triton/k2", "triton/k3"] and dry["deleted_blobs"] == 4
+    # Redis: 4 blobs; a bucket: the packs of k2 and k3 (1 or 2 each, as the uploader's batches fell)
+    containers = (4, 4) if tier.kind == "redis" else (2, 4)
+    assert sorted(dry["deleted"]) == ["triton/k2", "triton/k3"] and dry["freed_bytes"] == 200_000, dry
+    assert containers[0] <= _deleted(dry) <= containers[1], dry
     assert all(tier.has_blob(files["triton/k2/kernel.cubin"]) for _ in [0])  # a dry run deletes nothing
 
     by_age = tier.gc_json("--max-age", "7d")
     assert sorted(by_age["deleted"]) == ["triton/k2", "triton/k3"]
-    assert by_age["deleted_names"] == 4 and by_age["deleted_blobs"] == 4 and by_age["freed_bytes"] == 200_000
+    assert by_age["deleted_names"] == 4 and _deleted(by_age) == _deleted(dry) and by_age["freed_bytes"] == 200_000
+    assert by_age["deleted_packs"] == (0 if tier.kind == "redis" else _deleted(dry)), by_age
     by_size = tier.gc_json("--max-size", "350K")  # three entries fit: k0, k1 (used today) and k5
     assert by_size["deleted"] == ["triton/k4"] and by_size["bytes"] == 300_000 and by_size["freed_bytes"] == 100_000
     tier.assert_nothing_dangles()
@@ -211,7 +235,7 @@ def test_gc_keeps_what_was_used_most_recently_under_max_age_and_max_size(mount_f
             (c.mountpoint / "triton" / gone / "kernel.cubin").stat()
     # a second run finds nothing more to do
     again = tier.gc_json("--max-age", "7d", "--max-size", "350K")
-    assert again["deleted"] == [] and again["deleted_blobs"] == 0 and again["names"] == 6
+    assert again["deleted"] == [] and _deleted(again) == 0 and again["names"] == 6
     # every node shows the tier's size and count from the last run, and logs it as an event
     wait_for(lambda: c.stats().get("remote_tier_names") == 6, timeout=90, what="the gc summary on a node")
     assert c.stats()["remote_tier_bytes"] == 300_000
@@ -239,24 +263,40 @@ def test_fleet_gc_bad_input_is_one_line(tmp_path: Path, redis_server: RedisServe
 
 def test_gc_racing_eight_writers_on_two_nodes_loses_no_published_name(mount_factory: MountFactory, tier: Tier):
     """gc runs in a loop while 8 writers (4 per node) publish, into new directories and into old ones gc is
-    deleting, with content whose blobs gc is deleting (unreferenced: their names were deleted or unlinked);
-    then a new node reads every name the writers published, byte for byte, and nothing dangles."""
+    deleting, with content whose blobs gc is deleting (unreferenced: their names were deleted or unlinked;
+    in a bucket, a pack of them all that nothing names, older than the grace, whose places one node knows);
+    then a new node reads every name the writers published, byte for byte, and nothing dangles (no place in
+    a deleted pack)."""
     pool = [os.urandom(20_000) for _ in range(10)]
     a, b = _node(mount_factory, tier, "a"), _node(mount_factory, tier, "b")
     for i in range(6):  # entries last used days ago: gc deletes them while writers add names to some
         (a.mountpoint / "old" / f"o{i}").mkdir(parents=True)
         write_committed(a.mountpoint / "old" / f"o{i}" / "f", pool[i])
     _settled(a, 6)
+    # every pool blob also in a bucket's pack (Redis: a blob) that nothing names and older than the grace when
+    # the writers start: gc deletes it while they publish its bytes, and a knows its place
+    (a.mountpoint / "seed").mkdir()
+    for i, data in enumerate(pool):
+        write_committed(a.mountpoint / "seed" / f"s{i}", data)
+    wait_uploaded(a, 60)
+    for i in range(len(pool)):
+        os.unlink(a.mountpoint / "seed" / f"s{i}")
+    wait_for(lambda: a.stats()["remote_tombstones"] == len(pool) and a.stats()["upload_queue"] == 0,
+             what="the seed's tombstones")
+    older = time.time() + 3.5
+    wait_for(lambda: time.time() > older, what="the seed to be older than the grace")
     tier.plant_use({f"old/o{i}": time.time() - 3 * DAY for i in range(6)})
     expected: dict[str, bytes] = {}
     lock = threading.Lock()
     stop = threading.Event()
     errors: list[BaseException] = []
+    runs = [0]  # gc runs finished: the writers go on until one ran while they wrote (at most 40 writes each)
 
     def writer(root: Path, w: int) -> None:
         try:
             rnd = random.Random(w)
-            for j in range(12):
+            j = -1
+            while (j := j + 1) < 12 or (runs[0] < 1 and j < 40):
                 if j % 4 == 3:  # into an old entry gc is deleting
                     rel = f"old/o{rnd.randrange(6)}/new-{w}-{j}"
                 else:
@@ -280,6 +320,7 @@ def test_gc_racing_eight_writers_on_two_nodes_loses_no_published_name(mount_fact
             res = tier.gc("--max-age", "1d")
             if res.returncode:
                 errors.append(AssertionError(res.stderr))
+            runs[0] += 1
 
     gc_thread = threading.Thread(target=collector)
     gc_thread.start()
@@ -338,16 +379,19 @@ def _finish(proc: subprocess.Popen, flag: Path) -> dict:
     return json.loads(out)
 
 
+@pytest.mark.parametrize("tier", ["redis", "s3", "s3-loose"], indirect=True)
 def test_a_name_or_a_blob_published_while_gc_runs_is_never_lost(mount_factory: MountFactory, tier: Tier,
                                                                  tmp_path: Path):
     """Deterministic interleavings: a writer publishes a name on an old blob gc listed as unnamed, before gc
-    deletes it; and a writer publishes into a directory gc chose to delete, after gc listed it."""
+    deletes it; and a writer publishes into a directory gc chose to delete, after gc listed it.  In a bucket
+    with packs, the first writer packs the very bytes of the old pack (the same id): it writes it again,
+    renewing its time, and gc keeps it."""
     old1, old2, unnamed, unnamed2, new1 = (os.urandom(30_000) for _ in range(5))
     a = _node(mount_factory, tier, "a")
     for rel, data in (("old/e1/f", old1), ("old/e2/f", old2), ("tmp/f", unnamed), ("tmp/h", unnamed2)):
         (a.mountpoint / rel).parent.mkdir(parents=True, exist_ok=True)
         write_committed(a.mountpoint / rel, data)
-    wait_uploaded(a, 60)
+        wait_uploaded(a, 60)  # a pack each
     for rel in ("tmp/f", "tmp/h"):  # their blobs are named by nothing once the tombstones are sent
         os.unlink(a.mountpoint / rel)
     wait_for(lambda: a.stats()["remote_tombstones"] == 2 and a.stats()["upload_queue"] == 0, what="tombstones")
@@ -367,7 +411,7 @@ def test_a_name_or_a_blob_published_while_gc_runs_is_never_lost(mount_factory: M
     else:  # a bucket's writers hold their names back while a sweep is marked
         wait_for(lambda: b.stats()["remote_uploaded_bytes"] >= len(unnamed), what="b's upload")
     sweep = _finish(proc, flag)
-    assert sweep["deleted_blobs"] == 1 and sweep["freed_bytes"] == len(unnamed2), sweep
+    assert _deleted(sweep) == 1 and sweep["freed_bytes"] == len(unnamed2), sweep
     wait_uploaded(b, 60)
     assert tier.has_blob(unnamed) and not tier.has_blob(unnamed2)
 
@@ -379,7 +423,7 @@ def test_a_name_or_a_blob_published_while_gc_runs_is_never_lost(mount_factory: M
     assert sorted(names["deleted"]) == ["old/e1", "old/e2"] and names["deleted_names"] == 2, names  # not new
     held = tier.names()
     assert set(held["old/e1"]) == {"new"} and "old/e2" not in held and set(held["old"]) == {"e1"}
-    assert names["deleted_blobs"] == 2 and not tier.has_blob(old1) and not tier.has_blob(old2)
+    assert _deleted(names) == 2 and not tier.has_blob(old1) and not tier.has_blob(old2)
 
     tier.assert_nothing_dangles()
     c = _node(mount_factory, tier, "c")
@@ -388,11 +432,59 @@ def test_a_name_or_a_blob_published_while_gc_runs_is_never_lost(mount_factory: M
     assert os.listdir(c.mountpoint / "old") == ["e1"]
 
 
+@pytest.mark.parametrize("tier", ["s3"], indirect=True)
+def test_gc_deletes_a_pack_nothing_names_keeps_a_partly_named_one_and_a_writer_never_relies_on_an_old_one(
+        mount_factory: MountFactory, tier: Tier, tmp_path: Path):
+    """Three packs, their names deleted: all of one (deleted, its bytes freed), all but one blob of another
+    (kept whole: compaction is not built; the named blob read on a new node), all of a third, whose bytes
+    the node that wrote it publishes again while gc sweeps: it knows the place, but the pack is older than
+    the trust period, so it packs the bytes again (the same pack id: written again, renewing its time) and
+    gc keeps it.  A writer trusting the old place published a name into a pack gc deleted."""
+    a = _node(mount_factory, tier, "a")
+    live, again = os.urandom(20_000), os.urandom(20_000)
+    kfiles = {"a": os.urandom(20_000), "b": os.urandom(20_000), "c": live}
+    mfiles = {"x": os.urandom(20_000), "y": os.urandom(20_000)}
+    for d, files in (("k", kfiles), ("m", mfiles), ("z", {"f": again})):
+        (a.mountpoint / d).mkdir()
+        for name, data in files.items():  # a directory's files at once: one batch, one pack
+            write_committed(a.mountpoint / d / name, data)
+        wait_uploaded(a, 60)
+    held = tier.names()
+    packs = {d: {e["pk"] for e in held[d].values()} for d in ("k", "m", "z")}
+    assert all(len(p) == 1 for p in packs.values()), packs
+    (k_pack,), (m_pack,), (z_pack,) = packs["k"], packs["m"], packs["z"]
+    assert len({k_pack, m_pack, z_pack}) == 3
+    for rel in ("k/a", "k/b", "m/x", "m/y", "z/f"):
+        os.unlink(a.mountpoint / rel)
+    wait_for(lambda: a.stats()["remote_tombstones"] == 5 and a.stats()["upload_queue"] == 0, what="tombstones")
+    older = time.time() + 3.5
+    wait_for(lambda: time.time() > older, what="the packs to be older than the grace")
+
+    proc, flag = _paused_gc(tier, "sweep", tmp_path)  # gc listed the three packs, m's and z's unnamed
+    uploaded = a.stats()["remote_uploaded_bytes"]
+    (a.mountpoint / "fresh").mkdir()
+    write_committed(a.mountpoint / "fresh" / "g", again)
+    wait_for(lambda: a.stats()["remote_uploaded_bytes"] >= uploaded + len(again), what="a's pack written again")
+    sweep = _finish(proc, flag)
+    assert (sweep["deleted_packs"], sweep["deleted_blobs"], sweep["freed_bytes"]) == (1, 0, 40_000), sweep
+    assert sweep["packs"] == 2, sweep
+    wait_uploaded(a, 60)
+    assert set(tier.packs()) == {k_pack, z_pack}
+    assert tier.names()["fresh"]["g"]["pk"] == z_pack
+    tier.assert_nothing_dangles()
+    c = _node(mount_factory, tier, "c")
+    assert (c.mountpoint / "k" / "c").read_bytes() == live
+    assert (c.mountpoint / "fresh" / "g").read_bytes() == again
+    assert c.stats()["remote_verify_failures"] == 0
+    again_run = tier.gc_json()
+    assert _deleted(again_run) == 0 and again_run["packs"] == 2, again_run
+
+
 @pytest.mark.parametrize("point", ["gc_names_removed:3", "gc_sweep:2"])
 def test_gc_killed_half_way_and_run_again_leaves_nothing_dangling(mount_factory: MountFactory, tier: Tier,
                                                                   point: str):
     a = _node(mount_factory, tier, "a")
-    files = _entries(a.mountpoint, 8)
+    files = _entries(a, 8)
     _settled(a, 8)
     tier.plant_use({f"triton/k{i}": time.time() - (3 if i < 6 else 0) * DAY for i in range(8)})
     older = time.time() + 3.5

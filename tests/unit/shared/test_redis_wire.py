@@ -105,6 +105,13 @@ def tiers(redis_server: RedisServer) -> Iterator[Callable[..., RedisStore]]:
     (raw(good_file(pk="ab" * 16, po=MAX_PACK_BYTES - 100, s=101)), "past the end of any pack"),
     (raw({"t": "d", "v": 1, "n": "a", "m": 0o755, "mt": 0, "pk": "ab" * 16, "po": 0}), "no file"),
     (raw({"t": "x", "v": 1, "n": "a", "po": 0}), "no file"),
+    # the pack's write time: optional, only with a place, a positive whole number of seconds
+    (raw(good_file(pt=1_700_000_000)), "pack time without a pack"),
+    (raw(good_file(pk="ab" * 16, po=0, pt=0)), "'pt' out of range"),
+    (raw(good_file(pk="ab" * 16, po=0, pt=1.5)), "'pt' out of range"),
+    (raw(good_file(pk="ab" * 16, po=0, pt=True)), "'pt' out of range"),
+    (raw(good_file(pk="ab" * 16, po=0, pt=10**10)), "'pt' out of range"),
+    (raw({"t": "d", "v": 1, "n": "a", "m": 0o755, "mt": 0, "pt": 5}), "no file"),
 ])
 def test_parse_entry_rejects_hostile_entries(value: bytes, why: str) -> None:
     """Each way an entry can be wrong is refused with a reason (and never raises anything but ValueError)."""
@@ -127,6 +134,9 @@ def test_parse_entry_accepts_good_entries() -> None:
     located, _ = parse_entry(raw(good_file(pk="0f" * 16, po=MAX_PACK_BYTES - 123)))
     assert (located.pack, located.offset) == ("0f" * 16, MAX_PACK_BYTES - 123)
     assert parse_entry(raw(located.fields()))[0] == located  # the place survives a round trip
+    assert located.packed == 0 and "pt" not in located.fields()  # an entry from before pack times: unchanged
+    timed, _ = parse_entry(raw(good_file(pk="0f" * 16, po=0, pt=1_700_000_000)))
+    assert timed.packed == 1_700_000_000 and parse_entry(raw(timed.fields()))[0] == timed
 
 
 def test_hostile_entries_in_redis_are_ignored_and_counted(redis_server: RedisServer,

@@ -281,3 +281,26 @@ def test_a_publish_merges_into_the_manifest_as_last_seen_without_reading_it(stor
     assert cost(b, [("d/z", RemoteEntry("f", 3, "b", HASH, 1))]) == 3  # exists: 412, read, put
     assert cost(a, [("d/w", RemoteEntry("f", 4, "a", HASH, 1))]) == 3  # b came in between: 412, read, put
     assert set(stores[2].list_dir("d")) == {b"x", b"y", b"z", b"w"}
+
+
+def test_a_publish_refuses_a_place_it_adds_in_a_pack_old_enough_for_gc_to_delete() -> None:
+    """``Packs.stale``: a place ``locate`` added is refused when its pack was written longer than the trust
+    period plus the upload lag ago (or at an unknown time: an entry from before pack times); a fresh one, and
+    a place the entry already carried (a live name's, kept by the merge), pass."""
+    import time
+    from dataclasses import replace
+
+    from mithrilfs.shared import usage
+    from mithrilfs.shared.s3_packs import Packs
+
+    now = int(time.time())
+    bare = RemoteEntry("f", 1, "a", "ab" * 32, 10)
+    before = [("d/old", bare), ("d/unknown", bare), ("d/fresh", bare), ("d/kept", replace(bare, pack="cd" * 16)),
+              ("d/own", bare)]
+    old = now - int(usage.min_grace()) - 5
+    located = [("d/old", replace(bare, pack="ef" * 16, packed=old)),
+               ("d/unknown", replace(bare, pack="ef" * 16)),
+               ("d/fresh", replace(bare, pack="ef" * 16, packed=now)),
+               ("d/kept", replace(bare, pack="cd" * 16, packed=old)),
+               ("d/own", bare)]
+    assert Packs.stale(before, located) == ["d/old", "d/unknown"]
