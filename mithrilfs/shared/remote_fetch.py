@@ -51,13 +51,20 @@ class RemoteFetch:
                 return Fetched.YES
         if digest in self.tier.in_flight.missed:  # a read-ahead (waited for, or done before this read came) found no
             self.tier.in_flight.missed.discard(digest)  # good copy: asking again now is the same; the next read asks
-            return Fetched.NO
+            if self.tier.remote.knows_where(digest.hex()):  # (unless the place it tried was stale: below)
+                return Fetched.NO
         if not self.tier.remote.knows_where(digest.hex()):  # named in an earlier mount: its entry says where
             await self._relearn(ino)
         self.read_ahead(ino)
         for parent, _name in self.tier.ns.names_of(ino.id)[:1]:
             self.tier.order.reached(parent, self.tier._nursery)
-        return Fetched.YES if await self.fetch_blob(ino, max_bytes) else Fetched.NO
+        if await self.fetch_blob(ino, max_bytes):
+            return Fetched.YES
+        if not self.tier.remote.knows_where(digest.hex()):  # its pack is gone (gc collected it after the blob
+            await self._relearn(ino)                        # was packed again): its directory says where now
+            if self.tier.remote.knows_where(digest.hex()) and await self.fetch_blob(ino, max_bytes):
+                return Fetched.YES
+        return Fetched.NO
 
     async def _relearn(self, ino: Inode) -> None:
         """Read the directory of a file again so the store learns where its blob (and its neighbours')

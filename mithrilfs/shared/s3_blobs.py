@@ -60,7 +60,7 @@ class S3Blobs:
                 out.write(got[0])
                 return bytes.fromhex(hex_digest)
         digest = self._fetch_own_object(hex_digest, size, out)
-        if digest is None and in_pack:
+        if digest is None and in_pack and self.packs.knows(hex_digest):  # not a pack gone (``Packs.fetch``)
             self._bad_in_pack(hex_digest)
         return digest
 

@@ -141,6 +141,13 @@ class Packs:
                 self._where = {h: loc for h, loc in self._where.items() if loc is None or loc[0] not in self._renewed}
                 self._renewed.clear()
 
+    def forget(self, hashes: list[str]) -> None:
+        """Places found stale (their pack is gone: collected by ``fleet gc`` after its blobs were packed
+        again elsewhere): the next read of these blobs learns their place from their directory again."""
+        with self._lock:
+            for h in hashes:
+                self._where.pop(h, None)
+
     def forget_all(self) -> None:
         """The bucket was emptied (a new epoch): no pack this node knew of is there."""
         with self._lock:
@@ -214,7 +221,9 @@ class Packs:
     # -- reading -----------------------------------------------------------------
     def fetch(self, blobs: list[tuple[str, int]], out: list[bytes | None]) -> list[int]:
         """Fill *out* with the verified bytes of the blobs known to be in packs, coalescing each pack's
-        ranges; the indices whose pack did not give good bytes (the caller tries their own objects)."""
+        ranges; the indices whose pack did not give good bytes (the caller tries their own objects).  A pack
+        that is not there at all gave nothing wrong: its places are stale (a record or a listing older than
+        the gc that collected it), forgotten rather than reported, and not in the answer."""
         located: dict[str, list[tuple[int, int, int]]] = {}
         for i, (h, size) in enumerate(blobs):
             loc = self.location(h)
@@ -240,6 +249,9 @@ class Packs:
         def one(item: tuple[str, int, int, list[tuple[int, int, int]]]) -> None:
             pack_id, start, end, members = item
             data = self.read_range(pack_id, start, end)
+            if data is None and not self.exists(pack_id):
+                self.forget([blobs[i][0] for _, _, i in members])
+                return
             for offset, size, i in members:
                 piece = data[offset - start:offset - start + size] if data is not None else b""
                 if len(piece) == size and blake3.blake3(piece).hexdigest() == blobs[i][0]:
@@ -251,6 +263,11 @@ class Packs:
 
         self.store._parallel(one, runs)
         return sorted(failed)
+
+    def exists(self, pack_id: str) -> bool:
+        """One HEAD: whether the pack is in the bucket (a range it did not give: gone, or a place that lies)."""
+        s = self.store
+        return s._unless_absent(lambda: _obstore().head(s.quick, s.base + pack_key(pack_id))) is not None
 
     def read_range(self, pack_id: str, start: int, end: int) -> bytes | None:
         """Bytes [start, end) of a pack (fewer when it is shorter), counted as they arrive; None when the

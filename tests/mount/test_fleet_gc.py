@@ -647,3 +647,34 @@ def test_a_directory_whose_parent_lost_its_entry_is_linked_again(mount_factory: 
     assert res.returncode == 0 and json.loads(res.stdout)["relinked"] == 2, res.stdout + res.stderr
     b = mount_factory("b", *remote)
     assert (b.mountpoint / "x" / "y" / "f").read_bytes() == b"reachable again"
+
+
+@pytest.mark.parametrize("tier", ["s3"], indirect=True)
+def test_a_startup_record_naming_a_collected_pack_is_never_an_error_of_the_bucket(mount_factory: MountFactory,
+                                                                                   tier: Tier):
+    """A startup record outlives the gc that deleted some of its directories and their packs: a new node
+    reading it never gets wrong bytes, does not report the blobs as bad (the pack is gone, not corrupt: no
+    node should rewrite what gc deleted), and reads the directories gc kept byte for byte."""
+    a = _node(mount_factory, tier, "a")
+    files = _entries(a, 2)
+    _settled(a, 2)
+    a.remount()
+    for p in sorted(files):  # the record: both entries, with their places
+        assert (a.mountpoint / p).read_bytes() == files[p]
+    a.umount()
+    now = time.time()
+    tier.plant_use({"triton/k0": now - 3 * DAY, "triton/k1": now})
+    older = now + 3.5
+    wait_for(lambda: time.time() > older, what="the packs to be older than the grace")
+    res = tier.gc_json("--max-age", "1d")
+    assert res["deleted"] == ["triton/k0"] and res["deleted_packs"] >= 1, res
+    c = _node(mount_factory, tier, "c")
+    for p, data in sorted(files.items()):
+        if p.startswith("triton/k1/"):
+            assert (c.mountpoint / p).read_bytes() == data
+        else:
+            with pytest.raises(OSError):
+                (c.mountpoint / p).read_bytes()
+    wait_for(lambda: c.stats()["prefetch"]["state"] == "done", 30, "the background prefetch")
+    assert c.stats()["remote_bad_blobs_reported"] == 0
+    assert not [k for k in tier.names() if k.startswith("triton/k0")]
