@@ -4,7 +4,11 @@ bytes freed.
 Fills a fresh tier through the store API the nodes use (blobs uploaded,
 entries published, use records sent): ``--names`` cache entries
 ``triton/HH/kI``, two small files each (all different), half of them last
-used 30 days ago; then one ``fleet gc --max-age 7d`` (in this process, as
+used 30 days ago, by upload batch of 1,000 entries (what one node compiled
+together ages together; in a bucket a batch's blobs are one pack, and gc
+deletes a pack only when none of its blobs is named: entries aged one in
+two, every pack would stay half live and gc free no byte, compaction not
+being built); then one ``fleet gc --max-age 7d`` (in this process, as
 the CLI runs it) and a second run, in a fresh store as the next scheduled
 one would be, that finds nothing to do.  Prints one JSON document.
 "requests" are round trips (a Redis pipeline or script counts one).
@@ -25,8 +29,6 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("MITHRILFS_BLOB_TRUST_SECONDS", "0")
-os.environ.setdefault("MITHRILFS_UPLOAD_LAG_SECONDS", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _benchlib import redis_server, seaweedfs_s3
@@ -56,7 +58,7 @@ def fill(store: RemoteStore, names: int, file_bytes: int, tmp: Path) -> dict[str
                 path.write_bytes(data)
                 files.append((h, str(path)))
                 items.append((f"{d}/{f}", RemoteEntry("f", int(now * 1e6), "bench", h, file_bytes, 0o644, 0)))
-            used[d] = now - 30 * 86400 if i % 2 == 0 else now
+            used[d] = now - 30 * 86400 if (i // BATCH) % 2 == 0 else now
         store.upload_blobs(files)
         dirs = {p.rpartition("/")[0] for p, _ in items}
         for d in sorted(dirs | {d.rpartition("/")[0] for d in dirs} | {"triton"}):
@@ -100,7 +102,8 @@ def one(kind: str, spec: RemoteSpec, names: int, file_bytes: int) -> dict:
     for label, r in (("gc", first), ("gc_again", second)):
         out[label] = {"seconds": r.seconds, "requests": r.requests, "deleted_dirs": r.deleted_dirs,
                       "deleted_names": r.deleted_names, "deleted_blobs": r.deleted_blobs,
-                      "freed_bytes": r.freed_bytes, "names_left": r.names, "blobs_left": r.blobs}
+                      "deleted_packs": r.deleted_packs, "freed_bytes": r.freed_bytes, "names_left": r.names,
+                      "blobs_left": r.blobs, "packs_left": r.packs}
     return out
 
 
