@@ -283,13 +283,13 @@ class S3Store(S3Connection, RemoteStore):
         """Read the manifests the publish will merge into that this node has not seen: their entries say
         which blobs the bucket holds (no HEAD per blob), and the publish merges into what was read."""
         dirs = sorted(d for d in {p.rpartition("/")[0] for p in paths} if self.seen.get(d) is None)
-
-        def read() -> None:
-            for d, (raw, _) in zip(dirs, self._parallel(self._read_manifest, dirs)):
-                self.packs.learn(self.codec.entries(d, raw).values())
-
         if dirs:
-            self._call(read)
+            self._call(self._read_places, dirs)
+
+    def _read_places(self, dirs: list[str]) -> None:
+        """Read these directories' manifests (in parallel) for where their blobs are (``Packs.learn``)."""
+        for d, (raw, _) in zip(dirs, self._parallel(self._read_manifest, dirs)):
+            self.packs.learn(self.codec.entries(d, raw).values())
 
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         if not items:
@@ -410,8 +410,7 @@ class S3Store(S3Connection, RemoteStore):
         a lazy node's 1,502 manifest GETs, 2 round trips a kernel).  Paid once by the recording node."""
         dirs = sorted({path.rpartition("/")[0] for path, e in items
                        if e.type == "f" and e.hash and e.size and not self.packs.knows(e.hash)})[:RELEARN_DIRS]
-        for d, (raw, _) in zip(dirs, self._parallel(self._read_manifest, dirs)):
-            self.packs.learn(self.codec.entries(d, raw).values())
+        self._read_places(dirs)
 
     def startup_records(self, name: str) -> list[Record]:
         """The newest records: one LIST, then ``RECORDS_READ`` GETs in parallel; never a write."""
