@@ -18,6 +18,11 @@ each round trip in ``--rtt-ms``:
   in the background while Triton loads), **B+prefetch** (an empty store,
   ``mount --prefetch``: the startup set before ``mount`` returns).
 
+After each B+prefetch arm, node A's blobs are written as files to a plain
+directory of the same disk, as a prefetch writes them: the disk's own rate,
+the ceiling of the prefetch's, printed beside it (a virtual disk's
+small-file writes vary several-fold from one minute to the next).
+
 Every arm's load hashes every file it read (outside its timing): each must
 match node A's, byte for byte, or the benchmark fails naming the files.
 Prints per arm the mount, load and total seconds, the ratio to A's total,
@@ -220,13 +225,43 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
                        "files": load["files"], "bytes": load["bytes"], "requests": loaded,
                        "unmount_requests": diff(proxies.snapshot(), loaded),
                        "prefetch": m.group(0) if m else None}
+                if arm == "B+prefetch":  # what the same disk does alone, right after: a prefetch's ceiling
+                    fig["disk_alone"] = disk_alone(run_dir / "store-a" / "objects", run_dir / f"plain-{rep}")
                 arms[arm].append(fig)
                 say(f"  rep {rep} {arm:10s} mount {mount_s:7.2f} s  load {load['seconds']:7.2f} s"
                     f"  total {fig['total_s']:7.2f} s  ({load['files']} files checked)"
-                    + (f"  [{fig['prefetch']}]" if fig["prefetch"] else ""))
+                    + (f"  [{fig['prefetch']}]" if fig["prefetch"] else "")
+                    + (f"\n  rep {rep} {'':10s} the same {fig['disk_alone']['files']} blobs written to a plain"
+                       f" directory of that disk: {fig['disk_alone']['seconds']:.1f} s"
+                       f" ({fig['disk_alone']['mib_s']:.1f} MiB/s)" if "disk_alone" in fig else ""))
         return {"rtt_ms": rtt, "publish_s": round(publish_s, 3), "publish_requests": publish,
                 "written_s": round(written_s, 3), "written_requests": written,
                 "publish_unmount_requests": diff(publish_umount, publish), "arms": arms}
+
+
+def disk_alone(objects: Path, plain: Path) -> dict:
+    """Node A's blobs (their sizes) written as files to a plain directory of the same disk, as a prefetch
+    writes them (256 subdirectories, a file created, written, renamed into place), then removed: what the
+    disk itself allows a prefetch.  A virtual disk's small-file writes vary several-fold from one minute
+    to the next (measured here: 25 to 800 us per file created), so a prefetch's rate means little
+    without this beside it."""
+    sizes = [e.stat().st_size for shard in os.scandir(objects) if shard.is_dir() for e in os.scandir(shard.path)]
+    data = os.urandom(max(sizes, default=0))
+    staging = plain / "staging"
+    staging.mkdir(parents=True)
+    t = time.monotonic()
+    for i, size in enumerate(sizes):
+        shard = plain / f"{i % 256:02x}"
+        if i < 256:
+            shard.mkdir()
+        tmp = staging / str(i)
+        with open(tmp, "wb") as f:
+            f.write(data[:size])
+        os.rename(tmp, shard / str(i))
+    seconds = time.monotonic() - t
+    subprocess.run(["rm", "-rf", str(plain)], check=True)
+    return {"files": len(sizes), "bytes": sum(sizes), "seconds": round(seconds, 3),
+            "mib_s": sum(sizes) / max(seconds, 1e-6) / (1 << 20)}
 
 
 def diff(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -269,6 +304,14 @@ def summary(results: list[dict], files: int, say: Callable[[str], None]) -> None
             say(f"{r['rtt_ms']:6g} {arm:11s} {median([f['mount_s'] for f in figs]):10.2f}"
                 f" {median([f['load_s'] for f in figs]):9.2f} {total:10.2f} {total / a_total:6.2f}"
                 f" {s3:7.0f} {s3 / files:6.2f} {rd:6.0f}")
+    for r in results:
+        figs = [f for f in r["arms"]["B+prefetch"] if f.get("prefetch") and "disk_alone" in f]
+        rates = [float(m.group(1)) for f in figs if (m := re.search(r"\(([\d.]+) MiB/s\)", f["prefetch"]))]
+        if rates:
+            say(f"{r['rtt_ms']:6g} ms: prefetch {median(rates):.1f} MiB/s (reps {', '.join(f'{x:.1f}' for x in rates)});"
+                f" the same blobs written to a plain directory of the disk"
+                f" {median([f['disk_alone']['mib_s'] for f in figs]):.1f} MiB/s"
+                f" (reps {', '.join(format(f['disk_alone']['mib_s'], '.1f') for f in figs)})")
     say("\nrequests per arm (the last rep), by method / command and by area of the bucket")
     for r in results:
         for arm, figs in r["arms"].items():

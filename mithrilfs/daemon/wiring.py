@@ -106,9 +106,9 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     integrity = Integrity(store, lifetimes, budget, tier, stats, events, tops, limiter, ReadAhead(blobs, stats))
     after_reply = AfterReply()
     control = ControlFiles()
-    duties = Duties(store, budget, writes, lifetimes, recency, tier, kept, events, limiter, restarts or Restarts(),
+    duties = Duties(store, budget, writes, lifetimes, recency, tier, kept, events, restarts or Restarts(),
                     recompiles, supervisor)
-    control.add_json(b"stats.json", duties.snapshot)
+    control.add_json_async(b"stats.json", duties.fresh_snapshot)
     Commands(store, budget, writes, tier, kept, paths, limiter, fixed_settings=fixed_settings).register(control)
     ops = Operations(Parts(store=store, writes=writes, lifetimes=lifetimes, recency=recency, budget=budget,
                            integrity=integrity, tier=tier, control=ControlNode(control), stats=stats, events=events,

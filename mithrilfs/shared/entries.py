@@ -153,8 +153,11 @@ def _location(d: dict, size: int) -> tuple[str | None, int, int]:
     return pack, offset, packed
 
 
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
 def is_hex_digest(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    return isinstance(value, str) and _HEX_DIGEST.fullmatch(value) is not None
 
 
 class EntryCodec:

@@ -1,4 +1,4 @@
-"""Warm a node from the shared tier before its workload asks: names first, then blobs in parallel.
+"""Warm a node from the shared tier before its workload asks: names, and blobs in parallel as they come.
 
 A cold node that lets the framework pull its cache file by file pays one
 round trip per directory and per file, one after another as the framework
@@ -6,9 +6,11 @@ asks.  ``Prefetcher`` instead takes a whole *startup set* (what workloads
 read in their first minutes, in order, with each name's entry:
 ``startup_sets``) or the whole namespace.  A set's names are created from
 the set itself (``startup_order``; only what it cannot place is listed), the
-whole namespace's by listing every directory in pipelined batches; then the
+whole namespace's by listing every directory in pipelined batches.  The
 blobs come with several workers, each asking for many small blobs in one
-pipeline (or concurrent GETs), a set's in the order its workload read them.
+pipeline (or a pack's range), a set's in the order its workload read them,
+from the first batch of names on (``Todo``: a set's thousands of names are
+created a batch at a time while the first blobs arrive).
 A blob a read (or a read-ahead) is already bringing is not asked for again,
 and a read of a blob a worker is bringing waits for it (``shared.in_flight``).
 By default a mount runs it in the background as soon as it serves; ``mount
@@ -26,6 +28,7 @@ prefetch`` and ``status --ready`` follow it).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -86,10 +89,7 @@ class Prefetcher:
         if background:
             self.state["background"] = True
         try:
-            wanted = await self._names(set_name)
-            crash_point("prefetch_fetch")  # the tests': a daemon killed while it prefetches
-            await self._fetch_all(wanted, in_order=set_name is not None,
-                                  batch_blobs=BACKGROUND_BATCH_BLOBS if background else BATCH_BLOBS)
+            await self._prefetch(set_name, BACKGROUND_BATCH_BLOBS if background else BATCH_BLOBS)
             self.state["state"] = "done"
         except Exception as group:  # the workers' nursery wraps what they raise: the error inside counts
             e = cause(group)
@@ -105,22 +105,46 @@ class Prefetcher:
         log.info("prefetch %s: %s", set_name or "*", self.state)
         return self.state
 
-    # -- names -------------------------------------------------------------
-    async def _names(self, set_name: str | None) -> list[Inode]:
-        """Materialize the names wanted; the inodes whose content is not here yet (a set's in its order)."""
+    # -- names -----------------------------------------------------------
+    async def _prefetch(self, set_name: str | None, batch_blobs: int) -> None:
+        """Name what is wanted and fetch it, at once: the workers fetch the first batches while the rest
+        of a set's names are created (measured on 600 kernels: naming 4,800 files took 0.6 s of a 1.9 s
+        prefetch, before any fetch began)."""
+        send, receive = trio.open_memory_channel[list[Inode]](math.inf)
+        todo = Todo(self, send, batch_blobs, in_order=set_name is not None)
+        limiter = trio.CapacityLimiter(WORKERS)
+        async with trio.open_nursery() as nursery:
+            for _ in range(WORKERS):
+                nursery.start_soon(self._worker, receive.clone(), limiter)
+            receive.close()
+            async with send:
+                await self._names(set_name, todo.add)
+                todo.finish()
+
+    async def _names(self, set_name: str | None, wanted: Callable[[list[Inode]], None]) -> None:
+        """Materialize the names wanted; *wanted* is told the inodes whose content is not here yet (a set's
+        in its order, a batch of names at a time)."""
         if set_name is None:
-            return await self._listed(await self.shared.thread(self.remote.all_dirs), None)
+            wanted(await self._listed(await self.shared.thread(self.remote.all_dirs), None))
+            return
         order = self.shared.order_of(set_name)
-        await order.load()  # the names come with the set: no manifest per directory
-        wanted = [n for n in order.files() if not self._present(n)]
+        told = False
+
+        def materialized(files: list[Inode]) -> None:
+            nonlocal told
+            told = True
+            wanted([n for n in files if not self._present(n)])
+
+        await order.load(materialized)  # the names come with the set: no manifest per directory
+        if not told:  # loaded before (or by the look-ahead, while this waited)
+            wanted([n for n in order.files() if not self._present(n)])
         if order.unresolved:  # what the set could not place (a torn or hostile set): listed, as before
             only: dict[str, set[bytes]] = {}
             for p in order.unresolved:
                 d, _, name = p.rpartition("/")
                 only.setdefault(d, set()).add(name.encode(errors="surrogateescape"))
             order.unresolved = []
-            wanted += await self._listed(set(only), only)
-        return wanted
+            wanted(await self._listed(set(only), only))
 
     async def _listed(self, dirs: set[str] | list[str], only: dict[str, set[bytes]] | None) -> list[Inode]:
         """Materialize the names of directories listed from the tier (*only*: just these names, their
@@ -165,59 +189,6 @@ class Prefetcher:
         return self.blobs.cas.exists(node.hash)  # type: ignore[arg-type]
 
     # -- blobs -------------------------------------------------------------
-    async def _fetch_all(self, wanted: list[Inode], *, in_order: bool, batch_blobs: int) -> None:
-        """Fetch *wanted* (a set's in its order, large blobs at their place; everything's smallest first),
-        within the budget's low watermark."""
-        by_hash: dict[bytes, Inode] = {}
-        for node in wanted:
-            by_hash.setdefault(node.hash, node)  # type: ignore[arg-type]
-        room = self.policy.low_bytes - self.physical()
-        todo: list[Inode] = []
-        for node in by_hash.values() if in_order else sorted(by_hash.values(), key=lambda n: n.size):
-            if node.size > room:
-                self.state["skipped_for_budget"] += 1
-                continue
-            room -= node.size
-            todo.append(node)
-        order = {node.id: i for i, node in enumerate(by_hash.values())}
-        todo.sort(key=lambda n: order[n.id])  # a directory's blobs together: one range of a pack for a bucket
-        self.state["total_files"] = len(todo)
-        self.state["total_bytes"] = sum(n.size for n in todo)
-        batches = self._batches(todo, batch_blobs)
-        send, receive = trio.open_memory_channel[list[Inode]](len(batches))
-        for b in batches:
-            send.send_nowait(b)
-        send.close()
-        limiter = trio.CapacityLimiter(WORKERS)
-        async with trio.open_nursery() as nursery:
-            for _ in range(WORKERS):
-                nursery.start_soon(self._worker, receive.clone(), limiter)
-        receive.close()
-
-    def _batches(self, todo: list[Inode], batch_blobs: int) -> list[list[Inode]]:
-        """*todo* cut into batches (large blobs alone, at their place): by count and bytes, or, where the
-        store packs blobs, by bytes and at pack boundaries (``PACKED_BATCH_MIN_BYTES``)."""
-        packed = self.remote.packs_by_directory
-        batches: list[list[Inode]] = []
-        batch: list[Inode] = []
-        size = 0
-        last: str | None = None
-        for n in todo:
-            if n.size > self.remote.small_blob_bytes:
-                batches.append([n])  # streamed alone, at its place in the order
-                continue
-            pack = self.remote.container_of(n.hash.hex()) if packed else None  # type: ignore[union-attr]
-            if batch and (size + n.size > BATCH_BYTES or (
-                    size >= PACKED_BATCH_MIN_BYTES and pack != last if packed else len(batch) >= batch_blobs)):
-                batches.append(batch)
-                batch, size = [], 0
-            batch.append(n)
-            size += n.size
-            last = pack
-        if batch:
-            batches.append(batch)
-        return batches
-
     async def _worker(self, receive: trio.MemoryReceiveChannel, limiter: trio.CapacityLimiter) -> None:
         async with receive:
             async for batch in receive:
@@ -276,7 +247,7 @@ class Prefetcher:
         finally:  # a full disk stops the batch: what was written counts, the rest is fetched when read
             for (digest, size, _), is_new in zip(good, new):
                 self.blobs.written(digest, size, is_new)
-                self.shared.arrived(digest, size)
+            self.shared.arrived([(digest, size) for digest, size, _ in good[:len(new)]])
             if len(new) < len(good):
                 self.blobs.never_came([digest for digest, _, _ in good[len(new):]])
         return [data is not None for data in fetched]
@@ -325,3 +296,64 @@ class Prefetcher:
             self.state["bytes"] += node.size
         else:
             self.state["misses"] += 1
+
+
+class Todo:
+    """What a prefetch fetches, cut into its workers' batches as the names come: each content once,
+    within the budget's low watermark (a set's in its order, large blobs at their place; everything's
+    smallest first), batches by count and bytes, or, where the store packs blobs, by bytes and at pack
+    boundaries (``PACKED_BATCH_MIN_BYTES``); a batch left open waits for the next names."""
+
+    def __init__(self, prefetcher: Prefetcher, send: trio.MemorySendChannel[list[Inode]], batch_blobs: int, *,
+                 in_order: bool) -> None:
+        self.prefetcher = prefetcher
+        self.remote = prefetcher.remote
+        self.state = prefetcher.state
+        self.send = send
+        self.batch_blobs = batch_blobs
+        self.in_order = in_order
+        self.room = prefetcher.policy.low_bytes - prefetcher.physical()
+        self.seen: set[bytes] = set()
+        self.batch: list[Inode] = []
+        self.size = 0
+        self.last: str | None = None
+        self.started = False
+
+    def add(self, nodes: list[Inode]) -> None:
+        if not self.started:
+            self.started = True
+            crash_point("prefetch_fetch")  # the tests': a daemon killed while it prefetches
+        unique = []
+        for node in nodes:
+            if node.hash not in self.seen:
+                self.seen.add(node.hash)  # type: ignore[arg-type]
+                unique.append(node)
+        chosen: set[int] = set()
+        for node in unique if self.in_order else sorted(unique, key=lambda n: n.size):
+            if node.size > self.room:
+                self.state["skipped_for_budget"] += 1
+                continue
+            self.room -= node.size
+            chosen.add(id(node))
+        todo = [n for n in unique if id(n) in chosen]  # in order: a directory's blobs together (one range)
+        self.state["total_files"] += len(todo)
+        self.state["total_bytes"] += sum(n.size for n in todo)
+        packed = self.remote.packs_by_directory
+        for n in todo:
+            if n.size > self.remote.small_blob_bytes:
+                self.send.send_nowait([n])  # streamed alone, at its place in the order
+                continue
+            pack = self.remote.container_of(n.hash.hex()) if packed else None  # type: ignore[union-attr]
+            if self.batch and (self.size + n.size > BATCH_BYTES or (
+                    self.size >= PACKED_BATCH_MIN_BYTES and pack != self.last if packed
+                    else len(self.batch) >= self.batch_blobs)):
+                self.finish()
+            self.batch.append(n)
+            self.size += n.size
+            self.last = pack
+
+    def finish(self) -> None:
+        """The open batch goes (the names are all known, or it is full)."""
+        if self.batch:
+            self.send.send_nowait(self.batch)
+            self.batch, self.size = [], 0

@@ -20,9 +20,12 @@ from mithrilfs.shared.entries import RemoteEntry
 from mithrilfs.shared.tier_state import ReconcileTier
 from mithrilfs.shared.write_behind import version_of
 from mithrilfs.store.cas import EMPTY_DIGEST
-from mithrilfs.store.namespace import ROOT_INODE, Inode, join_path, outside_mode
+from mithrilfs.store.namespace import ROOT_INODE, Inode, NewFile, join_path, outside_mode
 
 log = logging.getLogger("mithrilfs.shared.remote_tier")  # the name operators know from the logs
+
+#: A merge of more names than this reads the directory's names in one query instead of one lookup each.
+MANY_NAMES = 16
 
 
 class Reconciler:
@@ -41,15 +44,22 @@ class Reconciler:
         if parent is None or not parent.is_dir:
             return []
         existing = []
+        files: list[tuple[bytes, RemoteEntry]] = []
         with self.tier.ns.txn():
+            # many names: the directory's names in one query (a startup set's, a listing's), not one each
+            here = dict(self.tier.ns.children(d)) if len(entries) > MANY_NAMES else None
             for name, entry in entries.items():
                 if only is not None and name not in only:
                     continue
-                local = self.tier.ns.lookup(d, name)
+                local = here.get(name) if here is not None else self.tier.ns.lookup(d, name)
                 if local is not None:
                     existing.append((name, local, entry))
                 elif not entry.is_tombstone and join_path(dir_path, name) not in self.tier.pending_tombstones:
-                    self._create(parent, name, entry)
+                    if entry.type == "f":
+                        files.append((name, entry))
+                    else:
+                        self._create(parent, name, entry)
+            self._create_files(parent, files)
         return existing
 
     async def reconcile(self, parent: int, name: bytes, ino_id: int, entry: RemoteEntry, path: str) -> None:
@@ -121,12 +131,42 @@ class Reconciler:
         removed: list[Removed] = [(parent, name, old.id)]
         self.tier.lifetimes.tell_kernel(removed)
 
+    def _create_files(self, parent: Inode, files: list[tuple[bytes, RemoteEntry]]) -> None:
+        """``_create`` for many regular files at once (``Namespace.create_files``), inside a transaction."""
+        if not files:
+            return
+        uid, gid = self._owner()
+        digests = [bytes.fromhex(e.hash) for _, e in files]  # type: ignore[arg-type]
+        known = self.tier.ns.sizes_known(digests)
+        new: list[NewFile] = []
+        origins: list[str] = []
+        for (name, e), digest in zip(files, digests):
+            if known.get(digest, e.size) != e.size:
+                self._reject(name, e.size, known[digest])
+                continue
+            new.append(NewFile(name, stat.S_IFREG | outside_mode(stat.S_IFREG, e.mode), uid, gid, digest, e.size,
+                               e.mtime_ns or time.time_ns(), e.version * 1000))
+            origins.append(e.node)
+        for node, origin in zip(self.tier.ns.create_files(parent.id, new), origins):
+            self.tier.origin[node.id] = origin
+
+    def _owner(self) -> tuple[int, int]:
+        """Who owns what the tier creates: the mount's owner (``--owner``), else the root's."""
+        if self.tier.owner is not None:
+            return self.tier.owner
+        root = self.tier.ns.get(ROOT_INODE)
+        assert root is not None
+        return root.uid, root.gid
+
+    def _reject(self, name: bytes, size: int, known: int) -> None:
+        # this node holds that content: its size is a fact, and the entry says another
+        self.tier.counters["remote_rejected"] += 1
+        log.warning("remote entry %r ignored: size %d, but its content is %d bytes", name, size, known)
+
     def _create(self, parent: Inode, name: bytes, e: RemoteEntry) -> Inode | None:
         """A local inode and name for a remote entry (inside a transaction), with its version as ctime;
         None when the entry contradicts what this node knows (counted)."""
-        root = self.tier.ns.get(ROOT_INODE)
-        assert root is not None
-        uid, gid = self.tier.owner or (root.uid, root.gid)
+        uid, gid = self._owner()
         if e.type == "d":
             node = self.tier.ns.create_inode(stat.S_IFDIR | outside_mode(stat.S_IFDIR, e.mode), uid, gid, nlink=2)
             self.tier.ns.add_link(parent, +1)
@@ -137,9 +177,7 @@ class Reconciler:
             digest = bytes.fromhex(e.hash)  # type: ignore[arg-type]
             known = self.tier.ns.blob_info(digest)
             if known is not None and known[1] > 0 and known[1] != e.size:
-                # this node holds that content: its size is a fact, and the entry says another
-                self.tier.counters["remote_rejected"] += 1
-                log.warning("remote entry %r ignored: size %d, but its content is %d bytes", name, e.size, known[1])
+                self._reject(name, e.size, known[1])
                 return None
             node = self.tier.ns.create_inode(stat.S_IFREG | outside_mode(stat.S_IFREG, e.mode), uid, gid)
             self.tier.ns.add_placeholder(digest)  # fetched at the first read

@@ -154,7 +154,7 @@ class RemoteFetch:
             except OSError:
                 self.tier.blobs.never_came([digest])
                 raise
-            self.arrived(digest, ino.size)
+            self.arrived([(digest, ino.size)])
             return True
         except LocalWriteError as e:
             raise e.error from None  # an OSError again: the request's full-disk handling takes it
@@ -165,20 +165,25 @@ class RemoteFetch:
                     os.close(fd)
             os.unlink(staging)
 
-    def arrived(self, digest: bytes, size: int) -> None:
-        """Content *digest*, *size* bytes, is now in the store: names that claim another size for it go.
+    def arrived(self, blobs: list[tuple[bytes, int]]) -> None:
+        """Contents (digest, size) now in the store: names that claim another size for one go.
 
         An entry's size is the tier's word and the hash is the content's
         name, so an entry naming that content with another size lies (hostile
         or broken).  ``_create`` refuses such entries when the content is
         here first; this catches those that came first, before a read can
         serve them the content cut or padded.  A file being written is left
-        alone (its size is its writer's).
+        alone (its size is its writer's).  One query for a batch (a prefetch's).
         """
-        liars = [i for i in map(self.tier.ns.get, self.tier.ns.inodes_with_hash(digest))
-                 if i is not None and i.is_reg and i.size != size and not self.tier.lifetimes.is_written(i.id)]
-        if liars:
-            self.tier.counters["remote_rejected"] += len(liars)
-            log.warning("%d name(s) claim %d bytes for blob %s of %d: removed", len(liars), liars[0].size,
-                        digest.hex(), size)
-            self.tier.lifetimes.forget_content(digest, liars)
+        sizes = dict(blobs)
+        liars: dict[bytes, list[Inode]] = {}
+        for ino_id, digest, size in self.tier.ns.inodes_with_hashes(sizes):
+            if size != sizes[digest] and not self.tier.lifetimes.is_written(ino_id):
+                node = self.tier.ns.get(ino_id)
+                if node is not None and node.is_reg and node.size != sizes[digest]:
+                    liars.setdefault(digest, []).append(node)
+        for digest, nodes in liars.items():
+            self.tier.counters["remote_rejected"] += len(nodes)
+            log.warning("%d name(s) claim %d bytes for blob %s of %d: removed", len(nodes), nodes[0].size,
+                        digest.hex(), sizes[digest])
+            self.tier.lifetimes.forget_content(digest, nodes)

@@ -297,8 +297,8 @@ class RemoteTier(Tier):
     async def fetch_blob(self, ino: Inode, max_bytes: int) -> bool:
         return await self.fetcher.fetch_blob(ino, max_bytes)
 
-    def arrived(self, digest: bytes, size: int) -> None:
-        self.fetcher.arrived(digest, size)
+    def arrived(self, blobs: list[tuple[bytes, int]]) -> None:
+        self.fetcher.arrived(blobs)
 
 
     def forget_listed(self, dirs: set[int]) -> None:

@@ -23,6 +23,7 @@ by the prefetch at mount or by the first read that needs the tier; the
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import trio
 
@@ -41,7 +42,8 @@ LOOK_AHEAD_DIRS = 8
 LOOK_AHEAD_BATCH = 16
 #: Batches in flight at once.
 LOOK_AHEAD_BATCHES = 2
-#: Names created between two checkpoints of the event loop (requests are served in between).
+#: Names created between two checkpoints of the event loop (requests are served in between), in one
+#: transaction.
 MATERIALIZE_BATCH = 500
 
 
@@ -71,10 +73,13 @@ class StartupOrder:
     def loaded(self) -> bool:
         return self._loaded.is_set()
 
-    async def load(self) -> None:
+    async def load(self, materialized: Callable[[list[Inode]], None] | None = None) -> None:
         """Read the set (once; a concurrent caller waits for that attempt) and create its names here.
 
-        RemoteError when the tier does not answer (a caller that waited too): the next caller tries again.
+        *materialized*: told the files of each batch of names as soon as they are created, in the set's
+        order (a prefetch fetches the first ones while the rest are named); only by the attempt that
+        creates them (a caller that waited for another's gets ``files`` after).  RemoteError when the
+        tier does not answer (a caller that waited too): the next caller tries again.
         """
         if self.loaded:
             return
@@ -88,7 +93,7 @@ class StartupOrder:
             records = await self.tier.thread(self.tier.remote.startup_records, self.name)
             # a name deleted since the record was written (forget --fleet, an unlink) never comes back from it
             self.items = [(p, e) for p, e in merged(records) if not self.tier.changes.deleted_since(p, e)]
-            await self._materialize(self.items)
+            await self._materialize(self.items, materialized)
             for path, entry in self.items:
                 if entry.type == "f":
                     d, _, name = path.rpartition("/")
@@ -104,14 +109,14 @@ class StartupOrder:
             self._attempt.set()
             self._attempt = None
 
-    async def _materialize(self, items: list[tuple[str, RemoteEntry]]) -> None:
+    async def _materialize(self, items: list[tuple[str, RemoteEntry]],
+                           materialized: Callable[[list[Inode]], None] | None) -> None:
         """Create the set's names this node lacks (``RemoteTier.merge``: never over a local name, never a
-        pending tombstone), each directory before what it holds, a run of one directory's names per
+        pending tombstone), each directory before what it holds, ``MATERIALIZE_BATCH`` names per
         transaction; what has no directory here goes to ``unresolved``."""
         dirs: dict[str, int | None] = {"": ROOT_INODE}
         run: dict[bytes, RemoteEntry] = {}
         run_dir = ""
-        done = 0
 
         def flush() -> None:
             ino = dirs.get(run_dir) if run_dir in dirs else self._dir_inode(run_dir)
@@ -123,21 +128,38 @@ class StartupOrder:
                 self.tier.merge(ino, run_dir, dict(run))
             run.clear()
 
-        for path, entry in items:
-            d, _, name = path.rpartition("/")
-            if d != run_dir or entry.type == "d":
+        for start in range(0, len(items), MATERIALIZE_BATCH):
+            if start:
+                await trio.lowlevel.checkpoint()
+            with self.tier.ns.txn():  # one per batch: a commit per directory was most of the time
+                for path, entry in items[start:start + MATERIALIZE_BATCH]:
+                    d, _, name = path.rpartition("/")
+                    if d != run_dir or entry.type == "d":
+                        if run:
+                            flush()
+                        run_dir = d
+                    run[name.encode(errors="surrogateescape")] = entry
+                    if entry.type == "d":  # its children's runs look it up again: made now
+                        flush()
+                        dirs.pop(path, None)
                 if run:
                     flush()
-                run_dir = d
-            run[name.encode(errors="surrogateescape")] = entry
-            if entry.type == "d":  # its children's runs look it up again: made now
-                flush()
-                dirs.pop(path, None)
-            done += 1
-            if done % MATERIALIZE_BATCH == 0:
-                await trio.lowlevel.checkpoint()
-        if run:
-            flush()
+            if materialized is not None:
+                materialized(self._batch_files(items[start:start + MATERIALIZE_BATCH], dirs))
+
+    def _batch_files(self, batch: list[tuple[str, RemoteEntry]], dirs: dict[str, int | None]) -> list[Inode]:
+        """The regular files of a batch just materialized, as this node holds them (the names are in
+        memory: ``Namespace.create_files`` keeps them)."""
+        out = []
+        for path, entry in batch:
+            if entry.type != "f":
+                continue
+            d, _, name = path.rpartition("/")
+            ino = dirs.get(d)
+            node = self.tier.ns.lookup_inode(ino, name.encode(errors="surrogateescape")) if ino is not None else None
+            if node is not None and node.is_reg and node.hash is not None:
+                out.append(node)
+        return out
 
     def _dir_inode(self, path: str) -> int | None:
         d = ROOT_INODE

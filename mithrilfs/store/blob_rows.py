@@ -39,6 +39,31 @@ class BlobRows:
         """A blob known by name only (its content is elsewhere, fetched on first use): size 0."""
         self.db.execute("INSERT OR IGNORE INTO blobs (hash, size, refcount) VALUES (?, 0, 0)", (digest,))
 
+    def add_placeholders(self, digests: list[bytes]) -> None:
+        """``add_placeholder`` for many (one statement, run for each)."""
+        self.db.executemany("INSERT OR IGNORE INTO blobs (hash, size, refcount) VALUES (?, 0, 0)",
+                            [(d,) for d in digests])
+
+    def add_references(self, digests: list[bytes]) -> None:
+        """One more inode points at each of *digests* (a digest twice: two more)."""
+        self.db.executemany("UPDATE blobs SET refcount = refcount + 1 WHERE hash = ?", [(d,) for d in digests])
+
+    def blob_intents(self, items: list[tuple[bytes, int]]) -> None:
+        """``blob_intent`` for many (digest, size)."""
+        self.db.executemany(
+            "INSERT INTO blobs (hash, size, refcount) VALUES (?, ?, 0)"
+            " ON CONFLICT (hash) DO UPDATE SET size = excluded.size WHERE size != excluded.size", items)
+
+    def sizes_known(self, digests: list[bytes]) -> dict[bytes, int]:
+        """The size of each of *digests* this store holds the content of (a row with a size): one query
+        per 500."""
+        out: dict[bytes, int] = {}
+        for i in range(0, len(digests), 500):
+            part = digests[i:i + 500]
+            out.update(self.db.execute(
+                f"SELECT hash, size FROM blobs WHERE size > 0 AND hash IN ({','.join('?' * len(part))})", part))
+        return out
+
     def _decref(self, digest: bytes) -> None:
         self.db.execute("UPDATE blobs SET refcount = refcount - 1 WHERE hash = ?", (digest,))
 

@@ -104,8 +104,7 @@ class Blobs:
         ``written`` for each.
         """
         with self.ns.txn():
-            for digest, size in items:
-                self.ns.blob_intent(digest, size)
+            self.ns.blob_intents(items)
 
     def never_came(self, digests: list[bytes]) -> None:
         """Blobs from the shared tier recorded by ``intend`` whose files could not be written (the disk

@@ -55,6 +55,7 @@ class CAS:
         self._shards: set[str] = set()
         #: ``objects/`` as a string: the read path builds a blob's file name per request without pathlib.
         self._objects_prefix = os.fspath(self.objects) + os.sep
+        self._staging_prefix = os.fspath(self.staging) + os.sep
         if create:
             for d in (self.objects, self.staging, self.quarantine):
                 d.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -69,7 +70,7 @@ class CAS:
         return f"{self._objects_prefix}{h[:2]}/{h}"
 
     def exists(self, digest: bytes) -> bool:
-        return os.path.exists(self.path(digest))
+        return os.path.exists(self.file_name(digest))
 
     def open(self, digest: bytes) -> int:
         """A read-only fd on the blob; FileNotFoundError when it is gone."""
@@ -130,18 +131,23 @@ class CAS:
         atomically replaced by these bytes (as ``adopt`` does).  Safe from
         worker threads.
         """
-        dest = self.path(digest)
+        dest = self.file_name(digest)  # strings, not Paths: a prefetch writes thousands a second
         existed = os.path.exists(dest)
         if existed and trust_existing:
             return False
-        if dest.parent.name not in self._shards:
-            dest.parent.mkdir(mode=0o700, exist_ok=True)
-            self._shards.add(dest.parent.name)
-        tmp = self.staging / uuid.uuid4().hex  # a crash leaves it where startup clears
+        shard = dest[len(self._objects_prefix):len(self._objects_prefix) + 2]
+        if shard not in self._shards:
+            os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+            self._shards.add(shard)
+        tmp = f"{self._staging_prefix}{uuid.uuid4().hex}"  # a crash leaves it where startup clears
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, BLOB_MODE)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
             os.rename(tmp, dest)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):

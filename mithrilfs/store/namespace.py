@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 
 from mithrilfs.store import recovery, schema
 from mithrilfs.store.blob_rows import BlobRows
+from mithrilfs.store.name_queries import NameQueries
 
 ROOT_INODE = 1
 
@@ -64,13 +65,27 @@ _INODE_FIELDS = tuple(f.name for f in fields(Inode))
 
 
 @dataclass(slots=True)
+class NewFile:
+    """A regular file ``Namespace.create_files`` names, its content a blob known by its hash."""
+
+    name: bytes
+    mode: int
+    uid: int
+    gid: int
+    digest: bytes
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+@dataclass(slots=True)
 class Dentry:
     offset: int
     name: bytes
     inode: int
 
 
-class Namespace(BlobRows):
+class Namespace(BlobRows, NameQueries):
     """The index.  ``get`` answers from an identity map of inodes before asking SQLite.
 
     Every Inode object in use (a file being written holds one) is the one object
@@ -219,6 +234,33 @@ class Namespace(BlobRows):
         if self._depth:
             self._created.append(new_id)
         return self._remember(Inode(new_id, mode, uid, gid, nlink, size, now, now, now, None, target, rdev))
+
+    def create_files(self, parent: int, files: list[NewFile]) -> list[Inode]:
+        """Regular files named in *parent* whose content is elsewhere (the shared tier's, fetched at the
+        first read), in bulk: a startup set's thousands of names in a few statements, where one at a time
+        costs about ten each (measured: 59,000 statements, 1.1 s of the event loop, for a prefetch of
+        4,800 names).  Inside a transaction; each name is new there.  Ids are handed out as SQLite would
+        (after the highest ever used: ``AUTOINCREMENT``), so the rows and the objects agree."""
+        if not files:
+            return []
+        last = self.db.execute("SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'inodes'), 0),"
+                               " coalesce((SELECT max(id) FROM inodes), 0))").fetchone()[0]
+        now = time.time_ns()
+        nodes = [Inode(last + 1 + i, f.mode, f.uid, f.gid, 1, f.size, now, f.mtime_ns, f.ctime_ns, f.digest, None)
+                 for i, f in enumerate(files)]
+        self.db.executemany(f"INSERT INTO inodes ({_INODE_COLS}) VALUES ({', '.join('?' * 12)})",
+                            [(n.id, n.mode, n.uid, n.gid, 1, n.size, now, n.mtime_ns, n.ctime_ns, n.hash, None, 0)
+                             for n in nodes])
+        self.add_placeholders([f.digest for f in files])
+        self.add_references([f.digest for f in files])
+        self.db.executemany("INSERT INTO dentries (parent, name, inode, published) VALUES (?, ?, ?, 1)",
+                            [(parent, f.name, n.id) for f, n in zip(files, nodes)])
+        if self._depth:
+            self._created += [n.id for n in nodes]
+        for f, n in zip(files, nodes):  # the set's reader looks them up next (a rollback forgets them)
+            self._remember(n)
+            self._keep_name((parent, f.name), n.id)
+        return nodes
 
     def update_attrs(self, ino: Inode, **fields: int) -> None:
         """Write changed attribute columns of *ino* (and set them on the object)."""
@@ -381,14 +423,6 @@ class Namespace(BlobRows):
         self.db.execute("UPDATE dentries SET inode = ? WHERE parent = ? AND name = ?", (ino, parent, name))
         self._names.pop((parent, name), None)
 
-    def has_children(self, ino: int) -> bool:
-        return self.db.execute("SELECT 1 FROM dentries WHERE parent = ? LIMIT 1", (ino,)).fetchone() is not None
-
-    def parent_of(self, ino: int) -> int | None:
-        """The directory holding *ino* (directories have exactly one name)."""
-        row = self.db.execute("SELECT parent FROM dentries WHERE inode = ? LIMIT 1", (ino,)).fetchone()
-        return row[0] if row else None
-
     def readdir(self, parent: int, after: int, limit: int = 256) -> list[Dentry]:
         rows = self.db.execute(
             "SELECT id, name, inode FROM dentries WHERE parent = ? AND id > ? ORDER BY id LIMIT ?",
@@ -396,38 +430,7 @@ class Namespace(BlobRows):
         ).fetchall()
         return [Dentry(*r) for r in rows]
 
-    def inodes_with_hash(self, digest: bytes, limit: int = -1) -> list[int]:
-        return [r[0] for r in self.db.execute("SELECT id FROM inodes WHERE hash = ? LIMIT ?", (digest, limit))]
-
-    def names_of(self, ino: int) -> list[tuple[int, bytes]]:
-        return self.db.execute("SELECT parent, name FROM dentries WHERE inode = ?", (ino,)).fetchall()
-
-    def children(self, parent: int) -> list[tuple[bytes, int]]:
-        return self.db.execute("SELECT name, inode FROM dentries WHERE parent = ?", (parent,)).fetchall()
-
-    def has_child_with_prefix(self, parent: int, prefix: bytes) -> bool:
-        upper = prefix[:-1] + bytes([prefix[-1] + 1])
-        row = self.db.execute(
-            "SELECT 1 FROM dentries WHERE parent = ? AND name >= ? AND name < ? LIMIT 1", (parent, prefix, upper)
-        ).fetchone()
-        return row is not None
-
-    def dirs_with_child_prefix(self, prefix: bytes) -> list[int]:
-        upper = prefix[:-1] + bytes([prefix[-1] + 1])
-        rows = self.db.execute(
-            "SELECT DISTINCT parent FROM dentries WHERE name >= ? AND name < ?", (prefix, upper)
-        ).fetchall()
-        return [r[0] for r in rows]
-
     # -- recency ---------------------------------------------------------
-    def lru_files(self, after: tuple[int, int], limit: int = 512) -> list[tuple[int, int]]:
-        """(atime_ns, id) of named files with content, least recently used first, after *after*."""
-        return self.db.execute(
-            "SELECT atime_ns, id FROM inodes WHERE hash IS NOT NULL AND nlink > 0"
-            " AND (atime_ns, id) > (?, ?) ORDER BY atime_ns, id LIMIT ?",
-            (*after, limit),
-        ).fetchall()
-
     def set_atimes(self, items: list[tuple[int, int]]) -> None:
         """Write a batch of (atime_ns, inode) recency updates."""
         self.db.executemany("UPDATE inodes SET atime_ns = ? WHERE id = ?", items)
@@ -451,10 +454,6 @@ class Namespace(BlobRows):
         self.forget_cached()
         self.unconfirmed = self._load_unconfirmed()
         return counts
-
-    def unlinked_inodes(self) -> list[int]:
-        """Inodes with no name left (kept while the kernel holds them)."""
-        return [r[0] for r in self.db.execute("SELECT id FROM inodes WHERE nlink <= 0")]
 
     def mark_clean(self) -> None:
         with self.txn():
