@@ -35,6 +35,10 @@ def _cmd_prefetch(args: argparse.Namespace) -> int:
 
 #: How often a prefetch is asked again of a daemon that replaced the one running it (a crash loop ends it).
 PREFETCH_RESUMES = 5
+#: How often a followed prefetch's state is read: each read makes the daemon build its whole snapshot
+#: (``stats.json``: the index's totals, the tier's counters); ten a second were a tenth of the daemon's
+#: time during a prefetch (py-spy).
+FOLLOW_SECONDS = 0.25
 
 
 def follow_prefetch(mp: Path, request: str, *, warn_only: bool = False) -> int:
@@ -62,7 +66,7 @@ def follow_prefetch(mp: Path, request: str, *, warn_only: bool = False) -> int:
             break
         if draw and state.get("total_files"):
             draw(min(state["files"] + state["misses"], state["total_files"]), state["total_files"])
-        time.sleep(0.1)
+        time.sleep(FOLLOW_SECONDS)
     if state.get("state") != "done":
         print(f"mithrilfs: {'warning' if warn_only else 'error'}: prefetch failed: {state.get('error')}",
               file=sys.stderr)

@@ -240,6 +240,8 @@ class Changes:
 
     def deleted_since(self, path: str, entry: RemoteEntry) -> bool:
         """Whether a deletion this mount learned of covers *path* and is newer than *entry*."""
+        if not self.purged:  # the usual case, asked for each of a startup set's thousands of names
+            return False
         parts = path.split("/")
         for i in range(1, len(parts) + 1):
             tomb = self.purged.get("/".join(parts[:i]))

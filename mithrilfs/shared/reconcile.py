@@ -24,8 +24,9 @@ from mithrilfs.store.namespace import ROOT_INODE, Inode, NewFile, join_path, out
 
 log = logging.getLogger("mithrilfs.shared.remote_tier")  # the name operators know from the logs
 
-#: A merge of more names than this reads the directory's names in one query instead of one lookup each.
-MANY_NAMES = 16
+#: A merge of more names than this reads the directory's names in one query instead of one lookup each
+#: (a Triton kernel's directory holds 8).
+MANY_NAMES = 4
 
 
 class Reconciler:

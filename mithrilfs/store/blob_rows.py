@@ -39,14 +39,11 @@ class BlobRows:
         """A blob known by name only (its content is elsewhere, fetched on first use): size 0."""
         self.db.execute("INSERT OR IGNORE INTO blobs (hash, size, refcount) VALUES (?, 0, 0)", (digest,))
 
-    def add_placeholders(self, digests: list[bytes]) -> None:
-        """``add_placeholder`` for many (one statement, run for each)."""
-        self.db.executemany("INSERT OR IGNORE INTO blobs (hash, size, refcount) VALUES (?, 0, 0)",
-                            [(d,) for d in digests])
-
     def add_references(self, digests: list[bytes]) -> None:
-        """One more inode points at each of *digests* (a digest twice: two more)."""
-        self.db.executemany("UPDATE blobs SET refcount = refcount + 1 WHERE hash = ?", [(d,) for d in digests])
+        """One more inode points at each of *digests* (a digest twice: two more); a digest without a row
+        gets one as a placeholder (``add_placeholder``) first."""
+        self.db.executemany("INSERT INTO blobs (hash, size, refcount) VALUES (?, 0, 1)"
+                            " ON CONFLICT (hash) DO UPDATE SET refcount = refcount + 1", [(d,) for d in digests])
 
     def blob_intents(self, items: list[tuple[bytes, int]]) -> None:
         """``blob_intent`` for many (digest, size)."""

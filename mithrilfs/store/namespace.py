@@ -251,7 +251,6 @@ class Namespace(BlobRows, NameQueries):
         self.db.executemany(f"INSERT INTO inodes ({_INODE_COLS}) VALUES ({', '.join('?' * 12)})",
                             [(n.id, n.mode, n.uid, n.gid, 1, n.size, now, n.mtime_ns, n.ctime_ns, n.hash, None, 0)
                              for n in nodes])
-        self.add_placeholders([f.digest for f in files])
         self.add_references([f.digest for f in files])
         self.db.executemany("INSERT INTO dentries (parent, name, inode, published) VALUES (?, ?, ?, 1)",
                             [(parent, f.name, n.id) for f, n in zip(files, nodes)])
