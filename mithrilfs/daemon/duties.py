@@ -124,11 +124,15 @@ class Duties:
         """``snapshot``, its totals counted in a thread on a second connection: they scan every file (a
         few milliseconds per 5,000), and ``stats.json`` is read ten times a second by whoever follows a
         prefetch; on the event loop that was 4% of a prefetch's time."""
-        async with self._reading:
-            if self._reader is None:
-                self._reader = self.ns.reader()
-            # not the mount's limiter: threads waiting on a stalled tier must not hold stats (``status``)
-            totals = await trio.to_thread.run_sync(reports.totals, self._reader)
+        try:
+            async with self._reading:
+                if self._reader is None:
+                    self._reader = self.ns.reader()
+                # not the mount's limiter: threads waiting on a stalled tier must not hold stats (``status``)
+                totals = await trio.to_thread.run_sync(reports.totals, self._reader)
+        except sqlite3.Error as e:  # a second connection that cannot open or read: counted here, as before
+            log.warning("stats counted on the event loop: the index's reader failed: %s", e)
+            totals = reports.totals(self.ns)
         return self.snapshot(totals)
 
     def snapshot(self, totals: tuple[int, int, int] | None = None) -> dict[str, Any]:

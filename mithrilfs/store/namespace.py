@@ -141,9 +141,11 @@ class Namespace(BlobRows, NameQueries):
         self.db.close()
 
     def reader(self) -> Namespace:
-        """A second, read-only connection for queries run in a worker thread (WAL lets it read alongside)."""
+        """A second, read-only connection for queries run in a worker thread (WAL lets it read alongside).
+        Of a read-only store it is immutable too: nothing changes that index, and its files may be on a
+        read-only file system, where a connection that watches for changes cannot open."""
         path = self.db.execute("PRAGMA database_list").fetchone()[2]
-        return Namespace(path, read_only=True, immutable=False)
+        return Namespace(path, read_only=True, immutable=self.read_only)
 
     def shrink_wal(self) -> None:
         """Checkpoint and truncate the WAL (when the disk is full, it may be most of the space)."""
