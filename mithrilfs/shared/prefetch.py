@@ -306,7 +306,6 @@ class Todo:
 
     def __init__(self, prefetcher: Prefetcher, send: trio.MemorySendChannel[list[Inode]], batch_blobs: int, *,
                  in_order: bool) -> None:
-        self.prefetcher = prefetcher
         self.remote = prefetcher.remote
         self.state = prefetcher.state
         self.send = send

@@ -56,7 +56,7 @@ class Reconciler:
                 if local is not None:
                     existing.append((name, local, entry))
                 elif not entry.is_tombstone and join_path(dir_path, name) not in self.tier.pending_tombstones:
-                    if entry.type == "f":
+                    if entry.type == "f":  # created together, below
                         files.append((name, entry))
                     else:
                         self._create(parent, name, entry)
@@ -133,7 +133,9 @@ class Reconciler:
         self.tier.lifetimes.tell_kernel(removed)
 
     def _create_files(self, parent: Inode, files: list[tuple[bytes, RemoteEntry]]) -> None:
-        """``_create`` for many regular files at once (``Namespace.create_files``), inside a transaction."""
+        """Local inodes and names for remote files, all at once (``Namespace.create_files``), inside a
+        transaction; their content a placeholder, fetched at the first read.  An entry whose content this
+        node holds with another size is refused (counted)."""
         if not files:
             return
         uid, gid = self._owner()
@@ -164,26 +166,19 @@ class Reconciler:
         self.tier.counters["remote_rejected"] += 1
         log.warning("remote entry %r ignored: size %d, but its content is %d bytes", name, size, known)
 
-    def _create(self, parent: Inode, name: bytes, e: RemoteEntry) -> Inode | None:
-        """A local inode and name for a remote entry (inside a transaction), with its version as ctime;
-        None when the entry contradicts what this node knows (counted)."""
+    def _create(self, parent: Inode, name: bytes, e: RemoteEntry) -> None:
+        """A local inode and name for a remote entry (inside a transaction), with its version as ctime; a
+        file through ``_create_files``, which refuses one that contradicts what this node knows."""
+        if e.type == "f":
+            self._create_files(parent, [(name, e)])
+            return
         uid, gid = self._owner()
         if e.type == "d":
             node = self.tier.ns.create_inode(stat.S_IFDIR | outside_mode(stat.S_IFDIR, e.mode), uid, gid, nlink=2)
             self.tier.ns.add_link(parent, +1)
-        elif e.type == "l":
-            node = self.tier.ns.create_inode(stat.S_IFLNK | 0o777, uid, gid,
-                                        target=(e.target or "").encode(errors="surrogateescape"))
         else:
-            digest = bytes.fromhex(e.hash)  # type: ignore[arg-type]
-            known = self.tier.ns.blob_info(digest)
-            if known is not None and known[1] > 0 and known[1] != e.size:
-                self._reject(name, e.size, known[1])
-                return None
-            node = self.tier.ns.create_inode(stat.S_IFREG | outside_mode(stat.S_IFREG, e.mode), uid, gid)
-            self.tier.ns.add_placeholder(digest)  # fetched at the first read
-            self.tier.ns.set_content(node, digest, e.size, e.mtime_ns or time.time_ns())
+            node = self.tier.ns.create_inode(stat.S_IFLNK | 0o777, uid, gid,
+                                             target=(e.target or "").encode(errors="surrogateescape"))
         self.tier.ns.update_attrs(node, ctime_ns=e.version * 1000, mtime_ns=e.mtime_ns or node.mtime_ns)
         self.tier.ns.link(parent.id, name, node.id, published=True)
         self.tier.origin[node.id] = e.node
-        return node

@@ -152,14 +152,18 @@ class StartupOrder:
         memory: ``Namespace.create_files`` keeps them)."""
         out = []
         for path, entry in batch:
-            if entry.type != "f":
-                continue
-            d, _, name = path.rpartition("/")
-            ino = dirs.get(d)
-            node = self.tier.ns.lookup_inode(ino, name.encode(errors="surrogateescape")) if ino is not None else None
-            if node is not None and node.is_reg and node.hash is not None:
-                out.append(node)
+            if entry.type == "f":
+                d, _, name = path.rpartition("/")
+                ino = dirs.get(d)
+                node = self._file(ino, name.encode(errors="surrogateescape")) if ino is not None else None
+                if node is not None:
+                    out.append(node)
         return out
+
+    def _file(self, dir_ino: int, name: bytes) -> Inode | None:
+        """The regular file with content named *name* in directory *dir_ino*, if this node has one."""
+        node = self.tier.ns.lookup_inode(dir_ino, name)
+        return node if node is not None and node.is_reg and node.hash is not None else None
 
     def _dir_inode(self, path: str) -> int | None:
         d = ROOT_INODE
@@ -183,13 +187,7 @@ class StartupOrder:
         ino = self._dir_inode(d)
         if ino is None:
             return []
-        out = []
-        for name in self._files[d]:
-            child = self.tier.ns.lookup(ino, name)
-            node = self.tier.ns.get(child) if child is not None else None
-            if node is not None and node.is_reg and node.hash is not None:
-                out.append(node)
-        return out
+        return [node for name in self._files[d] if (node := self._file(ino, name)) is not None]
 
     # -- look-ahead -------------------------------------------------------------
     def reached(self, dir_ino: int, nursery: trio.Nursery | None) -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import sqlite3
 
+from mithrilfs.store.schema import select_in
+
 
 class BlobRows:
     """Blob rows of the index on ``db`` (the caller opens the transactions)."""
@@ -35,13 +37,10 @@ class BlobRows:
             (digest, size),
         )
 
-    def add_placeholder(self, digest: bytes) -> None:
-        """A blob known by name only (its content is elsewhere, fetched on first use): size 0."""
-        self.db.execute("INSERT OR IGNORE INTO blobs (hash, size, refcount) VALUES (?, 0, 0)", (digest,))
-
     def add_references(self, digests: list[bytes]) -> None:
         """One more inode points at each of *digests* (a digest twice: two more); a digest without a row
-        gets one as a placeholder (``add_placeholder``) first."""
+        gets one as a placeholder: a blob known by name only (its content elsewhere, fetched on first
+        use), size 0."""
         self.db.executemany("INSERT INTO blobs (hash, size, refcount) VALUES (?, 0, 1)"
                             " ON CONFLICT (hash) DO UPDATE SET refcount = refcount + 1", [(d,) for d in digests])
 
@@ -54,12 +53,7 @@ class BlobRows:
     def sizes_known(self, digests: list[bytes]) -> dict[bytes, int]:
         """The size of each of *digests* this store holds the content of (a row with a size): one query
         per 500."""
-        out: dict[bytes, int] = {}
-        for i in range(0, len(digests), 500):
-            part = digests[i:i + 500]
-            out.update(self.db.execute(
-                f"SELECT hash, size FROM blobs WHERE size > 0 AND hash IN ({','.join('?' * len(part))})", part))
-        return out
+        return dict(select_in(self.db, "SELECT hash, size FROM blobs WHERE size > 0 AND hash IN ({})", digests))
 
     def _decref(self, digest: bytes) -> None:
         self.db.execute("UPDATE blobs SET refcount = refcount - 1 WHERE hash = ?", (digest,))

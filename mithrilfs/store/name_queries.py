@@ -12,8 +12,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable
 
-#: Values one SQL statement binds at most (SQLite's default limit is 32,766; well under it).
-IN_CHUNK = 500
+from mithrilfs.store.schema import select_in
 
 
 class NameQueries:
@@ -54,13 +53,7 @@ class NameQueries:
 
     def inodes_with_hashes(self, digests: Iterable[bytes]) -> list[tuple[int, bytes, int]]:
         """(inode, hash, size) of every inode whose content is one of *digests*: one query per 500."""
-        wanted = list(digests)
-        out: list[tuple[int, bytes, int]] = []
-        for i in range(0, len(wanted), IN_CHUNK):
-            part = wanted[i:i + IN_CHUNK]
-            out += self.db.execute(f"SELECT id, hash, size FROM inodes WHERE hash IN ({','.join('?' * len(part))})",
-                                   part).fetchall()
-        return out
+        return select_in(self.db, "SELECT id, hash, size FROM inodes WHERE hash IN ({})", digests)
 
     def lru_files(self, after: tuple[int, int], limit: int = 512) -> list[tuple[int, int]]:
         """(atime_ns, id) of named files with content, least recently used first, after *after*."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import urllib.parse
+from collections.abc import Iterable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -90,3 +91,17 @@ def create(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute("PRAGMA table_info(dentries)")}
     if "published" not in columns:  # an index made before tombstones
         db.execute("ALTER TABLE dentries ADD COLUMN published INTEGER NOT NULL DEFAULT 0")
+
+
+#: Values one ``select_in`` statement binds at most (SQLite's default limit is 32,766: well under it).
+IN_CHUNK = 500
+
+
+def select_in(db: sqlite3.Connection, query: str, values: Iterable[object]) -> list[tuple]:
+    """The rows of *query*, whose ``IN ({})`` is filled with *values*, one statement per ``IN_CHUNK``."""
+    wanted = list(values)
+    out: list[tuple] = []
+    for i in range(0, len(wanted), IN_CHUNK):
+        part = wanted[i:i + IN_CHUNK]
+        out += db.execute(query.format(",".join("?" * len(part))), part).fetchall()
+    return out
