@@ -20,6 +20,7 @@ import os
 import sqlite3
 from collections.abc import Callable
 
+from mithrilfs.store.blob_writer import BlobWriter
 from mithrilfs.store.cas import CAS, hash_bytes, hash_file
 from mithrilfs.store.namespace import Namespace
 from mithrilfs.store.reserve import NO_RESERVE, NoReserve, is_disk_full
@@ -39,6 +40,8 @@ class Blobs:
         self.verified: set[bytes] = set()
         #: Blob files deleted before the index could record it (disk full; see free_early).
         self._freed_early: set[bytes] = set()
+        #: Batches of blobs written by a child process while a prefetch runs (``blob_writer``).
+        self.writer = BlobWriter(cas)
 
     def add(self, staging_path: str, digest: bytes, size: int, *, trusted: bool = False,
             between: Callable[[str], None] = lambda point: None) -> bool:
@@ -99,7 +102,7 @@ class Blobs:
         """Record many blobs (digest, size) about to appear on disk, in one transaction.
 
         The first half of ``add`` for callers that write the files
-        themselves (``CAS.write_blob``, a prefetch in worker threads): the
+        themselves (``writer``, a prefetch's batches in worker threads): the
         rows come first, so a crash never leaves an untracked file.  Then
         ``written`` for each.
         """

@@ -1,0 +1,122 @@
+"""The blob-writing process of ``blob_writer``: batches of verified blobs in shared memory, one status each out.
+
+Run as a script (``python -I -S <this file> <objects/> <staging/> <fd>
+<daemon's pid>``): it imports only the standard library, so it starts in
+milliseconds and holds no part of the daemon (no FUSE descriptor, no index,
+not the store's lock).  It dies with the daemon (``PR_SET_PDEATHSIG``), so
+no blob file appears after a successor's startup repair has counted them.  Each blob is
+written as ``CAS.write_blob`` writes one: a staging file created, written,
+renamed onto its name; an existing blob is left as it is.  Stdin's end (the
+daemon gone, or done with it) ends it.
+
+A batch is in the memory file *fd*: ``<IQ count, bytes>``, then per blob its
+32-byte digest and ``<Q size>``, then the blobs' bytes one after another.
+Stdin says a batch is there (``<Q bytes>``, the whole batch's length);
+stdout answers a byte per blob written (1: new, 0: there already), up to
+the first that failed, then 2 and that failure's ``<i errno>`` (the rest of
+the batch is dropped).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import signal
+import struct
+import sys
+
+HEADER = struct.Struct("<IQ")
+BLOB = struct.Struct("<32sQ")
+READY = struct.Struct("<Q")
+NEW, THERE, FAILED = 1, 0, 2
+BLOB_MODE = 0o400
+
+
+def _read_exactly(stdin: int, n: int) -> bytes | None:
+    """*n* bytes of the pipe; None at its end."""
+    data = b""
+    while len(data) < n:
+        part = os.read(stdin, n - len(data))
+        if not part:
+            return None
+        data += part
+    return data
+
+
+def _write_one(objects: str, staging: str, shards: set[str], serial: int, digest: bytes, data: memoryview) -> int:
+    h = digest.hex()
+    dest = f"{objects}{h[:2]}/{h}"
+    if os.path.exists(dest):
+        return THERE
+    if h[:2] not in shards:
+        os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+        shards.add(h[:2])
+    tmp = f"{staging}w{os.getpid()}-{serial}"  # a crash leaves it where the store's startup clears
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, BLOB_MODE)
+    try:
+        try:
+            view = data
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.rename(tmp, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return NEW
+
+
+def _write_batch(objects: str, staging: str, shards: set[str], serial: int, batch: memoryview) -> bytearray:
+    count, _ = HEADER.unpack_from(batch, 0)
+    table = HEADER.size
+    at = table + count * BLOB.size
+    answer = bytearray()
+    for i in range(count):
+        digest, size = BLOB.unpack_from(batch, table + i * BLOB.size)
+        try:
+            answer.append(_write_one(objects, staging, shards, serial + i, digest, batch[at:at + size]))
+        except OSError as e:
+            answer.append(FAILED)
+            answer += struct.pack("<i", e.errno or 0)
+            break
+        at += size
+    return answer
+
+
+def serve(objects: str, staging: str, memory: int, stdin: int, stdout: int) -> None:
+    shards: set[str] = set()
+    serial = 0
+    mapped: mmap.mmap | None = None
+    while True:
+        ready = _read_exactly(stdin, READY.size)
+        if ready is None:
+            return
+        (length,) = READY.unpack(ready)
+        if mapped is None or len(mapped) < length:  # the daemon grew the memory file for a larger batch
+            if mapped is not None:
+                mapped.close()
+            mapped = mmap.mmap(memory, os.fstat(memory).st_size, prot=mmap.PROT_READ)
+        with memoryview(mapped) as view:
+            answer = _write_batch(objects, staging, shards, serial, view[:length])
+        serial += len(answer)
+        out = memoryview(bytes(answer))
+        while out:
+            out = out[os.write(stdout, out):]
+
+
+def _die_with(parent: int) -> None:
+    """Killed when the thread that started this one ends (the daemon's main thread: the daemon)."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before that was set
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    _die_with(int(sys.argv[4]))
+    serve(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.stdin.fileno(), sys.stdout.fileno())
