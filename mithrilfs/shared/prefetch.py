@@ -40,8 +40,7 @@ from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared.entries import RemoteError
 from mithrilfs.shared.local_disk import cause, disk_full_message
 from mithrilfs.shared.tier_state import PrefetchTier
-from mithrilfs.store.cas import hash_bytes
-from mithrilfs.store.namespace import ROOT_INODE, Inode
+from mithrilfs.store.namespace import Inode
 from mithrilfs.store.open import is_disk_full
 
 log = logging.getLogger(__name__)
@@ -163,7 +162,7 @@ class Prefetcher:
         wanted: list[Inode] = []
         # parents before children: a directory's own name is materialized by its parent's pass
         for d in sorted(listing, key=lambda x: (x.count("/") if x else -1, x)):
-            ino = self._dir_inode(d)
+            ino = self.shared.paths.dir_at(d)
             if ino is None:
                 continue
             self.shared.merge(ino, d, listing[d], None if only is None else only.get(d, set()))
@@ -176,16 +175,6 @@ class Prefetcher:
                 if node is not None and node.is_reg and node.hash is not None and not self._present(node):
                     wanted.append(node)
         return wanted
-
-    def _dir_inode(self, path: str) -> int | None:
-        d = ROOT_INODE
-        for part in path.split("/") if path else []:
-            child = self.ns.lookup(d, part.encode(errors="surrogateescape"))
-            node = self.ns.get(child) if child is not None else None
-            if node is None or not node.is_dir:
-                return None
-            d = node.id
-        return d
 
     def _present(self, node: Inode) -> bool:
         return self.blobs.cas.exists(node.hash)  # type: ignore[arg-type]
@@ -268,16 +257,9 @@ class Prefetcher:
         return sorted(dirs)
 
     def _fetch_batch(self, blobs: list[tuple[bytes, int]]) -> list[bytes | None]:
-        """In a worker thread: one pipelined GET for the batch, each blob verified (size and blake3)."""
-        parts = self.remote.fetch_small_blobs([(digest.hex(), size) for digest, size in blobs])
-        out: list[bytes | None] = []
-        for (digest, _), data in zip(blobs, parts):
-            if data is not None and hash_bytes(data) != digest:
-                self.shared.counters["remote_verify_failures"] += 1
-                log.error("remote blob %s does not match its hash: rejected", digest.hex())
-                data = None
-            out.append(data)
-        return out
+        """In a worker thread: one pipelined GET (or a pack's ranges) for the batch, each blob verified (size
+        and blake3) by the store that read it (``RemoteStore.fetch_small_blobs``)."""
+        return self.remote.fetch_small_blobs([(digest.hex(), size) for digest, size in blobs])
 
     def _write(self, good: list[tuple[bytes, int, bytes]], new: list[bool]) -> None:
         """The verified blobs become files (their rows were recorded first); *new* gets, in order, whether

@@ -8,6 +8,7 @@ path each blob was first written at (shown by ``fleet`` commands).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, BinaryIO
@@ -21,6 +22,8 @@ from mithrilfs.shared.redis_conn import RedisConnection
 CHUNK = int(os.environ.get("MITHRILFS_REMOTE_CHUNK_BYTES", 32 << 20))
 #: Bytes of small blobs sent in one pipeline.
 _PIPELINE_BYTES = 16 << 20
+
+log = logging.getLogger(__name__)
 
 
 class RedisBlobs:
@@ -202,7 +205,7 @@ class RedisBlobs:
             self._call(put)
 
     def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
-        """Single-chunk blobs (hex, size), one pipelined GET each; None where missing or not that size."""
+        """Single-chunk blobs (hex, size), one pipelined GET each, verified; None where missing or bad."""
         def get() -> list[bytes | None]:
             pipe = self.client.pipeline(transaction=False)
             for h, _ in blobs:
@@ -211,10 +214,11 @@ class RedisBlobs:
 
         parts = self._call(get)
         out: list[bytes | None] = []
-        for (_, size), part in zip(blobs, parts):
-            ok = part is not None and len(part) == size
-            if part is not None and not ok:  # one chunk, another size than its entry says: bad data
+        for (h, size), part in zip(blobs, parts):
+            ok = part is not None and len(part) == size and blake3.blake3(part).hexdigest() == h
+            if part is not None and not ok:  # another size or other bytes than its entry says: bad data
                 self.counters["remote_verify_failures"] += 1
+                log.error("remote blob %s does not match its hash: rejected", h)
             out.append(part if ok else None)
             if ok:
                 self.counters["remote_fetched_bytes"] += size

@@ -97,7 +97,7 @@ class S3Blobs:
 
     def fetch_small(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
         """Those in packs by coalesced range GETs (``s3_packs``), the rest (and those their pack did not
-        give right) from their own objects, concurrently."""
+        give right) from their own objects, concurrently; each verified (``RemoteStore.fetch_small_blobs``)."""
         def own(i: int) -> bytes | None:
             h, size = blobs[i]
             got = self.store._get(self.store.blobs_for(size), self._blob_key(h), size)
@@ -107,8 +107,11 @@ class S3Blobs:
                 self.store._count("remote_verify_failures")
                 return None
             self.store._count("remote_fetched_bytes", size)
-            if blake3.blake3(got[0]).hexdigest() != h:  # the caller rejects it; the bucket learns it is bad
+            if blake3.blake3(got[0]).hexdigest() != h:  # never served; the bucket learns it is bad
+                self.store._count("remote_verify_failures")
+                log.error("remote blob %s does not match its hash: rejected", h)
                 self.reports.report(h)
+                return None
             return got[0]
 
         def run() -> list[bytes | None]:

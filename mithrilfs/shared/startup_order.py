@@ -119,7 +119,7 @@ class StartupOrder:
         run_dir = ""
 
         def flush() -> None:
-            ino = dirs.get(run_dir) if run_dir in dirs else self._dir_inode(run_dir)
+            ino = dirs.get(run_dir) if run_dir in dirs else self.tier.paths.dir_at(run_dir)
             dirs[run_dir] = ino
             if ino is None:
                 self.unresolved += [f"{run_dir}/{n.decode(errors='surrogateescape')}" if run_dir else
@@ -165,17 +165,6 @@ class StartupOrder:
         node = self.tier.ns.lookup_inode(dir_ino, name)
         return node if node is not None and node.is_reg and node.hash is not None else None
 
-    def _dir_inode(self, path: str) -> int | None:
-        d = ROOT_INODE
-        ns = self.tier.ns
-        for part in path.split("/") if path else []:
-            child = ns.lookup(d, part.encode(errors="surrogateescape"))
-            node = ns.get(child) if child is not None else None
-            if node is None or not node.is_dir:
-                return None
-            d = node.id
-        return d
-
     def files(self) -> list[Inode]:
         """The set's files as this node holds them now, in the set's order."""
         out = []
@@ -184,7 +173,7 @@ class StartupOrder:
         return out
 
     def _files_of(self, d: str) -> list[Inode]:
-        ino = self._dir_inode(d)
+        ino = self.tier.paths.dir_at(d)
         if ino is None:
             return []
         return [node for name in self._files[d] if (node := self._file(ino, name)) is not None]

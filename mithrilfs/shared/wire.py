@@ -197,7 +197,13 @@ class RemoteStore(ABC):
 
     @abstractmethod
     def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
-        """Small blobs (hex, size) in one batch; None where missing or not that size (the caller verifies)."""
+        """Small blobs (hex, size) in one batch, each verified (size and blake3); None where missing or bad.
+
+        The store verifies, once: a bucket's pack reader has to anyway (a
+        piece that fails is fetched from the blob's own object and the pack
+        reported), and a second pass in the caller cost a blake3 of every
+        prefetched byte.  A bad blob is counted (``remote_verify_failures``)
+        and logged where it is found."""
 
     @abstractmethod
     def missing_blobs(self, blobs: dict[str, int]) -> list[str]:

@@ -529,6 +529,17 @@ class DirPaths:
             path = self._paths[child] = join_path(path, name)
         return path
 
+    def dir_at(self, path: str) -> int | None:
+        """The directory at *path* (the inverse of ``of_dir``); None when a part is missing or no directory."""
+        d = ROOT_INODE
+        for part in path.split("/") if path else []:
+            child = self.ns.lookup(d, part.encode(errors="surrogateescape"))
+            node = self.ns.get(child) if child is not None else None
+            if node is None or not node.is_dir:
+                return None
+            d = node.id
+        return d
+
     def of_name(self, parent: int, name: bytes) -> str:
         """A name's path ('?/name' when its directory has no name any more)."""
         base = self.of_dir(parent)

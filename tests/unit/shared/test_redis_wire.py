@@ -320,3 +320,20 @@ def test_startup_set_records_are_newest_first_bounded_and_hostile_ones_refused(
     kept = redis_server.cli("ZREVRANGE", index, "0", "-1").stdout.split()
     assert kept == [last, planted[3], planted[2]]
     assert redis_server.cli("EXISTS", f"{index}:{ids[0]}").stdout.strip() == "0"
+
+
+def test_a_small_blob_with_other_bytes_is_never_handed_out_but_counted(tiers: Callable[..., RedisStore]) -> None:
+    """Redis's small blobs are verified where they are read (size and blake3): the prefetch does not hash
+    them again."""
+    import os
+
+    from mithrilfs.store.cas import hash_bytes
+
+    tier = tiers()
+    good = os.urandom(3000)
+    h = hash_bytes(good).hex()
+    tier.client.set(tier._blob_key(h, 0), os.urandom(3000))  # planted: the right size, other bytes
+    assert tier.fetch_small_blobs([(h, 3000)]) == [None]
+    assert tier.counters["remote_verify_failures"] == 1
+    tier.client.set(tier._blob_key(h, 0), good)
+    assert tier.fetch_small_blobs([(h, 3000)]) == [good]

@@ -304,3 +304,21 @@ def test_a_publish_refuses_a_place_it_adds_in_a_pack_old_enough_for_gc_to_delete
                ("d/kept", replace(bare, pack="cd" * 16, packed=old)),
                ("d/own", bare)]
     assert Packs.stale(before, located) == ["d/old", "d/unknown"]
+
+
+def test_a_small_blob_with_other_bytes_is_never_handed_out_but_counted_and_reported(stores: list[S3Store]):
+    """The store verifies what ``fetch_small_blobs`` gives (the prefetch does not hash it again): a blob's
+    own object with other bytes of the right size is None, counted, and reported for a writer to mend."""
+    import os
+
+    import obstore
+
+    from mithrilfs.store.cas import hash_bytes
+
+    a = stores[0]
+    good = os.urandom(5000)
+    h = hash_bytes(good).hex()
+    obstore.put(a.quick, a.base + a.blobs._blob_key(h), os.urandom(5000))  # planted: the right size, other bytes
+    assert a.fetch_small_blobs([(h, 5000)]) == [None]
+    assert a.counters["remote_verify_failures"] == 1
+    assert a.missing_blobs({h: 5000}) == [h]  # reported: a node holding the good bytes writes them over
