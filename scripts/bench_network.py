@@ -292,18 +292,23 @@ def describe(label: str, snap: dict[str, dict[str, int]], files: int) -> str:
 
 
 def summary(results: list[dict], files: int, say: Callable[[str], None]) -> None:
-    say("\nend to end (mount + load), median of the reps; requests from the mount to the end of the load")
+    say("\nend to end (mount + load), median of the reps; requests from the mount to the end of the load;"
+        " 'x A' the medians' ratio, 'each rep' the ratio to node A in the same repetition (node A's own time"
+        " varies from one minute to the next on a shared machine)")
     say(f"{'rtt':>6s} {'arm':11s} {'mount (s)':>10s} {'load (s)':>9s} {'total (s)':>10s} {'x A':>6s}"
-        f" {'s3 req':>7s} {'/file':>6s} {'redis':>6s}")
+        f" {'s3 req':>7s} {'/file':>6s} {'redis':>6s}  each rep")
     for r in results:
-        a_total = median([f["total_s"] for f in r["arms"]["A"]])
+        a_figs = r["arms"]["A"]
+        a_total = median([f["total_s"] for f in a_figs])
         for arm, figs in r["arms"].items():
             total = median([f["total_s"] for f in figs])
             s3 = median([f["requests"]["s3"].get("requests", 0) for f in figs])
             rd = median([f["requests"].get("redis", {}).get("requests", 0) for f in figs])
+            each = [f["total_s"] / a["total_s"] for f, a in zip(figs, a_figs)]
             say(f"{r['rtt_ms']:6g} {arm:11s} {median([f['mount_s'] for f in figs]):10.2f}"
                 f" {median([f['load_s'] for f in figs]):9.2f} {total:10.2f} {total / a_total:6.2f}"
-                f" {s3:7.0f} {s3 / files:6.2f} {rd:6.0f}")
+                f" {s3:7.0f} {s3 / files:6.2f} {rd:6.0f}  {', '.join(f'{x:.2f}' for x in each)}"
+                f" (median {median(each):.2f})")
     for r in results:
         figs = [f for f in r["arms"]["B+prefetch"] if f.get("prefetch") and "disk_alone" in f]
         rates = [float(m.group(1)) for f in figs if (m := re.search(r"\(([\d.]+) MiB/s\)", f["prefetch"]))]
