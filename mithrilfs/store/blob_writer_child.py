@@ -30,6 +30,7 @@ HEADER = struct.Struct("<IQ")
 BLOB = struct.Struct("<32sQ")
 READY = struct.Struct("<Q")
 NEW, THERE, FAILED = 1, 0, 2
+#: Blobs are immutable and the daemon's alone (a cache may hold secrets baked into kernels).
 BLOB_MODE = 0o400
 
 
@@ -44,19 +45,16 @@ def _read_exactly(stdin: int, n: int) -> bytes | None:
     return data
 
 
-def _write_one(objects: str, staging: str, shards: set[str], serial: int, digest: bytes, data: memoryview) -> int:
-    h = digest.hex()
-    dest = f"{objects}{h[:2]}/{h}"
-    if os.path.exists(dest):
-        return THERE
-    if h[:2] not in shards:
-        os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
-        shards.add(h[:2])
-    tmp = f"{staging}w{os.getpid()}-{serial}"  # a crash leaves it where the store's startup clears
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, BLOB_MODE)
+def write_and_rename(tmp: str, dest: str, data: bytes | bytearray | memoryview, *, exclusive: bool) -> None:
+    """*data* written to a new file *tmp* (mode ``BLOB_MODE``), then renamed onto *dest*: a blob is never
+    seen half-written.  On any failure (a full disk) *tmp* is removed and the error raised.  *exclusive*:
+    *tmp* must not exist (a unique name); otherwise a leftover of that name is truncated.  The one way a
+    blob's file is written, by ``CAS.write_blob`` and by this process alike."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
+    fd = os.open(tmp, flags, BLOB_MODE)
     try:
         try:
-            view = data
+            view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
         finally:
@@ -68,6 +66,18 @@ def _write_one(objects: str, staging: str, shards: set[str], serial: int, digest
         except FileNotFoundError:
             pass
         raise
+
+
+def _write_one(objects: str, staging: str, shards: set[str], serial: int, digest: bytes, data: memoryview) -> int:
+    h = digest.hex()
+    dest = f"{objects}{h[:2]}/{h}"
+    if os.path.exists(dest):
+        return THERE
+    if h[:2] not in shards:
+        os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+        shards.add(h[:2])
+    # its own names (pid, serial): one a killed writer of the same pid left is written over
+    write_and_rename(f"{staging}w{os.getpid()}-{serial}", dest, data, exclusive=False)
     return NEW
 
 

@@ -9,7 +9,6 @@ work in ``staging/`` and a finished staging file becomes a blob by one
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import Collection
@@ -17,13 +16,14 @@ from pathlib import Path
 
 import blake3
 
+# the standard-library half the blob writer process runs too: one way to write a blob's file
+from mithrilfs.store.blob_writer_child import BLOB_MODE, write_and_rename
+
 DIGEST_SIZE = 32
 #: Files at least this large are hashed with blake3's threads over an mmap.
 _MMAP_HASH_MIN = 1 << 20
 
 EMPTY_DIGEST = blake3.blake3(b"").digest()
-#: Blobs are immutable and the daemon's alone (a cache may hold secrets baked into kernels).
-BLOB_MODE = 0o400
 
 
 def hash_bytes(data: bytes | bytearray | memoryview) -> bytes:
@@ -139,20 +139,9 @@ class CAS:
         if shard not in self._shards:
             os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
             self._shards.add(shard)
-        tmp = f"{self._staging_prefix}{uuid.uuid4().hex}"  # a crash leaves it where startup clears
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, BLOB_MODE)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
-            os.rename(tmp, dest)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)  # a full disk: the retry after making room starts over
-            raise
+        # a crash leaves the temporary file where startup clears; a full disk removes it (the retry after
+        # making room starts over)
+        write_and_rename(f"{self._staging_prefix}{uuid.uuid4().hex}", dest, data, exclusive=True)
         return not existed
 
     def quarantine_blob(self, digest: bytes) -> Path | None:
