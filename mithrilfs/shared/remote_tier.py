@@ -56,7 +56,7 @@ from mithrilfs.shared.startup_order import StartupOrder
 from mithrilfs.shared.startup_recorder import StartupRecorder
 from mithrilfs.shared.tier import Tier
 from mithrilfs.shared.wire import RemoteStore
-from mithrilfs.shared.write_behind import WriteBehind
+from mithrilfs.shared.write_behind import EPOCH_META_PREFIX, WriteBehind
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path
 from mithrilfs.store.tier_queue import TierQueue
@@ -153,7 +153,7 @@ class RemoteTier(Tier):
             self.behind.queue_all()
 
     def _epoch_meta(self) -> str:
-        return f"remote_epoch:{self.remote.url}:{self.remote.namespace}"
+        return f"{EPOCH_META_PREFIX}{self.remote.url}:{self.remote.namespace}"
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A request of the mount: None when the tier is backed off, fails, or stalls past ``REMOTE_WAIT``."""

@@ -37,6 +37,8 @@ PACK_WINDOW = 2.0
 PACK_FILL = 8 << 20
 #: How often the uploader asks whether the tier lost its data (its epoch token).
 EPOCH_SECONDS = 2.0
+#: The index's meta keys holding the epoch of each tier this store has used (``RemoteTier._epoch_meta``).
+EPOCH_META_PREFIX = "remote_epoch:"
 
 
 def version_of(ino: Inode) -> int:
@@ -96,10 +98,11 @@ class WriteBehind:
         self.tier.pending_tombstones[path] = version
         self.tier._wake.set()
 
-    def queue_all(self) -> int:
-        """Queue every named file and symlink (``push``, or after the tier lost its data)."""
+    def queue_all(self, *, unpublished_only: bool = False) -> int:
+        """Queue every named file and symlink (``push``, or after the tier lost its data); *unpublished_only*:
+        those never published nor taken from the tier."""
         with self.tier.ns.txn():
-            n = self.tier.queue.add_all(time.time_ns() - int(UPLOAD_DELAY * 1e9))
+            n = self.tier.queue.add_all(time.time_ns() - int(UPLOAD_DELAY * 1e9), unpublished_only=unpublished_only)
         self.tier._wake.set()
         return n
 
@@ -133,18 +136,24 @@ class WriteBehind:
                 self.tier._wake = trio.Event()
 
     async def _check_epoch(self) -> None:
-        """Queue everything again when the tier is not the one we uploaded to (restarted empty, new)."""
+        """Queue everything again when the tier is not the one we uploaded to (restarted empty, new).
+
+        A store that never used any tier queues only its names that did not come from this one: the
+        prefetch or a lookup may have created thousands from the tier before this first check answers
+        (seen under load in CI: a new node published its whole prefetched set again)."""
         epoch, _ = await self.tier.thread(self.tier.remote.epoch)
         if epoch == self.tier._epoch:
             return
-        n = self.queue_all()
+        first_tier = self.tier._epoch is None and not self.tier.ns.has_meta_prefix(EPOCH_META_PREFIX)
+        n = self.queue_all(unpublished_only=first_tier)
         if self.tier._epoch is not None:
             self.tier.counters["remote_data_lost"] += 1
             log.warning("the shared tier %s lost its data (new epoch): %d local files queued for upload again",
                         self.tier.remote.url, n)
             self.tier.events.emit("remote_data_lost", url=self.tier.remote.url, requeued=n)
-        elif n:
-            log.info("first use of the shared tier %s by this store: %d local files queued", self.tier.remote.url, n)
+        else:
+            log.info("first use of the shared tier %s by this store: %d local files queued%s", self.tier.remote.url,
+                     n, " (its first tier: names taken from it are not)" if first_tier else "")
         with self.tier.ns.txn():
             self.tier.ns.set_meta(self.tier._epoch_meta(), epoch)
         self.tier._epoch = epoch

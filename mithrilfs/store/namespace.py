@@ -195,6 +195,11 @@ class Namespace(BlobRows, NameQueries):
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
 
+    def has_meta_prefix(self, prefix: str) -> bool:
+        """Whether any meta key starts with *prefix*."""
+        return self.db.execute("SELECT 1 FROM meta WHERE substr(key, 1, ?) = ? LIMIT 1",
+                               (len(prefix), prefix)).fetchone() is not None
+
     def set_meta(self, key: str, value: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
 

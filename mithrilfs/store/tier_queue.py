@@ -20,11 +20,14 @@ class TierQueue:
         self.ns.db.executemany("INSERT OR REPLACE INTO upload_queue (inode, queued_ns) VALUES (?, ?)",
                             [(i, queued_ns) for i in inodes])
 
-    def add_all(self, queued_ns: int) -> int:
-        """Queue every named file and symlink; how many."""
+    def add_all(self, queued_ns: int, *, unpublished_only: bool = False) -> int:
+        """Queue every named file and symlink (*unpublished_only*: those with a name never published nor
+        taken from the tier); how many."""
+        only = " AND id IN (SELECT inode FROM dentries WHERE published = 0)" if unpublished_only else ""
         return self.ns.db.execute(
             "INSERT OR REPLACE INTO upload_queue (inode, queued_ns) SELECT id, ? FROM inodes"
-            " WHERE nlink > 0 AND ((mode & 61440) = 32768 OR (mode & 61440) = 40960)", (queued_ns,)).rowcount
+            " WHERE nlink > 0 AND ((mode & 61440) = 32768 OR (mode & 61440) = 40960)" + only,
+            (queued_ns,)).rowcount
 
     def holds(self, inode: int) -> bool:
         """Whether *inode* waits to be published (or is being sent: a row goes once its batch is sent)."""

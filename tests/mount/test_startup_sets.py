@@ -80,6 +80,43 @@ def test_a_load_writes_one_record_and_a_new_node_prefetches_it_in_the_background
         assert (b.mountpoint / p).read_bytes() == data
 
 
+def test_names_a_new_node_took_from_the_tier_are_never_published_again(mount_factory: MountFactory,
+                                                                        redis_server: RedisServer):
+    """A new store's first check of the tier's epoch queues what it holds for upload; the prefetch may have
+    created the whole set from the tier before that check answers (seen in CI under load: the new node
+    published all 37 names again, its blobs checked and the set's directories recorded as used). Here the
+    store is left as such a node leaves it (its names from the tier, no epoch kept: killed before the check
+    answered, or the check came late) and mounted again: nothing is queued, nothing is sent."""
+    import sqlite3
+
+    a = mount_factory("a", *_remote(redis_server))
+    files = fill(a, dirs=3, per_dir=4, size=300)
+    a.remount()
+    for p in sorted(files):
+        (a.mountpoint / p).read_bytes()
+    a.umount()
+    b = mount_factory("b", *_remote(redis_server))
+    wait_for(lambda: b.stats()["prefetch"]["state"] == "done", 30, "the background prefetch")
+    assert b.stats()["prefetch"]["files"] == len(files)
+    b.umount()
+    db = sqlite3.connect(b.store / "index.sqlite3")
+    with db:
+        assert db.execute("DELETE FROM meta WHERE key LIKE 'remote_epoch:%'").rowcount == 1
+    db.close()
+    log = b.store / "mithrilfs.log"
+    seen = log.read_text().count("first use of the shared tier")
+    before = commands(redis_server)
+    b.mount()
+    wait_for(lambda: log.read_text().count("first use of the shared tier") > seen, 30, "the first epoch check")
+    line = [x for x in log.read_text().splitlines() if "first use of the shared tier" in x][-1]
+    wait_for(lambda: b.stats()["upload_queue"] == 0, 30, "the upload queue to drain")
+    sent = since(before, redis_server)
+    assert ": 0 local files queued" in line, (line, sent)
+    assert not {"evalsha", "exists", "zadd", "set"} & set(sent), sent  # no blob checked, no name published
+    for p, data in files.items():
+        assert (b.mountpoint / p).read_bytes() == data
+
+
 def test_a_read_of_what_the_prefetch_is_bringing_waits_for_it(mount_factory: MountFactory,
                                                               redis_server: RedisServer):
     """Through a proxy that makes every exchange with Redis cost 300 ms, a new node's workload reads the
