@@ -38,6 +38,7 @@ import trio
 
 from mithrilfs.shared.entries import _NODE_RE, MAX_VERSION, RemoteEntry, RemoteError
 from mithrilfs.shared.feed_wire import MAX_RECORD_BYTES, FeedWire
+from mithrilfs.shared.startup_sets import PURGES_READ
 from mithrilfs.shared.tier_state import Change, ChangesTier
 from mithrilfs.shared.write_behind import version_of
 from mithrilfs.store.namespace import ROOT_INODE, join_path, valid_name
@@ -66,8 +67,9 @@ def path_parts(path: Any) -> list[bytes] | None:
     return parts if all(valid_name(p) for p in parts) else None
 
 
-#: Deletions a mount remembers against its startup set's names (a few hundred bytes each).
-PURGED_KEPT = 10_000
+#: Deletions a mount remembers against its startup set's names (a few hundred bytes each): all the purge
+#: records the tier keeps and a set's loader reads (``PURGES_READ`` of at most ``RECORD_PATHS``), and more.
+PURGED_KEPT = PURGES_READ * RECORD_PATHS + 10_000
 
 class ChangeCodec:
     """Records to and from bytes for one namespace, signed with *key* when there is one."""
@@ -146,6 +148,14 @@ class Changes:
             await self.tier.thread(self.wire.append, raw)
         self._count("remote_changes_announced", len(changes))
 
+    async def keep(self, changes: list[Change]) -> None:
+        """Keep a purge's records in the tier beside the startup sets (``RemoteStore.keep_purge``), for the
+        nodes that never read this feed (raises RemoteError)."""
+        for start in range(0, len(changes), RECORD_PATHS):
+            chunk = changes[start:start + RECORD_PATHS]
+            raw = self.codec.encode(self.tier.node, chunk)
+            await self.tier.thread(self.tier.remote.keep_purge, max(v for _, v, _ in chunk), raw)
+
     async def announce_sent(self, tombstones: list[tuple[str, int]]) -> None:
         """The uploader published these tombstones (a user's unlinks): announce them, never failing the batch."""
         if not tombstones:
@@ -205,16 +215,33 @@ class Changes:
         for path, version, tree in changes:
             await self.apply(path, version, tree, node)
 
+    def learn_kept(self, records: list[bytes]) -> None:
+        """The purges the tier keeps (``RemoteStore.kept_purges``), remembered like those read from the feed
+        (a new node read none there); a record that is not one is refused and counted, like the feed's."""
+        for raw in records:
+            try:
+                node, changes = self.codec.decode(raw)
+            except ValueError as e:
+                self._count("remote_changes_rejected")
+                log.warning("kept purge record refused: %s", e)
+                continue
+            for path, version, _tree in changes:
+                self._remember(path, RemoteEntry("x", version, node))
+
+    def _remember(self, path: str, tomb: RemoteEntry) -> None:
+        """A deletion a startup set's names are checked against (``deleted_since``); the newest win."""
+        known = self.purged.pop(path, None)
+        self.purged[path] = tomb if known is None or tomb.newer_than(known.version, known.node) else known
+        while len(self.purged) > PURGED_KEPT:
+            del self.purged[next(iter(self.purged))]
+
     async def apply(self, path: str, version: int, tree: bool, node: str) -> int:
         """Remove *path* here (and, with *tree*, everything under it) where older than *version*; how many
         names went.  A name this node does not hold is nothing to do: the tier holds its tombstone."""
         parts = path_parts(path)
         if parts is None:
             return 0
-        self.purged.pop(path, None)
-        self.purged[path] = RemoteEntry("x", version, node)
-        while len(self.purged) > PURGED_KEPT:
-            del self.purged[next(iter(self.purged))]
+        self._remember(path, RemoteEntry("x", version, node))
         ns = self.tier.ns
         parent = ROOT_INODE
         for part in parts[:-1]:

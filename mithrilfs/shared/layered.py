@@ -250,6 +250,17 @@ class LayeredStore(RemoteStore):
         self.back.write_startup_record(name, record_id, items, last=last)
         self._to_front(lambda: self.front.write_startup_record(name, record_id, items, last=last))
 
+    def keep_purge(self, version: int, raw: bytes) -> None:
+        self.back.keep_purge(version, raw)
+        self._to_front(lambda: self.front.keep_purge(version, raw))
+
+    def kept_purges(self) -> tuple[list[bytes], int]:
+        """The bucket's (Redis's when the bucket does not answer: it keeps the same records)."""
+        try:
+            return self.back.kept_purges()
+        except RemoteError:
+            return self.front.kept_purges()
+
     def startup_records(self, name: str) -> list[Record]:
         """Both levels' newest records (the same record from both counts once: ``startup_sets.merged``)."""
         try:

@@ -101,7 +101,9 @@ class Prefetcher:
                 log.error("prefetch %s failed", set_name or "*", exc_info=e)
                 self.state.update(state="failed", error=f"{self.remote.url}: {type(e).__name__}: {e}")
         finally:
-            self.blobs.writer.close()
+            # off the loop: it waits for a read-ahead's batch in the child, then for the child to exit
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.blobs.writer.close)
             self.state["seconds"] = round(time.monotonic() - start, 3)
         log.info("prefetch %s: %s", set_name or "*", self.state)
         return self.state

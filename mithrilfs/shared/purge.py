@@ -11,10 +11,13 @@ from processes that open its files by path.  The mount that is asked:
    the purge began is newer and stays; so a remount, a new node, or a node's
    queued upload of an older version never brings a purged name back (the
    tombstone wins at reconciliation, and the upload loses to it and takes it);
-3. announces the PATHs on the change feed (``changes``), whole trees;
-4. removes them here the same way every follower does (the kernel told).
+3. keeps the purge's record beside the startup sets (``RemoteStore.keep_purge``): a new node, which
+   never read the feed, creates a set's names without listing their directories, and checks them
+   against it (``StartupOrder``);
+4. announces the PATHs on the change feed (``changes``), whole trees;
+5. removes them here the same way every follower does (the kernel told).
 
-Step 2 fails whole (nothing announced, nothing removed here) when the tier
+Steps 2 and 3 fail whole (nothing announced, nothing removed here) when the tier
 does not answer: the command says so in one line and can be run again.
 """
 
@@ -134,6 +137,10 @@ async def forget_fleet(tier: PurgeTier, paths: list[str]) -> dict[str, Any]:
     except RemoteError as e:
         return {"error": f"{tier.remote.url}: {e}; some tombstones may be published, run it again"}
     changes: list[Change] = [(p, version, True) for p in paths]
+    try:
+        await tier.changes.keep(changes)
+    except RemoteError as e:
+        return {"error": f"{tier.remote.url}: {e}; the tombstones are published, run it again"}
     announced = True
     try:
         await tier.changes.announce(changes)

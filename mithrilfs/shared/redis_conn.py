@@ -150,6 +150,11 @@ class RedisConnection:
         """A sorted set: directory path -> when a node last used it (unix seconds)."""
         return f"{self.prefix}used"
 
+    @property
+    def purges_key(self) -> str:
+        """A sorted set: the records of ``forget --fleet`` kept for startup sets -> their version."""
+        return f"{self.prefix}purges"
+
     def redis_memory(self) -> int:
         """Bytes of memory the server (all masters) uses, for benchmarks."""
         info = self._call(lambda: self.client.info("memory"))

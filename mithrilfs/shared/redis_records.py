@@ -7,12 +7,15 @@ for the next mount's prefetch, and when each directory was last used, for
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from mithrilfs.shared.entries import RemoteEntry
+from mithrilfs.shared.entries import MAX_VERSION, RemoteEntry
 from mithrilfs.shared.redis_conn import _BATCH, RedisConnection
 from mithrilfs.shared.startup_sets import (
     MAX_RECORD_BYTES,
+    PURGES_KEPT,
+    PURGES_READ,
     RECORDS_KEPT,
     RECORDS_READ,
     Record,
@@ -90,6 +93,28 @@ class RedisRecords:
                     if record is not None:
                         out.append(record)
             return out
+
+        return self._call(read)
+
+    def keep_purge(self, version: int, raw: bytes) -> None:
+        """A sorted set of the records by version (one pipeline: add, and drop past ``PURGES_KEPT``)."""
+        def write() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zadd(self.conn.purges_key, {raw: version})
+            pipe.zremrangebyrank(self.conn.purges_key, 0, -(PURGES_KEPT + 1))
+            pipe.execute()
+
+        self._call(write)
+
+    def kept_purges(self) -> tuple[list[bytes], int]:
+        """One ``ZREVRANGE``: the newest records and the next one's version (the floor)."""
+        def read() -> tuple[list[bytes], int]:
+            got = self.client.zrevrange(self.conn.purges_key, 0, PURGES_READ, withscores=True)
+            floor = 0
+            if len(got) > PURGES_READ:
+                score = got[PURGES_READ][1]  # planted out of range: nothing in the set is trusted
+                floor = int(score) if math.isfinite(score) and 0 <= score < MAX_VERSION else MAX_VERSION
+            return [raw for raw, _ in got[:PURGES_READ]], floor
 
         return self._call(read)
 

@@ -269,6 +269,12 @@ class RedisStore(RedisConnection, RemoteStore):
     def startup_records(self, name: str) -> list[Record]:
         return self.records.startup_records(name)
 
+    def keep_purge(self, version: int, raw: bytes) -> None:
+        self.records.keep_purge(version, raw)
+
+    def kept_purges(self) -> tuple[list[bytes], int]:
+        return self.records.kept_purges()
+
     def record_use(self, records: dict[str, float]) -> None:
         self.records.record_use(records)
 

@@ -57,6 +57,7 @@ from mithrilfs.shared.entries import MAX_DIR_NAMES, EntryCodec, RemoteEntry, Rem
 from mithrilfs.shared.s3_blobs import S3Blobs, object_age
 from mithrilfs.shared.s3_conn import S3Connection, _obstore
 from mithrilfs.shared.s3_packs import Packs
+from mithrilfs.shared.s3_purges import S3Purges
 from mithrilfs.shared.s3_repair import BadBlobReports
 from mithrilfs.shared.s3_seen import SeenManifests
 from mithrilfs.shared.s3_settings import S3Location, S3Settings
@@ -115,6 +116,7 @@ class S3Store(S3Connection, RemoteStore):
         self.blobs = S3Blobs(self, self.packs, self.reports)
         #: Each manifest as last read or written: a publish merges into it without reading (``s3_seen``).
         self.seen = SeenManifests()
+        self.purges = S3Purges(self)
         #: The epoch token last seen: another one means the bucket was emptied (its packs are gone).
         self._epoch_seen: str | None = None
     # -- availability and epoch -------------------------------------------------
@@ -428,6 +430,12 @@ class S3Store(S3Connection, RemoteStore):
             return records
 
         return self._call(read)
+
+    def keep_purge(self, version: int, raw: bytes) -> None:
+        self.purges.keep(version, raw)
+
+    def kept_purges(self) -> tuple[list[bytes], int]:
+        return self.purges.kept()
 
     # -- fleet gc (``shared.gc``) ----------------------------------------------
     def record_use(self, records: dict[str, float]) -> None:

@@ -91,8 +91,9 @@ class StartupOrder:
         self._attempt = trio.Event()
         try:
             records = await self.tier.thread(self.tier.remote.startup_records, self.name)
-            # a name deleted since the record was written (forget --fleet, an unlink) never comes back from it
-            self.items = [(p, e) for p, e in merged(records) if not self.tier.changes.deleted_since(p, e)]
+            kept, floor = await self.tier.thread(self.tier.remote.kept_purges)
+            self.tier.changes.learn_kept(kept)
+            self.items = self._checked(merged(records), floor)
             await self._materialize(self.items, materialized)
             for path, entry in self.items:
                 if entry.type == "f":
@@ -108,6 +109,20 @@ class StartupOrder:
         finally:
             self._attempt.set()
             self._attempt = None
+
+    def _checked(self, items: list[tuple[str, RemoteEntry]], floor: int) -> list[tuple[str, RemoteEntry]]:
+        """The set's names that no deletion known here covers (``forget --fleet``: the tier keeps its
+        records; an unlink this mount read on the feed); one older than every purge record read (*floor*)
+        may be covered by one left unread: not taken from the set, its directory is listed instead."""
+        out = []
+        for path, entry in items:
+            if self.tier.changes.deleted_since(path, entry):
+                continue
+            if entry.version < floor:
+                self.unresolved.append(path)
+                continue
+            out.append((path, entry))
+        return out
 
     async def _materialize(self, items: list[tuple[str, RemoteEntry]],
                            materialized: Callable[[list[Inode]], None] | None) -> None:

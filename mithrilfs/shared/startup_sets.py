@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -41,6 +42,12 @@ log = logging.getLogger(__name__)
 
 #: Paths one record holds at most (a Triton load of 1,500 kernels reads 10,500 files).
 MAX_RECORD_PATHS = 50_000
+#: The purge records (``forget --fleet``) a loaded set is checked against: a new node never read the change
+#: feed.  A set's entry older than the newest record left unread is not taken from the set (its directory
+#: is listed instead).
+PURGES_READ = max(1, int(_n)) if (_n := os.environ.get("MITHRILFS_PURGES_READ", "")).isdigit() else 64  # tests lower it
+#: The purge records a store keeps (so that a reader sees where its reading stopped).
+PURGES_KEPT = 2 * PURGES_READ
 #: A record larger than this is refused unread (``MAX_RECORD_PATHS`` signed entries fit in it).
 MAX_RECORD_BYTES = 32 << 20
 #: Records a reader takes, the newest first: one request each, in parallel.

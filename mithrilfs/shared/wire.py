@@ -223,6 +223,17 @@ class RemoteStore(ABC):
     def startup_records(self, name: str) -> list[Record]:
         """The ``RECORDS_READ`` newest records of a startup set, checked (a bounded number of requests)."""
 
+    @abstractmethod
+    def keep_purge(self, version: int, raw: bytes) -> None:
+        """Keep a ``forget --fleet``'s record (the change feed's, *raw*) beside the startup sets, the
+        ``PURGES_KEPT`` newest: a new node never read the feed, and must not bring a purged name back from a
+        set recorded before the purge (``StartupOrder``)."""
+
+    @abstractmethod
+    def kept_purges(self) -> tuple[list[bytes], int]:
+        """The ``PURGES_READ`` newest purge records (unchecked: b"" for one that could not be read), and the
+        version of the newest one left unread (0: none), below which a set's entry cannot be checked."""
+
     def container_of(self, hex_digest: str) -> str | None:
         """The object holding a blob with others, where the store knows it (a bucket's pack): the prefetch
         cuts its batches there, so a pack is one range GET, not one per batch it straddles.  Stores that

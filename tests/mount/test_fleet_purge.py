@@ -312,3 +312,63 @@ def test_a_node_whose_records_were_trimmed_away_reconciles_everything_it_holds(m
     assert time.monotonic() - start < BOUND
     assert b.stats()["remote_feed_resyncs"] == 1
     assert (b.mountpoint / "keep.so").read_bytes() == b"keep"
+
+
+def test_a_new_node_never_gets_a_purged_name_back_from_a_startup_set_recorded_before(
+        mount_factory: MountFactory, tier: Tier):
+    """B's load recorded the entry's files in the startup set; the entry is purged, and the feed's record of
+    it is gone (trimmed; a bucket's journal keeps days); a new node D, which never read the feed, creates
+    the set's names without listing their directories: the purge holds there too, from the record the tier
+    keeps beside the sets (D brought the poisoned kernel back before). A planted record is refused."""
+    a = mount_factory("a", *tier.args, env=tier.env)
+    _entry(a.mountpoint)
+    wait_uploaded(a)
+    b = mount_factory("b", *tier.args, env=tier.env)
+    assert (b.mountpoint / "kern" / "sub" / "k2.so").read_bytes() == b"poisoned kernel 2"
+    assert (b.mountpoint / "keep.so").read_bytes() == b"keep"
+    b.umount()  # writes its record: kern, kern/sub, kern/sub/k2.so, keep.so
+    run_cli("forget", "--fleet", str(a.mountpoint), "kern", check=True)
+    if tier.redis is not None:
+        tier.redis.cli("XTRIM", "mfs:default:changes", "MAXLEN", "0")
+        tier.redis.cli("ZADD", "mfs:default:purges", "1", '{"not": "a record"}')
+    else:
+        assert tier.weed is not None
+        client = tier.weed.client(tier.bucket)
+        for batch in obstore.list(client, prefix="cache/default/changes/"):
+            for meta in batch:
+                obstore.delete(client, meta["path"])
+        obstore.put(client, f"cache/default/purges/{(1 << 53) - 1:020d}-planted", b'{"not": "a record"}')
+    d = mount_factory("d", *tier.args, env=tier.env)
+    wait_for(lambda: d.stats()["prefetch"]["state"] == "done", 30, "the background prefetch")
+    s = d.stats()
+    assert s["prefetch"]["files"] == 1, s["prefetch"]  # keep.so, from the set
+    assert s["startup_set_paths"] == 1, s
+    assert s["remote_changes_rejected"] == 1, s
+    assert not (d.mountpoint / "kern" / "sub" / "k2.so").exists()
+    assert not (d.mountpoint / "kern").exists()
+    assert (d.mountpoint / "keep.so").read_bytes() == b"keep"
+
+
+def test_a_set_entry_older_than_the_purges_a_node_read_is_listed_not_trusted(mount_factory: MountFactory,
+                                                                              tier: Tier):
+    """A node reads only the newest purge records (``PURGES_READ``, here 1 of 2): an entry of the set older
+    than the newest record it left unread might be covered by it, so its directory is listed instead (the
+    tombstone there wins), and what the listing still holds is prefetched."""
+    a = mount_factory("a", *tier.args, env=tier.env)
+    _entry(a.mountpoint)
+    (a.mountpoint / "other").mkdir()
+    write_committed(a.mountpoint / "other" / "o.so", b"other")
+    wait_uploaded(a)
+    b = mount_factory("b", *tier.args, env=tier.env)
+    for p in ("kern/sub/k2.so", "keep.so"):
+        (b.mountpoint / p).read_bytes()
+    b.umount()
+    run_cli("forget", "--fleet", str(a.mountpoint), "kern", check=True)  # older: left unread by D
+    run_cli("forget", "--fleet", str(a.mountpoint), "other", check=True)
+    d = mount_factory("d", *tier.args, env=dict(tier.env or {}, MITHRILFS_PURGES_READ="1"))
+    wait_for(lambda: d.stats()["prefetch"]["state"] == "done", 30, "the background prefetch")
+    s = d.stats()
+    assert s["startup_set_paths"] == 0, s  # nothing taken from the set as it is
+    assert s["prefetch"]["files"] == 1, s["prefetch"]  # keep.so, its directory listed
+    assert not (d.mountpoint / "kern").exists()
+    assert (d.mountpoint / "keep.so").read_bytes() == b"keep"

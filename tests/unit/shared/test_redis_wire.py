@@ -337,3 +337,25 @@ def test_a_small_blob_with_other_bytes_is_never_handed_out_but_counted(tiers: Ca
     assert tier.counters["remote_verify_failures"] == 1
     tier.client.set(tier._blob_key(h, 0), good)
     assert tier.fetch_small_blobs([(h, 3000)]) == [good]
+
+
+def test_purge_records_are_kept_newest_first_bounded_with_the_floor(redis_server: RedisServer,
+                                                                    tiers: Callable[..., RedisStore],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``forget --fleet``'s records kept for startup sets: the newest PURGES_READ read in one request, the
+    next one's version the floor (a set's entry older than it is not trusted), none past PURGES_KEPT."""
+    from mithrilfs.shared import redis_records
+
+    monkeypatch.setattr(redis_records, "PURGES_READ", 2)
+    monkeypatch.setattr(redis_records, "PURGES_KEPT", 3)
+    writer, reader = tiers(), tiers()
+    assert reader.kept_purges() == ([], 0)
+    for v in (400, 100, 300, 200):
+        writer.keep_purge(v, f"r{v}".encode())
+    assert reader.kept_purges() == ([b"r400", b"r300"], 200)
+    assert redis_server.cli("ZCARD", "mfs:t:purges").stdout.strip() == "3"  # r100 dropped
+    # planted scores out of range: read (and refused by the codec) first; one as the floor trusts nothing
+    redis_server.cli("ZADD", "mfs:t:purges", "inf", "p1", "inf", "p2", "inf", "p3")
+    from mithrilfs.shared.entries import MAX_VERSION
+
+    assert reader.kept_purges()[1] == MAX_VERSION

@@ -322,3 +322,23 @@ def test_a_small_blob_with_other_bytes_is_never_handed_out_but_counted_and_repor
     assert a.fetch_small_blobs([(h, 5000)]) == [None]
     assert a.counters["remote_verify_failures"] == 1
     assert a.missing_blobs({h: 5000}) == [h]  # reported: a node holding the good bytes writes them over
+
+
+def test_purge_records_are_kept_newest_first_bounded_with_the_floor(stores: list[S3Store], monkeypatch):
+    """``forget --fleet``'s records kept for startup sets: one LIST and a GET per record read (the newest
+    PURGES_READ), the next one's version the floor, none past PURGES_KEPT; a planted key is left out."""
+    import obstore
+
+    from mithrilfs.shared import s3_purges
+
+    monkeypatch.setattr(s3_purges, "PURGES_READ", 2)
+    monkeypatch.setattr(s3_purges, "PURGES_KEPT", 3)
+    assert stores[0].kept_purges() == ([], 0)
+    for i, v in enumerate((400, 100, 300, 200)):
+        stores[i % 2].keep_purge(v, f"r{v}".encode())
+    obstore.put(stores[0].names, stores[0].base + "purges/not-a-purge", b"planted")
+    before = stores[2].level.requests
+    assert stores[2].kept_purges() == ([b"r400", b"r300"], 200)
+    assert stores[2].level.requests - before == 1 + 2
+    listed = [m["path"] for batch in obstore.list(stores[0].names, prefix=stores[0].base + "purges/") for m in batch]
+    assert len(listed) == 4  # r100 dropped by the last writer; the planted key left alone

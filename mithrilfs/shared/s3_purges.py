@@ -1,0 +1,74 @@
+"""The purges a bucket keeps beside its startup sets: one object per record of ``forget --fleet``.
+
+A startup set names files with their entries, and a new node creates them
+without listing their directories; it never read the change feed either
+(it starts at the feed's head, and the feed keeps days at most).  So each
+purge's record (the feed's own, signed like it) is also kept here, under
+``purges/`` with the purge's version inverted in the key (a listing gives
+the newest first), and a set is checked against them when it is loaded
+(``StartupOrder``).  One LIST and at most ``PURGES_READ`` GETs in parallel
+per loaded set; a writer deletes the records past the ``PURGES_KEPT``
+newest, so the reader can tell where its reading stopped (the floor).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from mithrilfs.shared.entries import MAX_VERSION
+from mithrilfs.shared.feed_wire import MAX_RECORD_BYTES
+from mithrilfs.shared.s3_conn import _obstore
+from mithrilfs.shared.startup_sets import PURGES_KEPT, PURGES_READ
+
+PREFIX = "purges/"
+
+
+def _version(key: str) -> int | None:
+    """The purge version a key was written with; None for a key that is no purge record's (planted)."""
+    stamp = key[len(PREFIX):].partition("-")[0]
+    if len(stamp) != 20 or not stamp.isdigit():
+        return None
+    version = MAX_VERSION - int(stamp)
+    return version if 0 < version < MAX_VERSION else None
+
+
+class S3Purges:
+    """The purge records of an ``S3Store`` (its ``purges``), through its connection."""
+
+    def __init__(self, s3: Any) -> None:
+        self.s3 = s3
+
+    def _keys(self) -> list[tuple[str, int]]:
+        """(key, version), newest first: one page (a flood of planted keys costs one request)."""
+        keys = []
+        for batch in _obstore().list(self.s3.names, prefix=self.s3.base + PREFIX, chunk_size=1000):
+            keys += [meta["path"][len(self.s3.base):] for meta in batch]
+            break
+        self.s3.level.moved()
+        out = [(k, v) for k in keys if (v := _version(k)) is not None]
+        return sorted(out, key=lambda kv: -kv[1])
+
+    def keep(self, version: int, raw: bytes) -> None:
+        def write() -> None:
+            key = f"{PREFIX}{MAX_VERSION - version:020d}-{secrets.token_hex(6)}"
+            self.s3._put(self.s3.names, key, raw, "create", len(raw))
+            old = [k for k, _ in self._keys()[PURGES_KEPT:]]
+            self.s3._parallel(lambda k: _obstore().delete(self.s3.names, self.s3.base + k), old)
+            self.s3.level.moved(requests=len(old))
+
+        self.s3._call(write)
+
+    def kept(self) -> tuple[list[bytes], int]:
+        def read() -> tuple[list[bytes], int]:
+            keys = self._keys()
+            floor = keys[PURGES_READ][1] if len(keys) > PURGES_READ else 0
+
+            def one(key: str) -> bytes | None:
+                got = self.s3._get(self.s3.names, key, MAX_RECORD_BYTES)
+                return None if got is None else got[0]
+
+            got = self.s3._parallel(one, [k for k, _ in keys[:PURGES_READ]])
+            return [b"" if raw is None else raw for raw in got], floor
+
+        return self.s3._call(read)
