@@ -70,25 +70,43 @@ class Integrity:
     async def verify(self, ino: Inode) -> bool:
         """The blob *ino* names may be served (verified in this mount, or fetched now); False: it must not."""
         digest = ino.hash
-        if digest is None or digest in self.blobs.verified:
+        if digest is None:
             return True
+        if digest in self.blobs.verified:  # verified meanwhile (a read-ahead brought it while this read came)
+            return self._fits(ino)
         if ino.size >= OFFLOAD_MIN:
             ok = await trio.to_thread.run_sync(self.blobs.verify, digest, limiter=self._limiter)
         else:
             ok = self.blobs.verify(digest)
         if ok:
-            return True
+            return self._fits(ino)
         if ok is None:
             fetched = await self.source.fetch(ino, self.budget.policy.max_bytes)
             if fetched is Fetched.YES:
                 await self.budget.enforce()
-                return True
+                return self._fits(ino)
             if fetched is Fetched.NO:
                 # the shared tier lost it, is down, or this entry's size is wrong: a miss for this
                 # name (others with the same hash may name the right size), not corruption
                 self.lifetimes.forget_content(digest, [ino])
                 return False
         self.quarantine(digest, "missing" if ok is None else "content does not match its hash")
+        return False
+
+    def _fits(self, ino: Inode) -> bool:
+        """The content is *ino*'s size: else its name lies about it (an entry from the tier naming this
+        content with another size, met before the content came: ``RemoteFetch.arrived`` removes those at
+        its arrival, and a read already past its lookup came here; seen under load, a 100-byte name
+        served the 18 bytes of its content) and goes, never served cut or padded."""
+        assert ino.hash is not None
+        try:
+            size = self.cas.path(ino.hash).stat().st_size
+        except FileNotFoundError:
+            return True  # gone meanwhile (evicted): the read, going round again, finds it missing
+        if size == ino.size:
+            return True
+        log.warning("a name claims %d bytes for blob %s of %d: removed", ino.size, ino.hash.hex(), size)
+        self.lifetimes.forget_content(ino.hash, [ino])
         return False
 
     def read_small(self, ino: Inode, off: int, size: int) -> memoryview | None:

@@ -32,8 +32,9 @@ class InFlight:
     def __init__(self, tier: InFlightTier) -> None:
         self.tier = tier
         self.fetching: Events = {}
-        #: Blobs a background fetch found missing or bad: the read that waited on one answers at once.
-        self.missed: set[bytes] = set()
+        #: (blob, size) a background fetch found missing or bad: the read that waited on one answers at once
+        #: (with the size: a name claiming another size for the same content must not miss a good one).
+        self.missed: set[tuple[bytes, int]] = set()
 
     def claim(self, nodes: list[Inode]) -> tuple[list[Inode], Events, list[trio.Event]]:
         """Of *nodes*, those not here and not on their way (registered as on their way now, once per
@@ -90,10 +91,10 @@ class InFlight:
         tier = self.tier
         try:
             if todo and tier.remote.available():
-                digests = [node.hash for node in todo]  # now: a failed read drops an inode's content meanwhile
-                for digest, ok in zip(digests, await tier.prefetcher.fetch_small(todo, tier.limiter)):
+                wanted = [(node.hash, node.size) for node in todo]  # now: a failed read drops an inode's content
+                for blob, ok in zip(wanted, await tier.prefetcher.fetch_small(todo, tier.limiter)):
                     if not ok:  # missing, or not its size or hash (counted): the read need not ask again
-                        self.missed.add(digest)  # type: ignore[arg-type]
+                        self.missed.add(blob)  # type: ignore[arg-type]
                 tier.counters[counter] = tier.counters.get(counter, 0) + len(todo)
         except RemoteError as e:
             log.debug("%s failed: %s", counter, e)

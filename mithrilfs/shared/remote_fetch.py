@@ -49,9 +49,11 @@ class RemoteFetch:
                 return Fetched.NO  # the tier stalled: the read fails within the one bound (counted)
             if self.tier.blobs.cas.exists(digest):
                 return Fetched.YES
-        if digest in self.tier.in_flight.missed:  # a read-ahead (waited for, or done before this read came) found no
-            self.tier.in_flight.missed.discard(digest)  # good copy: asking again now is the same; the next read asks
-            if self.tier.remote.knows_where(digest.hex()):  # (unless the place it tried was stale: below)
+        # a read-ahead (waited for, or done before this read came) found no good copy of this size: asking again
+        # now is the same; the next read asks (unless the place it tried was stale: below)
+        if (digest, ino.size) in self.tier.in_flight.missed:
+            self.tier.in_flight.missed.discard((digest, ino.size))
+            if self.tier.remote.knows_where(digest.hex()):
                 return Fetched.NO
         if not self.tier.remote.knows_where(digest.hex()):  # named in an earlier mount: its entry says where
             await self._relearn(ino)

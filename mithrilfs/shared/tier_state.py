@@ -58,7 +58,7 @@ class BlobsOnTheWay(Protocol):
     """``in_flight.InFlight``: one fetch per blob, whoever asks (the fetch path, the look-ahead, the prefetch)."""
 
     fetching: Events
-    missed: set[bytes]
+    missed: set[tuple[bytes, int]]
 
     def claim(self, nodes: list[Inode]) -> tuple[list[Inode], Events, list[trio.Event]]: ...
 

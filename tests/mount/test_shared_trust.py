@@ -72,6 +72,25 @@ def test_entry_size_must_match_the_blob(mount_factory: MountFactory, redis_serve
     assert s["remote_verify_failures"] + s["remote_rejected"] >= 1  # a lie is counted, whichever way it was met
 
 
+def test_a_name_lying_about_a_size_never_makes_the_true_name_miss(mount_factory: MountFactory,
+                                                                  redis_server: RedisServer):
+    """A planted name in another directory claims 3 bytes for real.so's content; its lookup starts that
+    directory's read-ahead, which finds no such blob. That miss is of that size: real.so, read after, gets
+    its 18 bytes (the miss was kept by content alone, and real.so failed with EIO)."""
+    a = mount_factory("a", *_remote(redis_server))
+    data = b"eighteen bytes!!!!"
+    write_committed(a.mountpoint / "real.so", data)
+    (a.mountpoint / "d1").mkdir()
+    write_committed(a.mountpoint / "d1" / "other.so", b"other")
+    wait_uploaded(a)
+    redis_server.cli("HSET", ROOT_DIR + "d1", "z.so", entry(data, s=3))
+    b = mount_factory("b", *_remote(redis_server))
+    assert (b.mountpoint / "d1" / "z.so").stat().st_size == 3  # looked up, not read: the read-ahead tries it
+    wait_for(lambda: b.stats().get("remote_read_ahead", 0) >= 2, 30, "the read-ahead of d1")
+    assert (b.mountpoint / "real.so").read_bytes() == data
+    assert (b.mountpoint / "d1" / "other.so").read_bytes() == b"other"
+
+
 def test_huge_claimed_size_streams_and_is_a_miss(mount_factory: MountFactory, redis_server: RedisServer):
     a = mount_factory("a", *_remote(redis_server))
     data = b"small"
