@@ -7,6 +7,7 @@ PID.  Nothing else on the machine is touched.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -435,7 +436,9 @@ def free_port() -> int:
     The port is released before the server binds it, so two workers asking
     at once could be given the same one, and a server that lost that race
     would leave its test talking to the other worker's server.  Each worker
-    takes only ports whose number halved, modulo the worker count, is its own index.
+    takes only ports whose number halved, modulo the worker count, is its own index.  Nor is a port handed
+    out twice in a row of calls: the kernel may give a just-released port again, and SeaweedFS's fixture
+    once got one port for its master and a volume server's gRPC, which failed to start (a CI run, 10 errors).
     """
     import socket
 
@@ -443,8 +446,13 @@ def free_port() -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if _this_workers(port):
+        if _this_workers(port) and port not in _HANDED_OUT:
+            _HANDED_OUT.append(port)
             return port
+
+
+#: The ports ``free_port`` handed out last (not handed out again while a server may be about to bind one).
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=256)
 
 
 def _this_workers(port: int) -> bool:
