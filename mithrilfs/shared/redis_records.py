@@ -73,13 +73,14 @@ class RedisRecords:
 
         self._call(write)
 
-    def startup_records(self, name: str) -> list[Record]:
+    def startup_records(self, name: str, skip: frozenset[str] = frozenset()) -> list[Record]:
         """The newest records: their ids (ZREVRANGE), then their values (one pipeline of GETRANGEs, each
-        at most ``MAX_RECORD_BYTES`` + 1: a planted giant is never read whole); never a write."""
+        at most ``MAX_RECORD_BYTES`` + 1: a planted giant is never read whole); never a write.  *skip*: ids
+        the caller holds already (the bucket behind gave them), neither read nor decoded again."""
         def read() -> list[Record]:
             index = self._set_key(name)
             ids = [m.decode(errors="replace") for m in self.client.zrevrange(index, 0, RECORDS_READ - 1)]
-            ids = [r for r in ids if valid_record_id(r)]
+            ids = [r for r in ids if valid_record_id(r) and r not in skip]
             if not ids:
                 return []
             pipe = self.client.pipeline(transaction=False)

@@ -266,8 +266,8 @@ class RedisStore(RedisConnection, RemoteStore):
                              last: bool = False) -> None:
         self.records.write_startup_record(name, record_id, items, last=last)
 
-    def startup_records(self, name: str) -> list[Record]:
-        return self.records.startup_records(name)
+    def startup_records(self, name: str, skip: frozenset[str] = frozenset()) -> list[Record]:
+        return self.records.startup_records(name, skip)
 
     def keep_purge(self, version: int, raw: bytes) -> None:
         self.records.keep_purge(version, raw)

@@ -296,6 +296,12 @@ def test_startup_set_records_are_newest_first_bounded_and_hostile_ones_refused(
     assert [r.id for r in records] == ids[::-1][:startup_sets.RECORDS_READ]
     assert [p for p, _ in merged(records)] == ["k", "k/f5", "k/f4", "k/f3", "k/f2"]
     assert redis_server.cli("ZCARD", index).stdout.strip() == "6"  # the reader wrote nothing
+    # the ids a caller holds already (the bucket behind Redis gave them) are neither read nor decoded
+    getranges = lambda: int(redis_server.cli("INFO", "commandstats").stdout.split(  # noqa: E731
+        "cmdstat_getrange:calls=")[1].split(",")[0])
+    read_before = getranges()
+    assert [r.id for r in ours.startup_records("warm", frozenset(ids[3:]))] == ids[2::-1][:1]
+    assert getranges() - read_before == 1
     # hostile records, newer than all of ours
     planted = [new_record_id() for _ in range(4)]
     theirs.write_startup_record("warm", planted[0], [("k/forged", file_entry(99, "n"))])  # another key's mac
