@@ -89,7 +89,13 @@ class Prefetcher:
             self.state["background"] = True
         self.blobs.writer.start()  # here, on the loop's thread: the writing process dies with the daemon
         try:
-            await self._prefetch(set_name, BACKGROUND_BATCH_BLOBS if background else BATCH_BLOBS)
+            try:
+                await self._prefetch(set_name, BACKGROUND_BATCH_BLOBS if background else BATCH_BLOBS)
+            finally:
+                # off the loop (it waits for a read-ahead's batch in the child, then for the child to exit),
+                # and before the state says the prefetch ended: a next one starts its own child
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(self.blobs.writer.close)
             self.state["state"] = "done"
         except Exception as group:  # the workers' nursery wraps what they raise: the error inside counts
             e = cause(group)
@@ -101,9 +107,6 @@ class Prefetcher:
                 log.error("prefetch %s failed", set_name or "*", exc_info=e)
                 self.state.update(state="failed", error=f"{self.remote.url}: {type(e).__name__}: {e}")
         finally:
-            # off the loop: it waits for a read-ahead's batch in the child, then for the child to exit
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self.blobs.writer.close)
             self.state["seconds"] = round(time.monotonic() - start, 3)
         log.info("prefetch %s: %s", set_name or "*", self.state)
         return self.state
