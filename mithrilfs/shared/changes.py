@@ -203,13 +203,20 @@ class Changes:
         with self.tier.ns.txn():
             self.tier.ns.set_meta(self._meta(), cursor)
 
-    async def _apply_record(self, raw: bytes | None) -> None:
+    def _decoded(self, raw: bytes | None, what: str) -> tuple[str, list[Change]] | None:
+        """(node, changes) of a record, or None for one that is not one (refused, counted, logged)."""
         try:
-            node, changes = self.codec.decode(raw)
+            return self.codec.decode(raw)
         except ValueError as e:
             self._count("remote_changes_rejected")
-            log.warning("change feed record refused: %s", e)
+            log.warning("%s refused: %s", what, e)
+            return None
+
+    async def _apply_record(self, raw: bytes | None) -> None:
+        decoded = self._decoded(raw, "change feed record")
+        if decoded is None:
             return
+        node, changes = decoded
         if node == self.tier.node:
             return  # our own: applied here when it was made
         for path, version, tree in changes:
@@ -219,12 +226,10 @@ class Changes:
         """The purges the tier keeps (``RemoteStore.kept_purges``), remembered like those read from the feed
         (a new node read none there); a record that is not one is refused and counted, like the feed's."""
         for raw in records:
-            try:
-                node, changes = self.codec.decode(raw)
-            except ValueError as e:
-                self._count("remote_changes_rejected")
-                log.warning("kept purge record refused: %s", e)
+            decoded = self._decoded(raw, "kept purge record")
+            if decoded is None:
                 continue
+            node, changes = decoded
             for path, version, _tree in changes:
                 self._remember(path, RemoteEntry("x", version, node))
 

@@ -40,13 +40,8 @@ class S3Purges:
         self.s3 = s3
 
     def _keys(self) -> list[tuple[str, int]]:
-        """(key, version), newest first: one page (a flood of planted keys costs one request)."""
-        keys = []
-        for batch in _obstore().list(self.s3.names, prefix=self.s3.base + PREFIX, chunk_size=1000):
-            keys += [meta["path"][len(self.s3.base):] for meta in batch]
-            break
-        self.s3.level.moved()
-        out = [(k, v) for k in keys if (v := _version(k)) is not None]
+        """(key, version), newest first, of one LIST page (``S3Store._first_page``)."""
+        out = [(k, v) for k in self.s3._first_page(PREFIX) if (v := _version(k)) is not None]
         return sorted(out, key=lambda kv: -kv[1])
 
     def keep(self, version: int, raw: bytes) -> None:

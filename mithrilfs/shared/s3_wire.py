@@ -382,12 +382,17 @@ class S3Store(S3Connection, RemoteStore):
         """The set's record keys, newest first (one LIST: writers keep it to ``RECORDS_KEPT``); a key that is
         no record id is left out (planted, or another writer's leftovers)."""
         prefix = self._set_prefix(name)
+        return sorted(k for k in self._first_page(prefix) if valid_record_id(k[len(prefix):]))
+
+    def _first_page(self, prefix: str) -> list[str]:
+        """The keys under *prefix* (relative to the namespace), one LIST page: a few records are listed there,
+        and a flood of planted keys costs one request."""
         keys = []
         for batch in _obstore().list(self.names, prefix=self.base + prefix, chunk_size=1000):
             keys += [meta["path"][len(self.base):] for meta in batch]
-            break  # one page: a set holds a few records; a flood of planted keys costs one request
+            break
         self.level.moved()
-        return sorted(k for k in keys if valid_record_id(k[len(prefix):]))
+        return keys
 
     def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
                              last: bool = False) -> None:

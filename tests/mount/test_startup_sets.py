@@ -9,7 +9,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from conftest import MountFactory, RedisServer, delay_proxy_module, run_cli, wait_for
+from conftest import Mount, MountFactory, RedisServer, delay_proxy_module, run_cli, wait_for
 from test_prefetch import fill
 from test_shared_tier import _remote
 
@@ -81,6 +81,17 @@ def test_a_load_writes_one_record_and_a_new_node_prefetches_it_in_the_background
         assert (b.mountpoint / p).read_bytes() == data
 
 
+def recorded_load(a: Mount, **shape: int) -> dict[str, bytes]:
+    """Node A writes a workload (``fill``), remounts, loads it in path order and unmounts: its startup set
+    records that order."""
+    files = fill(a, **shape)
+    a.remount()
+    for p in sorted(files):
+        (a.mountpoint / p).read_bytes()
+    a.umount()
+    return files
+
+
 def test_names_a_new_node_took_from_the_tier_are_never_published_again(mount_factory: MountFactory,
                                                                         redis_server: RedisServer):
     """A new store's first check of the tier's epoch queues what it holds for upload; the prefetch may have
@@ -91,11 +102,7 @@ def test_names_a_new_node_took_from_the_tier_are_never_published_again(mount_fac
     import sqlite3
 
     a = mount_factory("a", *_remote(redis_server))
-    files = fill(a, dirs=3, per_dir=4, size=300)
-    a.remount()
-    for p in sorted(files):
-        (a.mountpoint / p).read_bytes()
-    a.umount()
+    files = recorded_load(a, dirs=3, per_dir=4, size=300)
     b = mount_factory("b", *_remote(redis_server))
     wait_for(lambda: b.stats()["prefetch"]["state"] == "done", 30, "the background prefetch")
     assert b.stats()["prefetch"]["files"] == len(files)
@@ -124,11 +131,7 @@ def test_a_read_of_what_the_prefetch_is_bringing_waits_for_it(mount_factory: Mou
     set's files while the background prefetch brings them: every byte right, each blob fetched once (a read
     and the prefetch wanting the same blob share one fetch, whichever asked first)."""
     a = mount_factory("a", *_remote(redis_server))
-    files = fill(a, dirs=4, per_dir=40, size=200)
-    a.remount()
-    for p in sorted(files):
-        (a.mountpoint / p).read_bytes()
-    a.umount()
+    files = recorded_load(a, dirs=4, per_dir=40, size=200)
     with delay_proxy_module().DelayProxy("127.0.0.1", redis_server.port, rtt_ms=300, protocol="redis",
                                   connect_rtts=0) as proxy:
         b = mount_factory("b", "--remote", f"redis://127.0.0.1:{proxy.port}/0", "--min-age", "0")
@@ -144,11 +147,7 @@ def test_a_read_of_what_the_prefetch_is_bringing_waits_for_it(mount_factory: Mou
 
 def test_a_lazy_node_looks_ahead_in_the_recorded_order(mount_factory: MountFactory, redis_server: RedisServer):
     a = mount_factory("a", *_remote(redis_server))
-    files = fill(a, dirs=12, per_dir=4, size=300)
-    a.remount()
-    for p in sorted(files):  # kernel after kernel
-        (a.mountpoint / p).read_bytes()
-    a.umount()
+    files = recorded_load(a, dirs=12, per_dir=4, size=300)  # kernel after kernel
     d = mount_factory("d", *_remote(redis_server, "--no-prefetch"))
     for i in range(4):
         assert (d.mountpoint / f"triton/k000/f{i}.bin").read_bytes() == files[f"triton/k000/f{i}.bin"]
