@@ -36,7 +36,8 @@ held that long.
   and ``bytes_down``, and ``unparsed`` (connections whose bytes stopped
   parsing; they still pass, uncounted).
 
-Library (a thread runs the proxy; ``.port``, ``.counts()``, ``.reset()``)::
+Library (a thread runs the proxy; ``.port``, ``.counts()``, ``.reset()``; ``.hold()`` and ``.release()``
+stop and restart every client byte on its way to the server, for a test to act while a request waits)::
 
     with DelayProxy("127.0.0.1", 8333, rtt_ms=20, protocol="http") as proxy:
         ... point the client at 127.0.0.1:proxy.port ...
@@ -265,6 +266,8 @@ class DelayProxy:
         self._stop: asyncio.Event | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
+        self._open: asyncio.Event | None = None
+        self._holding: Callable[[str], bool] | None = None
 
     # -- the library's face -------------------------------------------------------------------------
 
@@ -288,6 +291,34 @@ class DelayProxy:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+    def hold(self, match: Callable[[str], bool] = lambda _: True) -> None:
+        """Hold each request that *match* picks from now on (by its label, else its method key or Redis
+        command), and what its connection sends after it, until ``release()``; counted as they arrive:
+        a test catches a client with a request on the wire and acts while it waits for the answer."""
+        def close() -> None:
+            self._holding = match
+            self._gate().clear()
+        self._on_loop(close)
+
+    def release(self) -> None:
+        def open_() -> None:
+            self._holding = None
+            self._gate().set()
+        self._on_loop(open_)
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        assert self._loop is not None, "the proxy is not started"
+
+        async def call() -> None:
+            fn()
+        asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout=30)
+
+    def _gate(self) -> asyncio.Event:
+        if self._open is None:
+            self._open = asyncio.Event()
+            self._open.set()
+        return self._open
 
     def counts(self) -> dict[str, int]:
         """The counters since the start or the last ``reset()``."""
@@ -349,8 +380,8 @@ class DelayProxy:
         # The handshake's round trips: a byte sent before a real connection would be up leaves when it is
         # (the client's connect() returned at once, so its first request waits here instead)
         ready = accepted_at + self.connect_rtts * self.rtt
-        state = {"answered": True}
-        parse = self._parser()
+        state = {"answered": True, "held": False}
+        parse = self._parser(state)
 
         def upstream(data: bytes) -> None:
             self._count("bytes_up", len(data))
@@ -369,8 +400,13 @@ class DelayProxy:
             self._count("bytes_down", len(data))
             state["answered"] = True
 
-        pumps = [asyncio.ensure_future(self._pump(c_reader, s_writer, upstream, ready)),
-                 asyncio.ensure_future(self._pump(s_reader, c_writer, downstream, ready))]
+        def held() -> bool:
+            """Whether the chunk just seen holds a request ``hold()`` picked (reset for the next one)."""
+            picked, state["held"] = state["held"], False
+            return picked
+
+        pumps = [asyncio.ensure_future(self._pump(c_reader, s_writer, upstream, ready, held)),
+                 asyncio.ensure_future(self._pump(s_reader, c_writer, downstream, ready, lambda: False))]
         try:
             await asyncio.gather(*pumps)
         except (OSError, asyncio.IncompleteReadError):
@@ -386,18 +422,20 @@ class DelayProxy:
                     await w.wait_closed()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Callable[[bytes], None],
-                    ready: float) -> None:
+                    ready: float, held: Callable[[], bool]) -> None:
         """One direction: each chunk goes on RTT/2 after it arrived (or after *ready*, the connection's
-        handshake done, if that is later); EOF goes on likewise (a half close)."""
-        line: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(IN_FLIGHT)
+        handshake done, if that is later), one *held* (``hold()``) once released; EOF goes on likewise."""
+        line: asyncio.Queue[tuple[float, bytes, bool]] = asyncio.Queue(IN_FLIGHT)
         half = self.rtt / 2
 
         async def send() -> None:
             while True:
-                due, data = await line.get()
+                due, data, wait_gate = await line.get()
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                if wait_gate:
+                    await self._gate().wait()
                 if not data:
                     if writer.can_write_eof():
                         writer.write_eof()
@@ -410,7 +448,7 @@ class DelayProxy:
                 data = await reader.read(READ_SIZE)
                 if data:
                     seen(data)
-                await line.put((max(time.monotonic(), ready) + half, data))
+                await line.put((max(time.monotonic(), ready) + half, data, held()))
                 if not data:
                     return
 
@@ -427,25 +465,35 @@ class DelayProxy:
                 task.cancel()
             await asyncio.gather(*halves, return_exceptions=True)
 
-    def _parser(self) -> Callable[[bytes], None] | None:
+    def _parser(self, state: dict[str, bool]) -> Callable[[bytes], None] | None:
+        """A connection's parser; a request ``hold()`` picks sets *state*["held"]."""
+        def pick(name: str) -> None:
+            if self._holding is not None and self._holding(name):
+                state["held"] = True
+
         if self.protocol == "http":
-            return HttpRequests(self._http_request).feed
+            return HttpRequests(lambda method, target: pick(self._http_request(method, target))).feed
         if self.protocol == "redis":
-            return RedisCommands(self._redis_command).feed
+            return RedisCommands(lambda name: pick(self._redis_command(name))).feed
         return None
 
-    def _http_request(self, method: str, target: str) -> None:
+    def _http_request(self, method: str, target: str) -> str:
+        """Count a request; its label (else its method key)."""
         key = http_method_key(method, target)
         with self._lock:
             self._counts["requests"] += 1
             self._counts[key] += 1
-            if self._label is not None:
-                self._labels[self._label(key, target)] += 1
+            if self._label is None:
+                return key
+            label = self._label(key, target)
+            self._labels[label] += 1
+            return label
 
-    def _redis_command(self, name: str) -> None:
+    def _redis_command(self, name: str) -> str:
         with self._lock:
             self._counts["requests"] += 1
             self._counts[name] += 1
+        return name
 
 
 def main() -> int:

@@ -10,6 +10,7 @@ again.  Part of ``RemoteTier`` (its ``behind``), whose state it shares.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import stat
 import time
@@ -60,11 +61,27 @@ def in_directory_order(blobs: dict[str, tuple[str, int]],
     return dict(sorted(blobs.items(), key=lambda kv: first.get(kv[0], len(rank))))
 
 
+@dataclasses.dataclass
+class Batch:
+    """One upload: the queue rows it settles, the entries (with their directories') it publishes, the
+    names they are (parent, name: ``names`` pairs with ``items``), their blobs (hex: file, size) and the
+    tombstones."""
+
+    tombs: list[tuple[str, int]]
+    settled: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    items: list[tuple[str, RemoteEntry]] = dataclasses.field(default_factory=list)
+    names: list[tuple[int, bytes]] = dataclasses.field(default_factory=list)
+    blobs: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
+
+
 class WriteBehind:
     """The tier's queue and uploader; *tier* holds the state both halves share."""
 
     def __init__(self, tier: UploaderTier) -> None:
         self.tier = tier
+        #: (parent, name) of the batch being sent: not published yet, but a removal now must still tombstone
+        #: them (a writer renaming its temporary file while its batch was on the wire left it in the tier)
+        self.sending: frozenset[tuple[int, bytes]] = frozenset()
 
     def queue_upload(self, ino: int) -> None:
         self.tier.queue.add([ino], time.time_ns())
@@ -85,9 +102,9 @@ class WriteBehind:
         """A user or framework is about to remove a name: if it was published, queue its tombstone.
 
         Evictions do not come here: a name evicted locally stays valid for
-        other nodes.
+        other nodes.  A name in the batch on its way is as good as published.
         """
-        if not self.tier.ns.is_published(parent, name):
+        if (parent, name) not in self.sending and not self.tier.ns.is_published(parent, name):
             return
         dir_path = self.tier.paths.of_dir(parent)
         if dir_path is None:
@@ -167,21 +184,27 @@ class WriteBehind:
         tombs = self.tier.queue.tombstones(UPLOAD_BATCH)
         if not due and not tombs:
             return 0
-        items: list[tuple[str, RemoteEntry]] = []
-        names: list[tuple[int, bytes]] = []
-        blobs: dict[str, tuple[str, int]] = {}
+        batch = self._batch(due, tombs)
+        self.sending = frozenset(batch.names)
+        try:
+            await self._send(batch)
+        finally:
+            self.sending = frozenset()
+        return len(batch.settled) + len(tombs)
+
+    def _batch(self, due: list[tuple[int, int]], tombs: list[tuple[str, int]]) -> Batch:
+        """The entries for *due* (and their directories) and the tombstones *tombs*, read from the index."""
+        batch = Batch(tombs=tombs)
         dirs_done: set[int] = set()
-        settled: list[tuple[int, int]] = []
         for ino_id, queued_ns in due:
             node = self.tier.ns.get(ino_id)
+            batch.settled.append((ino_id, queued_ns))
             if node is None or node.nlink == 0 or node.is_dir:
-                settled.append((ino_id, queued_ns))
                 continue
-            settled.append((ino_id, queued_ns))
             if node.hash is None and node.is_reg and self.tier.lifetimes.is_written(ino_id):
                 continue  # nothing committed yet: its commit queues it again
             for parent, name in self.tier.ns.names_of(ino_id):
-                dir_path = self._add_dirs(parent, items, names, dirs_done)
+                dir_path = self._add_dirs(parent, batch.items, batch.names, dirs_done)
                 if dir_path is None:
                     continue
                 path = join_path(dir_path, name)
@@ -192,22 +215,27 @@ class WriteBehind:
                     digest = node.hash or EMPTY_DIGEST
                     entry = RemoteEntry("f", version_of(node), self.tier.node, digest.hex(), node.size,
                                         stat.S_IMODE(node.mode), node.mtime_ns)
-                    blobs[digest.hex()] = (str(self.tier.blobs.cas.path(digest)) if node.hash else "", node.size)
-                items.append((path, entry))
-                names.append((parent, name))
+                    batch.blobs[digest.hex()] = (str(self.tier.blobs.cas.path(digest)) if node.hash else "", node.size)
+                batch.items.append((path, entry))
+                batch.names.append((parent, name))
+        return batch
+
+    async def _send(self, batch: Batch) -> None:
+        """Blobs first, then names and tombstones; then the index says so."""
+        tombs = batch.tombs
         tomb_items = [(path, RemoteEntry("x", version, self.tier.node)) for path, version in tombs]
         # directories this node made and never published have nothing to read
-        await self.tier.thread(self.tier.remote.will_publish, [path for (path, _), (parent, _) in zip(items, names)
-                                                              if not self.tier.made_here(parent)]
-                               + [path for path, _ in tomb_items])
-        gone, held = await self._send_blobs(in_directory_order(blobs, items))
-        keep = [i for i, (_, e) in enumerate(items) if e.hash not in gone]
-        items = [items[i] for i in keep]
-        names = [names[i] for i in keep]
+        await self.tier.thread(self.tier.remote.will_publish,
+                               [path for (path, _), (parent, _) in zip(batch.items, batch.names)
+                                if not self.tier.made_here(parent)] + [path for path, _ in tomb_items])
+        gone, held = await self._send_blobs(in_directory_order(batch.blobs, batch.items))
+        keep = [i for i, (_, e) in enumerate(batch.items) if e.hash not in gone]
+        items = [batch.items[i] for i in keep]
+        names = [batch.names[i] for i in keep]
         results = await self._publish(items + tomb_items)
         with self.tier.ns.txn():
             self.tier.ns.mark_published(names)
-            self.tier.queue.sent(settled)
+            self.tier.queue.sent(batch.settled)
             self.tier.queue.tombstones_sent(tombs)
         for path, _ in tombs:
             self.tier.pending_tombstones.pop(path, None)
@@ -221,7 +249,6 @@ class WriteBehind:
             elif other.type == "f" and ours.type == "f" and other.hash != ours.hash and other.node != self.tier.node:
                 self.tier.reconciler.conflict(path, ours, other, kept=self.tier.node)
         await self._blobs_seen_elsewhere(items, results, held)
-        return len(settled) + len(tombs)
 
     def _filling_a_pack(self, due: list[tuple[int, int]], now: int) -> bool:
         """Whether to hold *due* back for a fuller pack: the writer is still writing, the oldest has waited

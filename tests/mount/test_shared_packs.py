@@ -136,6 +136,33 @@ def test_a_name_materialized_before_a_remount_is_read_after_it(mount_factory: Mo
             assert (b.mountpoint / key / name).read_bytes() == data, (key, name)
 
 
+def test_a_temporary_name_removed_while_its_batch_is_on_the_wire_leaves_nothing_in_the_bucket(
+        mount_factory: MountFactory, shared_seaweedfs: SeaweedFS, bucket: str, proxy: Any):
+    """Triton writes a file in a temporary directory, renames it into place and removes the directory; on a
+    loaded machine the uploader may send the file under its temporary name first.  Renamed and removed while
+    that batch is on the wire (its pack's PUT held by the proxy), the names are not published yet, but must
+    still get their tombstones: a CI run found the temporary directory listed on a new node."""
+    a = mount_factory("a", *_s3(bucket), env=shared_seaweedfs.env(AWS_ENDPOINT_URL=f"http://127.0.0.1:{proxy.port}"))
+    wait_for(lambda: a.stats()["remote_levels"][0]["requests"] > 0, 10, "the first epoch check")
+    kernel = a.mountpoint / "kern"
+    kernel.mkdir()
+    tmp_dir = kernel / "tmp.pid_1_0123abcd"
+    tmp_dir.mkdir()
+    proxy.hold(lambda label: label == "PUT packs")
+    try:
+        (tmp_dir / "kernel.cubin").write_bytes(b"cubin bytes")
+        wait_for(lambda: count(proxy, "PUT packs") == 1, 30, "the batch with the temporary name on the wire")
+        os.replace(tmp_dir / "kernel.cubin", kernel / "kernel.cubin")
+        tmp_dir.rmdir()
+    finally:
+        proxy.release()
+    wait_uploaded(a)
+    b = mount_factory("b", *_s3(bucket), env=shared_seaweedfs.env())
+    assert os.listdir(b.mountpoint / "kern") == ["kernel.cubin"]
+    assert (b.mountpoint / "kern" / "kernel.cubin").read_bytes() == b"cubin bytes"
+    assert not [p for p, e in manifest(shared_seaweedfs, bucket, "kern").items() if "tmp" in p and e["t"] != "x"]
+
+
 @pytest.mark.timeout(120)
 def test_a_node_killed_between_a_pack_and_its_names_loses_nothing(mount_factory: MountFactory,
                                                                   shared_seaweedfs: SeaweedFS, bucket: str):

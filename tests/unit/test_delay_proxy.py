@@ -157,6 +157,25 @@ def test_http_a_request_costs_the_round_trip_and_a_new_connection_one_more(http_
     assert second >= 0.050, f"a request took {second * 1000:.0f} ms through a 50 ms proxy"
 
 
+def test_held_requests_are_counted_and_reach_the_server_only_when_released(http_server: int) -> None:
+    """``hold(match)``: a test catches a client with its request on the wire (counted, not passed on);
+    requests it does not pick pass."""
+    with dp.DelayProxy("127.0.0.1", http_server, protocol="http",
+                       label=lambda method, target: f"{method} {target}") as proxy, ThreadPoolExecutor(1) as pool:
+        proxy.hold(lambda label: label == "PUT /b/held")
+        other = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        assert request(other, "PUT", "/b/passes", b"not picked") == (200, b"")
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        answer = pool.submit(request, conn, "PUT", "/b/held", b"while held")
+        wait_for(lambda: proxy.labels().get("PUT /b/held") == 1, what="the held request counted")
+        assert request(other, "GET", "/b/passes") == (200, b"not picked")
+        assert not answer.done() and "/b/held" not in Objects.store
+        proxy.release()
+        assert answer.result(timeout=30) == (200, b"") and Objects.store["/b/held"] == b"while held"
+        conn.close()
+        other.close()
+
+
 def test_http_bytes_that_do_not_parse_still_pass(http_server: int) -> None:
     with dp.DelayProxy("127.0.0.1", http_server, protocol="http") as proxy, \
             socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
