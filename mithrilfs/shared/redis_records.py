@@ -19,7 +19,7 @@ from mithrilfs.shared.startup_sets import (
     RECORDS_KEPT,
     RECORDS_READ,
     Record,
-    decode_record,
+    decode_records,
     encode_record,
     record_time,
     valid_record_id,
@@ -86,14 +86,12 @@ class RedisRecords:
             pipe = self.client.pipeline(transaction=False)
             for r in ids:
                 pipe.getrange(f"{index}:{r}", 0, MAX_RECORD_BYTES)
-            out = []
+            raw: list[tuple[str, bytes | None]] = []
             for r, data in zip(ids, pipe.execute()):
                 if data:  # gone (its time to live): nothing to read
                     self.level.moved(down=len(data), requests=0)
-                    record = decode_record(self.codec, r, data if len(data) <= MAX_RECORD_BYTES else None)
-                    if record is not None:
-                        out.append(record)
-            return out
+                    raw.append((r, data if len(data) <= MAX_RECORD_BYTES else None))
+            return decode_records(self.codec, raw)
 
         return self._call(read)
 

@@ -66,7 +66,7 @@ from mithrilfs.shared.startup_sets import (
     RECORDS_KEPT,
     RECORDS_READ,
     Record,
-    decode_record,
+    decode_records,
     encode_record,
     valid_record_id,
 )
@@ -425,11 +425,11 @@ class S3Store(S3Connection, RemoteStore):
             prefix = self._set_prefix(name)
             keys = self._record_keys(name)[:RECORDS_READ]
 
-            def one(key: str) -> Record | None:
+            def one(key: str) -> tuple[str, bytes | None] | None:
                 got = self._get(self.names, key, MAX_RECORD_BYTES)
-                return None if got is None else decode_record(self.codec, key[len(prefix):], got[0])
+                return None if got is None else (key[len(prefix):], got[0])
 
-            records = [r for r in self._parallel(one, keys) if r is not None]
+            records = decode_records(self.codec, [r for r in self._parallel(one, keys) if r is not None])
             for r in records:  # where their blobs are, where the recording node knew (else their manifests say)
                 self.packs.learn(entry for _, entry in r.items if entry.pack is not None)
             return records

@@ -97,9 +97,27 @@ def encode_record(codec: EntryCodec, items: list[tuple[str, RemoteEntry]]) -> by
     return json.dumps({"mithrilfs": FORMAT, "order": order}, separators=(",", ":")).encode(errors="surrogateescape")
 
 
-def decode_record(codec: EntryCodec, record_id: str, data: bytes | None) -> Record | None:
+def decode_records(codec: EntryCodec, raw: list[tuple[str, bytes | None]]) -> list[Record]:
+    """The records of one store's (id, bytes), newest first, those that are records.
+
+    The records a reader takes mostly name the same paths with the same entries (each mount of a fleet
+    records the workload it shares): an item whose path and encoded entry a newer record already gave
+    is left out unchecked, since ``merged`` would keep that entry anyway.  Checking each entry's signature
+    is most of a set's load (measured: 0.5-1 s of CPU per record of 12,000 entries, four records read)."""
+    known: set[tuple[str, str]] = set()
+    out = []
+    for record_id, data in sorted(raw, key=lambda r: r[0]):
+        record = decode_record(codec, record_id, data, known)
+        if record is not None:
+            out.append(record)
+    return out
+
+
+def decode_record(codec: EntryCodec, record_id: str, data: bytes | None,
+                  known: set[tuple[str, str]] | None = None) -> Record | None:
     """A record from a store's bytes (None: larger than the limit, never read); None when it is not one
-    (counted).  Bad paths and entries are dropped one by one (counted by the codec or here)."""
+    (counted).  Bad paths and entries are dropped one by one (counted by the codec or here).  *known*:
+    the (path, encoded entry) pairs decoded from newer records (items equal to one are left out), added to."""
     counters = codec.counters
     if data is None or len(data) > MAX_RECORD_BYTES:
         counters["remote_rejected"] += 1
@@ -115,19 +133,26 @@ def decode_record(codec: EntryCodec, record_id: str, data: bytes | None) -> Reco
         return None
     items: list[tuple[str, RemoteEntry]] = []
     bad = 0
+    known = set() if known is None else known
     for item in doc["order"][:MAX_RECORD_PATHS]:
-        if (not isinstance(item, list) or len(item) != 2 or not all(isinstance(x, str) for x in item)
-                or not valid_path(item[0])):
+        if not isinstance(item, list) or len(item) != 2 or not all(isinstance(x, str) for x in item):
+            bad += 1
+            continue
+        path, text = item
+        if (path, text) in known:
+            continue  # a newer record gave this path this entry: checked there, merged to the same
+        if not valid_path(path):
             bad += 1
             continue
         try:
-            raw = item[1].encode(errors="surrogateescape")
+            raw = text.encode(errors="surrogateescape")
         except UnicodeError:
             bad += 1
             continue
-        entry = codec.decode(item[0], raw)  # parse_entry and the signature; counted when refused
+        entry = codec.decode(path, raw)  # parse_entry and the signature; counted when refused
         if entry is not None:
-            items.append((item[0], entry))
+            items.append((path, entry))
+            known.add((path, text))
     if bad:
         counters["remote_rejected"] += bad
         log.warning("startup set record %s: %d items that are no path and entry ignored", record_id, bad)
