@@ -55,6 +55,8 @@ class S3Purges:
         self.s3._call(write)
 
     def kept(self) -> tuple[list[bytes], int]:
+        """The newest records and the floor: the newest version left unread, or listed and gone before its
+        GET (a writer pruned it): its paths are unknown, so entries older than it are not trusted."""
         def read() -> tuple[list[bytes], int]:
             keys = self._keys()
             floor = keys[PURGES_READ][1] if len(keys) > PURGES_READ else 0
@@ -63,7 +65,12 @@ class S3Purges:
                 got = self.s3._get(self.s3.names, key, MAX_RECORD_BYTES)
                 return None if got is None else got[0]
 
-            got = self.s3._parallel(one, [k for k, _ in keys[:PURGES_READ]])
-            return [b"" if raw is None else raw for raw in got], floor
+            out = []
+            for (_, version), raw in zip(keys, self.s3._parallel(one, [k for k, _ in keys[:PURGES_READ]])):
+                if raw is None:
+                    floor = max(floor, version)
+                else:
+                    out.append(raw)
+            return out, floor
 
         return self.s3._call(read)
