@@ -36,8 +36,8 @@ held that long.
   and ``bytes_down``, and ``unparsed`` (connections whose bytes stopped
   parsing; they still pass, uncounted).
 
-Library (a thread runs the proxy; ``.port``, ``.counts()``, ``.reset()``; ``.hold()`` and ``.release()``
-stop and restart every client byte on its way to the server, for a test to act while a request waits)::
+Library (a thread runs the proxy; ``.port``, ``.counts()``, ``.reset()``; ``.hold(match)`` holds the
+requests *match* picks on their way to the server until ``.release()``, for a test to act while one waits)::
 
     with DelayProxy("127.0.0.1", 8333, rtt_ms=20, protocol="http") as proxy:
         ... point the client at 127.0.0.1:proxy.port ...
