@@ -119,7 +119,7 @@ class WriteBehind:
         """Queue every named file and symlink (``push``, or after the tier lost its data); *unpublished_only*:
         those never published nor taken from the tier."""
         with self.tier.ns.txn():
-            n = self.tier.queue.add_all(time.time_ns() - int(UPLOAD_DELAY * 1e9), unpublished_only=unpublished_only)
+            n = self.tier.queue.add_all(time.time_ns(), int(UPLOAD_DELAY * 1e9), unpublished_only=unpublished_only)
         self.tier._wake.set()
         return n
 

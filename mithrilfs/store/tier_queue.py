@@ -20,14 +20,21 @@ class TierQueue:
         self.ns.db.executemany("INSERT OR REPLACE INTO upload_queue (inode, queued_ns) VALUES (?, ?)",
                             [(i, queued_ns) for i in inodes])
 
-    def add_all(self, queued_ns: int, *, unpublished_only: bool = False) -> int:
+    def add_all(self, now_ns: int, delay_ns: int, *, unpublished_only: bool = False) -> int:
         """Queue every named file and symlink (*unpublished_only*: those with a name never published nor
-        taken from the tier); how many."""
+        taken from the tier), each due *delay_ns* after its last change (ctime), at once when that is past;
+        how many.
+
+        Not all due at once: a file created just now and not yet written would be sent empty, its content
+        a moment later (seen in CI: a first use of the tier queued a kernel's file between its create and
+        its first write, and an empty blob went to the tier for gc to find).  A ctime ahead of this clock
+        (another node's) counts as now.
+        """
         only = " AND id IN (SELECT inode FROM dentries WHERE published = 0)" if unpublished_only else ""
         return self.ns.db.execute(
-            "INSERT OR REPLACE INTO upload_queue (inode, queued_ns) SELECT id, ? FROM inodes"
+            "INSERT OR REPLACE INTO upload_queue (inode, queued_ns) SELECT id, MAX(?, MIN(ctime_ns, ?)) FROM inodes"
             " WHERE nlink > 0 AND ((mode & 61440) = 32768 OR (mode & 61440) = 40960)" + only,
-            (queued_ns,)).rowcount
+            (now_ns - delay_ns, now_ns)).rowcount
 
     def holds(self, inode: int) -> bool:
         """Whether *inode* waits to be published (or is being sent: a row goes once its batch is sent)."""
