@@ -201,8 +201,8 @@ class WriteBehind:
             batch.settled.append((ino_id, queued_ns))
             if node is None or node.nlink == 0 or node.is_dir:
                 continue
-            if node.hash is None and node.is_reg and self.tier.lifetimes.is_written(ino_id):
-                continue  # nothing committed yet: its commit queues it again
+            if node.hash is None and node.is_reg:
+                continue  # never committed (created, its first write not come, or being written): its commit queues it
             for parent, name in self.tier.ns.names_of(ino_id):
                 dir_path = self._add_dirs(parent, batch.items, batch.names, dirs_done)
                 if dir_path is None:
