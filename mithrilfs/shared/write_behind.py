@@ -199,8 +199,8 @@ class WriteBehind:
         for ino_id, queued_ns in due:
             node = self.tier.ns.get(ino_id)
             batch.settled.append((ino_id, queued_ns))
-            if node is None or node.nlink == 0 or node.is_dir:
-                continue
+            if node is None or node.nlink == 0 or not (node.is_reg or stat.S_ISLNK(node.mode)):
+                continue  # a directory goes with its names; a fifo, socket or device stays on its node
             if node.hash is None and node.is_reg:
                 continue  # never committed (created, its first write not come, or being written): its commit queues it
             for parent, name in self.tier.ns.names_of(ino_id):

@@ -181,6 +181,23 @@ def test_a_file_created_and_not_yet_written_is_not_pushed_empty(mount_factory: M
     assert (b.mountpoint / "fresh").read_bytes() == b"kernel"
 
 
+def test_a_fifo_or_socket_stays_on_its_node(mount_factory: MountFactory, redis_server: RedisServer):
+    """The tier holds files, directories and symlinks: a fifo renamed into place (which queues it) or a
+    socket is not sent as an empty regular file to every other node."""
+    import socket
+
+    a = mount_factory("a", *_remote(redis_server))
+    os.mkfifo(a.mountpoint / "pipe.tmp")
+    os.rename(a.mountpoint / "pipe.tmp", a.mountpoint / "pipe")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(a.mountpoint / "sock.tmp"))
+        os.rename(a.mountpoint / "sock.tmp", a.mountpoint / "sock")
+    write_committed(a.mountpoint / "kernel", b"k")
+    wait_uploaded(a)
+    run_cli("push", str(a.mountpoint), check=True)
+    assert redis_server.cli("HKEYS", "mfs:default:d:").stdout.split() == ["kernel"]
+
+
 def test_namespaces_are_separate(mount_factory: MountFactory, redis_server: RedisServer):
     a = mount_factory("a", *_remote(redis_server, "--remote-namespace", "team-a"))
     b = mount_factory("b", *_remote(redis_server, "--remote-namespace", "team-b"))
