@@ -25,10 +25,9 @@ class TierQueue:
         taken from the tier), each due *delay_ns* after its last change (ctime), at once when that is past;
         how many.
 
-        Not all due at once: a file created just now and not yet written would be sent empty, its content
-        a moment later (seen in CI: a first use of the tier queued a kernel's file between its create and
-        its first write, and an empty blob went to the tier for gc to find).  A ctime ahead of this clock
-        (another node's) counts as now.
+        Not all due at once: a name changed a moment ago waits the delay as one its commit queued does (a
+        temporary name renamed away meanwhile is never sent).  A ctime ahead of this clock (another
+        node's) counts as now.
         """
         only = " AND id IN (SELECT inode FROM dentries WHERE published = 0)" if unpublished_only else ""
         return self.ns.db.execute(
