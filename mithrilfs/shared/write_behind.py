@@ -201,8 +201,8 @@ class WriteBehind:
             batch.settled.append((ino_id, queued_ns))
             if node is None or node.nlink == 0 or not (node.is_reg or stat.S_ISLNK(node.mode)):
                 continue  # a directory goes with its names; a fifo, socket or device stays on its node
-            if node.hash is None and node.is_reg:
-                continue  # never committed (created, its first write not come, or being written): its commit queues it
+            if node.hash is None and node.is_reg and self.tier.lifetimes.is_written(ino_id):
+                continue  # nothing committed yet: its commit queues it again
             for parent, name in self.tier.ns.names_of(ino_id):
                 dir_path = self._add_dirs(parent, batch.items, batch.names, dirs_done)
                 if dir_path is None:

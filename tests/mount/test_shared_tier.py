@@ -160,25 +160,18 @@ def test_push_seeds_a_namespace(mount_factory: MountFactory, redis_server: Redis
     assert res.returncode == 2 and "without --remote" in res.stderr
 
 
-def test_a_file_created_and_not_yet_written_is_not_pushed_empty(mount_factory: MountFactory,
-                                                                  redis_server: RedisServer):
-    """Queued all at once (``push``, a first use of the tier, the tier's data lost), a file between its
-    create and its first write is not sent as an empty file: its commit publishes it (a CI run's first use
-    of the tier sent one empty, an extra blob that ``fleet gc`` then found)."""
+def test_an_empty_file_renamed_into_place_reaches_other_nodes(mount_factory: MountFactory,
+                                                              redis_server: RedisServer):
+    """A framework publishes a cache file by rename, an empty one too (nothing written, nothing to commit):
+    the rename sends it, and another node finds it, empty."""
     a = mount_factory("a", *_remote(redis_server))
-    write_committed(a.mountpoint / "done", b"committed")
-    wait_uploaded(a)
-    with open(a.mountpoint / "fresh", "wb") as f:  # created, nothing written yet
-        run_cli("push", str(a.mountpoint), check=True)
-        assert redis_server.cli("HKEYS", "mfs:default:d:").stdout.split() == ["done"]
-        assert redis_server.cli("EXISTS", blob_key(b"")).stdout.strip() == "0"
-        f.write(b"kernel")
-        f.flush()
-        os.fsync(f.fileno())
-    wait_for(lambda: sorted(redis_server.cli("HKEYS", "mfs:default:d:").stdout.split()) == ["done", "fresh"],
-             20, "the committed file to be published")
+    (a.mountpoint / "entry.tmp").write_bytes(b"")
+    os.rename(a.mountpoint / "entry.tmp", a.mountpoint / "entry")
+    wait_for(lambda: redis_server.cli("HKEYS", "mfs:default:d:").stdout.split() == ["entry"], 20,
+             "the renamed file to be published")
     b = mount_factory("b", *_remote(redis_server))
-    assert (b.mountpoint / "fresh").read_bytes() == b"kernel"
+    assert (b.mountpoint / "entry").read_bytes() == b""
+    assert (b.mountpoint / "entry").is_file()
 
 
 def test_a_fifo_or_socket_stays_on_its_node(mount_factory: MountFactory, redis_server: RedisServer):
