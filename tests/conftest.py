@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 from mithrilfs.daemon.mountpoint import daemon_pid
 from mithrilfs.daemon.mountpoint import is_fuse_mount as is_mounted
 from mithrilfs.daemon.process import pid_alive
+from mithrilfs.store.namespace import Namespace
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "mithrilfs"]
@@ -246,6 +247,14 @@ def print_daemon_logs(factory: MountFactory) -> None:
         if log.exists():
             print(f"--- {log} (last 40 lines)")
             print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+
+
+@pytest.fixture
+def ns(tmp_path: Path) -> Iterator[Namespace]:
+    """A store's index alone (no mount): for the tests of the namespace and what reads it."""
+    n = Namespace(str(tmp_path / "index.sqlite3"))
+    yield n
+    n.close()
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ import obstore
 import pytest
 import redis
 from conftest import CLI, MountFactory, RedisServer, SeaweedFS, run_cli, wait_for, wait_uploaded, write_committed
+from test_shared_tier import blob_key
 
 from mithrilfs.observe.metrics import render
 from mithrilfs.store.cas import hash_bytes
@@ -565,7 +566,7 @@ def test_redis_at_maxmemory_with_allkeys_lru_drops_names_and_blobs_but_never_ser
     def kept(i: int) -> bool:
         """Whether Redis holds all a reader needs for d{i}/f: both names and the blob."""
         return bool(r.hexists("mfs:default:d:", f"d{i}") and r.hexists(f"mfs:default:d:d{i}", "f")
-                    and r.exists(f"mfs:default:b:{{{hash_bytes(files[i]).hex()}}}:0"))
+                    and r.exists(blob_key(files[i])))
 
     whole = {i for i in files if kept(i)}
     assert 0 < len(whole) < len(files), whole  # some names or blobs were dropped, not all

@@ -8,7 +8,7 @@ import pytest
 
 from mithrilfs.cache.eviction import EvictionPolicy, count_units, lru_units
 from mithrilfs.cache.recency import Recency
-from mithrilfs.store.namespace import ROOT_INODE, Namespace
+from mithrilfs.store.namespace import ROOT_INODE
 from mithrilfs.units import format_size, parse_duration, parse_size
 
 
@@ -56,13 +56,6 @@ def test_policy_validates():
         EvictionPolicy(max_bytes=0)
     p = EvictionPolicy(max_bytes=1000, high=0.9, low=0.5)
     assert (p.high_bytes, p.low_bytes) == (900, 500)
-
-
-@pytest.fixture
-def ns(tmp_path):
-    n = Namespace(str(tmp_path / "index.sqlite3"))
-    yield n
-    n.close()
 
 
 def _file(ns, parent, name, atime, digest=None):

@@ -10,13 +10,6 @@ from mithrilfs.store.namespace import ROOT_INODE, Namespace
 from mithrilfs.store.open import StoreError, open_store
 
 
-@pytest.fixture
-def ns(tmp_path):
-    n = Namespace(str(tmp_path / "index.sqlite3"))
-    yield n
-    n.close()
-
-
 def _file(ns, parent, name):
     with ns.txn():
         ino = ns.create_inode(stat.S_IFREG | 0o644, 0, 0)

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import stat
 
-import pytest
-
 from mithrilfs.store.namespace import ROOT_INODE, Namespace
 from mithrilfs.store.tier_queue import TierQueue
 
 SECOND = 1_000_000_000
 DELAY = SECOND // 2
-
-
-@pytest.fixture
-def ns(tmp_path):
-    n = Namespace(str(tmp_path / "index.sqlite3"))
-    yield n
-    n.close()
 
 
 def _file(ns: Namespace, name: bytes, ctime_ns: int) -> int:
