@@ -35,13 +35,15 @@ from mithrilfs.store.namespace import ROOT_INODE, Inode
 log = logging.getLogger(__name__)
 
 #: A read reaching a directory of the order keeps at least this many of the next ones asked for ...
-LOOK_AHEAD_DIRS = 8
+LOOK_AHEAD_DIRS = 32
 #: ... asking for them this many at a time, in one batch (their manifests where their places are not
 #: known, then their blobs: two waves of parallel requests for the lot, not two round trips per directory
-#: through the tier's four threads; measured at 20 ms on 1,500 kernels, one directory a batch: 40 s).
-LOOK_AHEAD_BATCH = 16
+#: through the tier's four threads; measured at 20 ms on 1,500 kernels, one directory a batch: 40 s; 16
+#: directories a batch, two in flight: 302-312 range GETs, a read catching up with a batch still waiting
+#: its turn reading its own directory ahead; 32, three in flight: 188-189).
+LOOK_AHEAD_BATCH = 32
 #: Batches in flight at once.
-LOOK_AHEAD_BATCHES = 2
+LOOK_AHEAD_BATCHES = 3
 #: Names created between two checkpoints of the event loop (requests are served in between), in one
 #: transaction.
 MATERIALIZE_BATCH = 500
