@@ -91,6 +91,9 @@ class InFlight:
         tier = self.tier
         try:
             if todo and tier.remote.available():
+                # their files are created by the store's writing process, not by a thread here that waits for
+                # the event loop's lock after each system call (``blob_writer``; it stays until the unmount)
+                tier.blobs.writer.start()
                 wanted = [(node.hash, node.size) for node in todo]  # now: a failed read drops an inode's content
                 for blob, ok in zip(wanted, await tier.prefetcher.fetch_small(todo, tier.limiter)):
                     if not ok:  # missing, or not its size or hash (counted): the read need not ask again

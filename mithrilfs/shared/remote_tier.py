@@ -332,8 +332,10 @@ class RemoteTier(Tier):
                 self.fleet.usage.used(dir_path)
 
     async def unmounting(self) -> None:
-        """Write the startup set's record (bounded: an unmount must not wait on a dead tier)."""
+        """Write the startup set's record (bounded: an unmount must not wait on a dead tier), and end the
+        blob writing process the background fetches started (``InFlight.bring_claimed``)."""
         await self.recorder.unmounting()
+        await trio.to_thread.run_sync(self.blobs.writer.close)
 
     # -- write-behind ------------------------------------------------------
     def publish(self, ino: Inode) -> None:
