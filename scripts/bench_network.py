@@ -28,7 +28,11 @@ match node A's, byte for byte, or the benchmark fails naming the files.
 Prints per arm the mount, load and total seconds, the ratio to A's total,
 and the requests by method (S3) or command (Redis) between the mount and
 the end of the load (the unmount's own requests, the startup set sent,
-apart).  Numbers are only meaningful on an otherwise idle machine.
+apart), the CPU seconds of the daemon, of the load and of this process (the
+proxies), and the daemon's fetch counters.  Each arm starts after a
+``sync``: the last arm's dirty pages are not written back during its
+creates.  ``--arms`` runs some of the new node's arms (after A, in the
+order given).  Numbers are only meaningful on an otherwise idle machine.
 
     .venv/bin/python scripts/bench_network.py --kernels 1500 --rtt-ms 0,20,50 [--remote s3|redis+s3]
 """
@@ -41,6 +45,7 @@ import json
 import os
 import random
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -202,18 +207,24 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
         say(describe("  publish + unmount", publish_umount, files))
 
         expected: dict[str, str] | None = None
-        arms: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+        chosen = ("A", *args.arms)  # A first: its files are the reference
+        arms: dict[str, list[dict]] = {arm: [] for arm in chosen}
         for rep in range(args.reps):
-            for arm in ARMS if rep % 2 == 0 else ("A", *reversed(ARMS[1:])):
+            for arm in chosen if rep % 2 == 0 else ("A", *reversed(chosen[1:])):
                 store = run_dir / ("store-a" if arm == "A" else f"store-{rep}-{arm.split()[-1].strip('+')}")
                 digests = run_dir / f"digests-{rep}-{arm.replace(' ', '_')}.json"
+                os.sync()  # the last arm's dirty pages written back now, not during this arm's creates
                 proxies.reset()
-                t = time.monotonic()
+                t, own = time.monotonic(), time.process_time()
                 out = node.mount(mp, store, *ARM_FLAGS[arm])
                 mount_s = time.monotonic() - t
                 try:
+                    loader = cpu_of(resource.getrusage(resource.RUSAGE_CHILDREN))
                     load = run_json(LOAD_HASHED, [str(keys_file), str(digests)], mp / "triton")
                     loaded = proxies.snapshot()
+                    stats = json.loads((mp / ".mithrilfs" / "stats.json").read_text())
+                    cpu = {"daemon": daemon_cpu(stats["pid"]), "proxies": time.process_time() - own,
+                           "load": cpu_of(resource.getrusage(resource.RUSAGE_CHILDREN)) - loader}
                 finally:
                     node.umount(mp)
                 got = json.loads(digests.read_text())
@@ -224,12 +235,15 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
                 fig = {"mount_s": mount_s, "load_s": load["seconds"], "total_s": mount_s + load["seconds"],
                        "files": load["files"], "bytes": load["bytes"], "requests": loaded,
                        "unmount_requests": diff(proxies.snapshot(), loaded),
-                       "prefetch": m.group(0) if m else None}
+                       "prefetch": m.group(0) if m else None, "cpu": cpu,
+                       "fetches": {k: v for k, v in sorted(stats.items()) if k.startswith("remote_")
+                                   and isinstance(v, int) and v and not k.endswith("_bytes")}}
                 if arm == "B+prefetch":  # what the same disk does alone, right after: a prefetch's ceiling
                     fig["disk_alone"] = disk_alone(run_dir / "store-a" / "objects", run_dir / f"plain-{rep}")
                 arms[arm].append(fig)
                 say(f"  rep {rep} {arm:10s} mount {mount_s:7.2f} s  load {load['seconds']:7.2f} s"
                     f"  total {fig['total_s']:7.2f} s  ({load['files']} files checked)"
+                    + f"  cpu: daemon {cpu['daemon']:.2f} s, load {cpu['load']:.2f} s, proxies {cpu['proxies']:.2f} s"
                     + (f"  [{fig['prefetch']}]" if fig["prefetch"] else "")
                     + (f"\n  rep {rep} {'':10s} the same {fig['disk_alone']['files']} blobs written to a plain"
                        f" directory of that disk: {fig['disk_alone']['seconds']:.1f} s"
@@ -237,6 +251,16 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
         return {"rtt_ms": rtt, "publish_s": round(publish_s, 3), "publish_requests": publish,
                 "written_s": round(written_s, 3), "written_requests": written,
                 "publish_unmount_requests": diff(publish_umount, publish), "arms": arms}
+
+
+def cpu_of(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
+def daemon_cpu(pid: int) -> float:
+    """CPU seconds the mount's daemon has used (it started with the mount: all of it is this arm's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def disk_alone(objects: Path, plain: Path) -> dict:
@@ -310,7 +334,7 @@ def summary(results: list[dict], files: int, say: Callable[[str], None]) -> None
                 f" {s3:7.0f} {s3 / files:6.2f} {rd:6.0f}  {', '.join(f'{x:.2f}' for x in each)}"
                 f" (median {median(each):.2f})")
     for r in results:
-        figs = [f for f in r["arms"]["B+prefetch"] if f.get("prefetch") and "disk_alone" in f]
+        figs = [f for f in r["arms"].get("B+prefetch", []) if f.get("prefetch") and "disk_alone" in f]
         rates = [float(m.group(1)) for f in figs if (m := re.search(r"\(([\d.]+) MiB/s\)", f["prefetch"]))]
         if rates:
             say(f"{r['rtt_ms']:6g} ms: prefetch {median(rates):.1f} MiB/s (reps {', '.join(f'{x:.1f}' for x in rates)});"
@@ -323,6 +347,9 @@ def summary(results: list[dict], files: int, say: Callable[[str], None]) -> None
             say(describe(f"{r['rtt_ms']:6g} ms {arm:11s}", figs[-1]["requests"], files))
             if any(figs[-1]["unmount_requests"].get(s, {}).get("requests") for s in ("s3", "redis")):
                 say(describe(f"{'':6s}    {arm:11s} unmount", figs[-1]["unmount_requests"], files))
+            if figs[-1].get("fetches"):
+                say(f"{'':6s}    {arm:11s} the daemon's counters: "
+                    + ", ".join(f"{k} {v}" for k, v in figs[-1]["fetches"].items()))
 
 
 def main() -> int:
@@ -335,8 +362,13 @@ def main() -> int:
     ap.add_argument("--connect-rtts", type=int, default=1,
                     help="round trips a new connection costs (1: TCP; a TLS endpoint would be 2 or 3)")
     ap.add_argument("--base", default=None, metavar="DIR", help="where the stores and the mount point go")
+    ap.add_argument("--arms", default=",".join(ARMS[1:]),
+                    help=f"the new node's arms to run after A, in this order, comma-separated (default: {', '.join(ARMS[1:])})")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if unknown := [a for a in args.arms if a not in ARMS[1:]]:
+        ap.error(f"--arms: no arm {unknown[0]!r} (the arms: {', '.join(ARMS[1:])})")
     try:
         rtts = [float(x) for x in args.rtt_ms.split(",") if x.strip()]
     except ValueError:
