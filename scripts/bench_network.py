@@ -30,9 +30,12 @@ and the requests by method (S3) or command (Redis) between the mount and
 the end of the load (the unmount's own requests, the startup set sent,
 apart), the CPU seconds of the daemon, of the load and of this process (the
 proxies), and the daemon's fetch counters.  Each arm starts after a
-``sync``: the last arm's dirty pages are not written back during its
-creates.  ``--arms`` runs some of the new node's arms (after A, in the
-order given).  Numbers are only meaningful on an otherwise idle machine.
+``sync`` (the last arm's dirty pages are not written back during its
+creates) and a probe of the disk (1,000 files of 32 KiB; their cost per
+file is printed beside the arm: a virtual disk slows for a while after
+heavy writes).  ``--arms`` runs some of the new node's arms (after A, in
+the order given).  Numbers are only meaningful on an otherwise idle
+machine.
 
     .venv/bin/python scripts/bench_network.py --kernels 1500 --rtt-ms 0,20,50 [--remote s3|redis+s3]
 """
@@ -214,6 +217,7 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
                 store = run_dir / ("store-a" if arm == "A" else f"store-{rep}-{arm.split()[-1].strip('+')}")
                 digests = run_dir / f"digests-{rep}-{arm.replace(' ', '_')}.json"
                 os.sync()  # the last arm's dirty pages written back now, not during this arm's creates
+                disk_us = disk_probe(run_dir / f"probe-{rep}")
                 proxies.reset()
                 t, own = time.monotonic(), time.process_time()
                 out = node.mount(mp, store, *ARM_FLAGS[arm])
@@ -235,7 +239,7 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
                 fig = {"mount_s": mount_s, "load_s": load["seconds"], "total_s": mount_s + load["seconds"],
                        "files": load["files"], "bytes": load["bytes"], "requests": loaded,
                        "unmount_requests": diff(proxies.snapshot(), loaded),
-                       "prefetch": m.group(0) if m else None, "cpu": cpu,
+                       "prefetch": m.group(0) if m else None, "cpu": cpu, "disk_us": disk_us,
                        "fetches": {k: v for k, v in sorted(stats.items()) if k.startswith("remote_")
                                    and isinstance(v, int) and v and not k.endswith("_bytes")}}
                 if arm == "B+prefetch":  # what the same disk does alone, right after: a prefetch's ceiling
@@ -244,6 +248,7 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
                 say(f"  rep {rep} {arm:10s} mount {mount_s:7.2f} s  load {load['seconds']:7.2f} s"
                     f"  total {fig['total_s']:7.2f} s  ({load['files']} files checked)"
                     + f"  cpu: daemon {cpu['daemon']:.2f} s, load {cpu['load']:.2f} s, proxies {cpu['proxies']:.2f} s"
+                    + f"  disk before: {disk_us:.0f} us a 32 KiB file"
                     + (f"  [{fig['prefetch']}]" if fig["prefetch"] else "")
                     + (f"\n  rep {rep} {'':10s} the same {fig['disk_alone']['files']} blobs written to a plain"
                        f" directory of that disk: {fig['disk_alone']['seconds']:.1f} s"
@@ -265,11 +270,25 @@ def daemon_cpu(pid: int) -> float:
 
 def disk_alone(objects: Path, plain: Path) -> dict:
     """Node A's blobs (their sizes) written as files to a plain directory of the same disk, as a prefetch
-    writes them (256 subdirectories, a file created, written, renamed into place), then removed: what the
-    disk itself allows a prefetch.  A virtual disk's small-file writes vary several-fold from one minute
-    to the next (measured here: 25 to 800 us per file created), so a prefetch's rate means little
-    without this beside it."""
-    sizes = [e.stat().st_size for shard in os.scandir(objects) if shard.is_dir() for e in os.scandir(shard.path)]
+    writes them: what the disk itself allows a prefetch.  A virtual disk's small-file writes vary
+    several-fold from one minute to the next (measured here: 25 to 800 us per file created), so a
+    prefetch's rate means little without this beside it."""
+    return write_files([e.stat().st_size for shard in os.scandir(objects) if shard.is_dir()
+                        for e in os.scandir(shard.path)], plain)
+
+
+def disk_probe(plain: Path) -> float:
+    """Microseconds a 32 KiB file costs the disk now (1,000 written as a prefetch writes them, then
+    removed and synced): printed before each arm, so a slow moment of the disk shows beside the arm it
+    slowed (the first new node after node A's writes met one in every run: issue 33's H6)."""
+    written = write_files([32 << 10] * 1000, plain)
+    os.sync()
+    return written["seconds"] / written["files"] * 1e6
+
+
+def write_files(sizes: list[int], plain: Path) -> dict:
+    """Files of *sizes* written as a prefetch writes blobs (256 subdirectories, each file created in a
+    staging directory, written, renamed into place), timed, then removed."""
     data = os.urandom(max(sizes, default=0))
     staging = plain / "staging"
     staging.mkdir(parents=True)
