@@ -188,35 +188,52 @@ def test_unlinked_open_file_and_mmapped_library_survive_a_takeover(mnt: Mount, t
     _unmount_and_check(mnt)
 
 
+#: Rounds of fsx (a seed each, the file truncated at each round's start) until the file *stop* exists: the
+#: daemon is killed under a workload that lasts as long as the kills take, on a fast machine or a slow one
+#: (a fixed 12,000 operations took under 6 s on a quick machine: two kills, not three).
 FSX_RUNNER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
     sys.path[:0] = [sys.argv[1], str(Path(sys.argv[1]).parent)]  # test_fsx and the conftest it imports
     from test_fsx import exercise
-    exercise(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    seed, stop = int(sys.argv[3]), Path(sys.argv[5])
+    while True:
+        exercise(Path(sys.argv[2]), seed, int(sys.argv[4]))
+        if stop.exists():
+            break
+        seed += 1000
     """
 )
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("seed", [1, 2])
-def test_fsx_while_the_daemon_is_killed_every_two_seconds(mnt: Mount, seed: int):
+def test_fsx_while_the_daemon_is_killed_every_two_seconds(mnt: Mount, seed: int, tmp_path: Path):
     path = mnt.mountpoint / f"fsx-{seed}"
+    stop = tmp_path / "stop"
     with Killer(mnt) as killer:
-        res = subprocess.run([sys.executable, "-c", FSX_RUNNER, str(Path(__file__).parent), str(path), str(seed),
-                              "12000"], capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
+        fsx = subprocess.Popen([sys.executable, "-c", FSX_RUNNER, str(Path(__file__).parent), str(path), str(seed),
+                                "4000", str(stop)], stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: killer.kills >= 3 or fsx.poll() is not None, 200, "three kills during fsx")
+            stop.touch()
+            _, err = fsx.communicate(timeout=200)
+        finally:
+            if fsx.poll() is None:
+                fsx.kill()
+                fsx.wait()
+    assert fsx.returncode == 0, err[-3000:]
     assert killer.kills >= 3, f"only {killer.kills} kills during fsx"
     _unmount_and_check(mnt)
 
 
 RENAMER = textwrap.dedent(
     """
-    import hashlib, os, sys, time
-    mp, me, until = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
+    import hashlib, os, sys
+    mp, me, stop = sys.argv[1], sys.argv[2], sys.argv[3]
     i = 0
-    while time.monotonic() < until:
+    while not os.path.exists(stop):  # as long as the kills take: a time of its own was too short when loaded
         i += 1
         for name in ("a", "b", "c", "d"):
             body = os.urandom(1000 + (i * 7919) % 400000)
@@ -229,11 +246,21 @@ RENAMER = textwrap.dedent(
 
 
 @pytest.mark.timeout(300)
-def test_eight_writers_renaming_onto_the_same_names_while_the_daemon_is_killed(mnt: Mount):
+def test_eight_writers_renaming_onto_the_same_names_while_the_daemon_is_killed(mnt: Mount, tmp_path: Path):
+    stop = tmp_path / "stop"
     with Killer(mnt) as killer:
-        procs = [subprocess.Popen([sys.executable, "-c", RENAMER, str(mnt.mountpoint), str(w), "9"],
+        procs = [subprocess.Popen([sys.executable, "-c", RENAMER, str(mnt.mountpoint), str(w), str(stop)],
                                   stderr=subprocess.PIPE, text=True) for w in range(8)]
-        errors = [p.communicate(timeout=240)[1] for p in procs]
+        try:
+            wait_for(lambda: killer.kills >= 3 or any(p.poll() is not None for p in procs), 200,
+                     "three kills while the writers run")
+            stop.touch()
+            errors = [p.communicate(timeout=200)[1] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
     assert [p.returncode for p in procs] == [0] * 8, [e[-500:] for e in errors]
     assert killer.kills >= 3, f"only {killer.kills} kills while the writers ran"
     for name in ("a", "b", "c", "d"):
@@ -245,10 +272,10 @@ def test_eight_writers_renaming_onto_the_same_names_while_the_daemon_is_killed(m
 
 LOAD = textwrap.dedent(
     """
-    import os, sys, time
-    mp, until = sys.argv[1], time.monotonic() + float(sys.argv[2])
+    import os, sys
+    mp, progress, stop = sys.argv[1:4]
     n = 0
-    while time.monotonic() < until:
+    while not os.path.exists(stop):  # until the test has seen it go on through both restarts
         body = os.urandom(2000 + n % 5000)
         with open(os.path.join(mp, f"t{n % 50}.tmp"), "wb") as f:
             f.write(body)
@@ -256,6 +283,10 @@ LOAD = textwrap.dedent(
         assert open(os.path.join(mp, f"f{n % 50}"), "rb").read() == body
         os.listdir(mp)
         n += 1
+        if n % 10 == 0:
+            with open(progress + ".tmp", "w") as f:
+                f.write(str(n))
+            os.replace(progress + ".tmp", progress)
     print(n)
     """
 )
@@ -268,18 +299,37 @@ def test_restart_under_load_fails_nothing_and_runs_the_installed_code(mount_fact
     shutil.copytree(REPO / "mithrilfs", installed / "mithrilfs", ignore=shutil.ignore_patterns("__pycache__"))
     m = mount_factory("up", env={"PYTHONPATH": str(installed)})
     version = json.loads(run_cli("status", "--json", str(m.mountpoint)).stdout)["version"]
-    load = subprocess.Popen([sys.executable, "-c", LOAD, str(m.mountpoint), "8"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    time.sleep(1)
-    init = installed / "mithrilfs" / "__init__.py"
-    init.write_text(init.read_text().replace(f'__version__ = "{version}"', '__version__ = "99.0.0+upgraded"'))
-    old = m.pid
-    res = run_cli("restart", str(m.mountpoint), env=dict(os.environ, PYTHONPATH=str(installed)))
-    assert res.returncode == 0, res.stderr
-    assert "99.0.0+upgraded" in res.stdout, res.stdout
-    time.sleep(1)
-    assert run_cli("restart", str(m.mountpoint)).returncode == 0  # twice, under the same load
-    out, err = load.communicate(timeout=60)
+    progress, stop = tmp_path / "progress", tmp_path / "stop"
+    load = subprocess.Popen([sys.executable, "-c", LOAD, str(m.mountpoint), str(progress), str(stop)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def done() -> int:
+        try:
+            return int(progress.read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def goes_on(what: str) -> None:  # a condition, not a time: 20 more round trips of the load
+        at = done()
+        wait_for(lambda: done() >= at + 20 or load.poll() is not None, 60, what)
+
+    try:
+        goes_on("the load running")
+        init = installed / "mithrilfs" / "__init__.py"
+        init.write_text(init.read_text().replace(f'__version__ = "{version}"', '__version__ = "99.0.0+upgraded"'))
+        old = m.pid
+        res = run_cli("restart", str(m.mountpoint), env=dict(os.environ, PYTHONPATH=str(installed)))
+        assert res.returncode == 0, res.stderr
+        assert "99.0.0+upgraded" in res.stdout, res.stdout
+        goes_on("the load going on after the restart")
+        assert run_cli("restart", str(m.mountpoint)).returncode == 0  # twice, under the same load
+        goes_on("the load going on after the second restart")
+        stop.touch()
+        out, err = load.communicate(timeout=60)
+    finally:
+        if load.poll() is None:
+            load.kill()
+            load.wait()
     assert load.returncode == 0, err[-3000:]
     assert int(out) > 50  # it kept working throughout
     status = json.loads(run_cli("status", "--json", str(m.mountpoint)).stdout)
