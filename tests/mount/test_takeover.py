@@ -188,6 +188,21 @@ def test_unlinked_open_file_and_mmapped_library_survive_a_takeover(mnt: Mount, t
     _unmount_and_check(mnt)
 
 
+def until_three_kills(killer: Killer, procs: list[subprocess.Popen[str]], stop: Path) -> list[str]:
+    """Let a workload's *procs* run until the daemon was killed three times under them (or one of them
+    ended), then tell them to end (*stop* created); their stderr.  One still running after is killed."""
+    try:
+        wait_for(lambda: killer.kills >= 3 or any(p.poll() is not None for p in procs), 200,
+                 "three kills under the workload")
+        stop.touch()
+        return [p.communicate(timeout=200)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 #: Rounds of fsx (a seed each, the file truncated at each round's start) until the file *stop* exists: the
 #: daemon is killed under a workload that lasts as long as the kills take, on a fast machine or a slow one
 #: (a fixed 12,000 operations took under 6 s on a quick machine: two kills, not three).
@@ -215,14 +230,7 @@ def test_fsx_while_the_daemon_is_killed_every_two_seconds(mnt: Mount, seed: int,
     with Killer(mnt) as killer:
         fsx = subprocess.Popen([sys.executable, "-c", FSX_RUNNER, str(Path(__file__).parent), str(path), str(seed),
                                 "4000", str(stop)], stderr=subprocess.PIPE, text=True)
-        try:
-            wait_for(lambda: killer.kills >= 3 or fsx.poll() is not None, 200, "three kills during fsx")
-            stop.touch()
-            _, err = fsx.communicate(timeout=200)
-        finally:
-            if fsx.poll() is None:
-                fsx.kill()
-                fsx.wait()
+        [err] = until_three_kills(killer, [fsx], stop)
     assert fsx.returncode == 0, err[-3000:]
     assert killer.kills >= 3, f"only {killer.kills} kills during fsx"
     _unmount_and_check(mnt)
@@ -251,16 +259,7 @@ def test_eight_writers_renaming_onto_the_same_names_while_the_daemon_is_killed(m
     with Killer(mnt) as killer:
         procs = [subprocess.Popen([sys.executable, "-c", RENAMER, str(mnt.mountpoint), str(w), str(stop)],
                                   stderr=subprocess.PIPE, text=True) for w in range(8)]
-        try:
-            wait_for(lambda: killer.kills >= 3 or any(p.poll() is not None for p in procs), 200,
-                     "three kills while the writers run")
-            stop.touch()
-            errors = [p.communicate(timeout=200)[1] for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        errors = until_three_kills(killer, procs, stop)
     assert [p.returncode for p in procs] == [0] * 8, [e[-500:] for e in errors]
     assert killer.kills >= 3, f"only {killer.kills} kills while the writers ran"
     for name in ("a", "b", "c", "d"):
