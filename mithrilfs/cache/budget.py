@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import trio
 
-from mithrilfs.cache.eviction import EvictionPolicy, EvictionResult, Evictor, Unit
+from mithrilfs.cache.eviction import Evicted, EvictionPolicy, EvictionResult, Evictor, Unit
 from mithrilfs.cache.lifetime import Lifetimes, Removed
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.staged import ContentDropped, Staged
@@ -38,6 +38,10 @@ from mithrilfs.observe.tops import TopDirs
 from mithrilfs.store.open import Store, is_disk_full
 
 log = logging.getLogger(__name__)
+
+#: How long a full disk's retry of a write waits for the kernel to forget what the eviction took
+#: (merely cached inodes take milliseconds; an open file goes at its close).
+FORGET_WAIT_SECONDS = 5.0
 
 
 class EvictionListener(Protocol):
@@ -68,6 +72,8 @@ class Budget:
         self.evicted_files = 0
         self._room_lock = trio.Lock()
         self._room_made = 0
+        #: Evicted inodes the kernel still holds that a full disk's retry waits for (``stats`` shows it).
+        self.waiting_for_forget = 0
         #: Inodes a request in flight works on (a rename, link or chmod that committed them first):
         #: the eviction their own commit starts must not take them from under the request.
         self._in_use: dict[int, int] = {}
@@ -103,7 +109,7 @@ class Budget:
         else:
             self.evictor.notify_growth()
 
-    def evict_unit(self, unit: Unit, young_cutoff_ns: int) -> tuple[int, int] | None:
+    def evict_unit(self, unit: Unit, young_cutoff_ns: int) -> Evicted | None:
         """Remove every name of a unit, like unlink would; None when it is pinned.
 
         Pinned: a member has uncommitted writes, a request in flight works
@@ -111,8 +117,7 @@ class Budget:
         evicted inode the kernel still holds (a process has it open or
         mapped, or only its dentry is cached) keeps its content until
         FORGET, which the delete notification brings at once for the merely
-        cached.  Returns (bytes freed now, bytes of content that goes at
-        FORGET).
+        cached.
         """
         inodes = []
         for ino_id in unit.inodes:
@@ -128,11 +133,13 @@ class Budget:
         # the stats' top-level directory, while the names that say it are still there
         top = self.tops.of_file(inodes[0].id, remember=False) if inodes else None
         later = 0
+        waiting = []
         for ino in inodes:
             if ino.hash is not None and self.lifetimes.referenced(ino.id):
                 info = self.ns.blob_info(ino.hash)
                 if info is not None and info[0] == 1:  # no other file shares the blob
                     later += info[1]
+                    waiting.append(ino.id)
         with self.ns.txn():
             dropped = self.lifetimes.remove_all_names(inodes, removed_names, keep_content=True)
             group = unit.group_dir
@@ -153,7 +160,7 @@ class Budget:
         if removed_names and top is not None:
             self.stats.add(top, "evictions")
             self.stats.add(top, "evicted_bytes", freed + later)
-        return freed, later
+        return Evicted(freed, later, tuple(waiting))
 
     def _evicted(self, result: EvictionResult) -> None:
         self.evicted_files += result.files
@@ -181,7 +188,7 @@ class Budget:
                 raise
         if not of.room_made:
             of.room_made = True
-            await self.make_room(len(buf))
+            await self.make_room(len(buf), data=True)
             of = self.writes.staged_for(of.inode, of.top)
             of.room_made = True
             if self.store.ensure_reserve():
@@ -195,7 +202,7 @@ class Budget:
         self.lifetimes.kernel.invalidate_inode(of.inode.id)  # the kernel's size and pages are of the dropped content
         raise ContentDropped(of.inode.id)
 
-    async def make_room(self, at_least: int = 0) -> None:
+    async def make_room(self, at_least: int = 0, *, data: bool = False) -> None:
         """The backing disk is full before the budget is: evict a slice of the cache now.
 
         A slice is a tenth of what the store holds, at least 1 MiB and at
@@ -204,6 +211,16 @@ class Budget:
         (and an index-only retry room, see ``retry_after_room``, which
         takes the reserve back).  Requests that hit the full disk together
         make room once.
+
+        For a retry that writes file data (*data*), the slice's content the
+        kernel still holds must be gone first: evicted files the kernel had
+        only cached are forgotten within milliseconds of the notification,
+        and a retry at once found no room yet and failed with ENOSPC (a
+        flake of ``test_full_backing_disk_evicts_and_retries``).  It waits
+        for their FORGETs, at most ``FORGET_WAIT_SECONDS`` (a file kept open
+        or mapped may hold its content for good).  An index-only retry does
+        not wait: the reserve is its room, and a delete at FORGET must not
+        wait for other FORGETs.
         """
         seen = self._room_made
         async with self._room_lock:
@@ -212,10 +229,23 @@ class Budget:
             log.warning("backing store is full at %d bytes: evicting to make room", self.physical())
             self.store.release_reserve()
             try:
-                await self.evictor.make_room(max(self.physical() // 10, 1 << 20, at_least))
+                result = await self.evictor.make_room(max(self.physical() // 10, 1 << 20, at_least))
                 self.ns.shrink_wal()
+                if data and result.waiting:
+                    await self._until_forgotten(result.waiting)
             finally:
                 self._room_made += 1
+
+    async def _until_forgotten(self, waiting: list[int]) -> None:
+        self.waiting_for_forget = len(waiting)
+        try:
+            with trio.move_on_after(FORGET_WAIT_SECONDS) as waited:
+                await self.lifetimes.until_deleted(waiting)
+            if waited.cancelled_caught:
+                log.warning("full disk: the kernel still holds evicted files after %.0f s (open or mapped): "
+                            "retrying without their room", FORGET_WAIT_SECONDS)
+        finally:
+            self.waiting_for_forget = 0
 
     async def retry_when_full(self, attempt: Callable[[], Awaitable[Any]], *, data: bool = False) -> Any:
         """Run *attempt*; if the disk is full, make room and run it once more (see ``retry_after_room``)."""
@@ -236,7 +266,7 @@ class Budget:
         never take the index's last room (without it the retry fails as
         the attempt did).
         """
-        await self.make_room()
+        await self.make_room(data=data)
         if data:
             if not self.store.ensure_reserve():
                 raise OSError(errno.ENOSPC, "no room on the store's disk for the index's reserve")
