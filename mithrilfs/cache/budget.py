@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import trio
 
-from mithrilfs.cache.eviction import Evicted, EvictionPolicy, EvictionResult, Evictor, Unit
+from mithrilfs.cache.eviction import EvictionPolicy, EvictionResult, Evictor, Unit
 from mithrilfs.cache.lifetime import Lifetimes, Removed
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.staged import ContentDropped, Staged
@@ -39,9 +39,12 @@ from mithrilfs.store.open import Store, is_disk_full
 
 log = logging.getLogger(__name__)
 
-#: How long a full disk's retry of a write waits for the kernel to forget what the eviction took
-#: (merely cached inodes take milliseconds; an open file goes at its close).
-FORGET_WAIT_SECONDS = 5.0
+#: How long a full disk's retry of a write waits for the room its eviction made to reach the disk.
+ROOM_WAIT_SECONDS = 5.0
+#: How often it looks meanwhile.
+ROOM_POLL_SECONDS = 0.005
+#: What recording an eviction may take of the room it made (the index's pages).
+ROOM_SLACK_BYTES = 128 << 10
 
 
 class EvictionListener(Protocol):
@@ -72,8 +75,12 @@ class Budget:
         self.evicted_files = 0
         self._room_lock = trio.Lock()
         self._room_made = 0
-        #: Evicted inodes the kernel still holds that a full disk's retry waits for (``stats`` shows it).
-        self.waiting_for_forget = 0
+        #: The room the disk has once the last slice's content is gone (0: it freed nothing), and until
+        #: when a data retry waits for it.
+        self._slice_room = 0
+        self._slice_deadline = 0.0
+        #: Requests waiting for that room (``stats``: ``full_disk_waits``).
+        self.room_waits = 0
         #: Inodes a request in flight works on (a rename, link or chmod that committed them first):
         #: the eviction their own commit starts must not take them from under the request.
         self._in_use: dict[int, int] = {}
@@ -109,7 +116,7 @@ class Budget:
         else:
             self.evictor.notify_growth()
 
-    def evict_unit(self, unit: Unit, young_cutoff_ns: int) -> Evicted | None:
+    def evict_unit(self, unit: Unit, young_cutoff_ns: int) -> tuple[int, int] | None:
         """Remove every name of a unit, like unlink would; None when it is pinned.
 
         Pinned: a member has uncommitted writes, a request in flight works
@@ -117,7 +124,8 @@ class Budget:
         evicted inode the kernel still holds (a process has it open or
         mapped, or only its dentry is cached) keeps its content until
         FORGET, which the delete notification brings at once for the merely
-        cached.
+        cached.  Returns (bytes freed now, bytes of content that goes at
+        FORGET).
         """
         inodes = []
         for ino_id in unit.inodes:
@@ -133,13 +141,11 @@ class Budget:
         # the stats' top-level directory, while the names that say it are still there
         top = self.tops.of_file(inodes[0].id, remember=False) if inodes else None
         later = 0
-        waiting = []
         for ino in inodes:
             if ino.hash is not None and self.lifetimes.referenced(ino.id):
                 info = self.ns.blob_info(ino.hash)
                 if info is not None and info[0] == 1:  # no other file shares the blob
                     later += info[1]
-                    waiting.append(ino.id)
         with self.ns.txn():
             dropped = self.lifetimes.remove_all_names(inodes, removed_names, keep_content=True)
             group = unit.group_dir
@@ -160,7 +166,7 @@ class Budget:
         if removed_names and top is not None:
             self.stats.add(top, "evictions")
             self.stats.add(top, "evicted_bytes", freed + later)
-        return Evicted(freed, later, tuple(waiting))
+        return freed, later
 
     def _evicted(self, result: EvictionResult) -> None:
         self.evicted_files += result.files
@@ -212,40 +218,51 @@ class Budget:
         takes the reserve back).  Requests that hit the full disk together
         make room once.
 
-        For a retry that writes file data (*data*), the slice's content the
-        kernel still holds must be gone first: evicted files the kernel had
-        only cached are forgotten within milliseconds of the notification,
-        and a retry at once found no room yet and failed with ENOSPC (a
-        flake of ``test_full_backing_disk_evicts_and_retries``).  It waits
-        for their FORGETs, at most ``FORGET_WAIT_SECONDS`` (a file kept open
-        or mapped may hold its content for good).  An index-only retry does
-        not wait: the reserve is its room, and a delete at FORGET must not
-        wait for other FORGETs.
+        A retry that writes file data (*data*) then waits, at most
+        ``ROOM_WAIT_SECONDS``, for the slice's room to reach the disk (all
+        of it: the file gets one slice for all its writes, and the write
+        that hit the full disk may be its first page).  Evicted
+        content goes only when the last reference to its file does: the
+        kernel's (FORGET, milliseconds after the eviction's notification for
+        an inode it only cached, at the close of an open file, perhaps never
+        for a mapped one) and the supervisor's descriptor of a file just
+        written (dropped when the daemon's "committed" message reaches it).
+        A retry at once found no room yet and failed with ENOSPC (a flake of
+        ``test_full_backing_disk_evicts_and_retries``).  A request that
+        finds the room made by another (an index-only retry's slice) waits
+        for that slice the same way.  An index-only retry does not wait:
+        the reserve is its room, and a delete at FORGET must not wait for
+        other FORGETs; the wait is outside the lock for the same reason.
         """
         seen = self._room_made
         async with self._room_lock:
-            if seen != self._room_made:
-                return
-            log.warning("backing store is full at %d bytes: evicting to make room", self.physical())
-            self.store.release_reserve()
-            try:
-                result = await self.evictor.make_room(max(self.physical() // 10, 1 << 20, at_least))
-                self.ns.shrink_wal()
-                if data and result.waiting:
-                    await self._until_forgotten(result.waiting)
-            finally:
-                self._room_made += 1
+            if seen == self._room_made:
+                log.warning("backing store is full at %d bytes: evicting to make room", self.physical())
+                self.store.release_reserve()
+                room_before = self.store.room()
+                try:
+                    result = await self.evictor.make_room(max(self.physical() // 10, 1 << 20, at_least))
+                    # what the disk has once the slice's content is gone (less what recording it took)
+                    self._slice_room = room_before + result.bytes - ROOM_SLACK_BYTES if result.bytes else 0
+                    self._slice_deadline = trio.current_time() + ROOM_WAIT_SECONDS
+                    self.ns.shrink_wal()
+                finally:
+                    self._room_made += 1
+        if data:
+            await self._until_room(self._slice_room)
 
-    async def _until_forgotten(self, waiting: list[int]) -> None:
-        self.waiting_for_forget = len(waiting)
+    async def _until_room(self, wanted: int) -> None:
+        """Wait until the disk has *wanted* bytes free, or the last slice's deadline passed."""
+        self.room_waits += 1
         try:
-            with trio.move_on_after(FORGET_WAIT_SECONDS) as waited:
-                await self.lifetimes.until_deleted(waiting)
-            if waited.cancelled_caught:
-                log.warning("full disk: the kernel still holds evicted files after %.0f s (open or mapped): "
-                            "retrying without their room", FORGET_WAIT_SECONDS)
+            while self.store.room() < wanted:
+                if trio.current_time() >= self._slice_deadline:
+                    log.warning("full disk: the room evicting made has not come after %.0f s (evicted files "
+                                "still open or mapped): retrying without it", ROOM_WAIT_SECONDS)
+                    return
+                await trio.sleep(ROOM_POLL_SECONDS)
         finally:
-            self.waiting_for_forget = 0
+            self.room_waits -= 1
 
     async def retry_when_full(self, attempt: Callable[[], Awaitable[Any]], *, data: bool = False) -> Any:
         """Run *attempt*; if the disk is full, make room and run it once more (see ``retry_after_room``)."""

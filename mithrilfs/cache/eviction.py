@@ -75,16 +75,6 @@ class Unit:
     group_dir: int | None = None
 
 
-@dataclass(frozen=True)
-class Evicted:
-    """What evicting one unit freed: *now*, and *later* (content the kernel still holds, at FORGET)."""
-
-    now: int
-    later: int = 0
-    #: The inodes whose content is *later*: a full disk's retry waits for their FORGET.
-    waiting: tuple[int, ...] = ()
-
-
 @dataclass
 class EvictionResult:
     reason: str
@@ -94,8 +84,6 @@ class EvictionResult:
     #: Part of ``bytes`` still held by the kernel (open or mapped files): freed at FORGET.
     deferred_bytes: int = 0
     skipped_pinned: int = 0
-    #: The inodes of ``deferred_bytes`` (``Evicted.waiting``).
-    waiting: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return {"reason": self.reason, "units": self.units, "files": self.files, "bytes": self.bytes,
@@ -150,8 +138,9 @@ class Evictor:
     ns: Namespace
     recency: Recency
     physical: Callable[[], int]
-    #: Removes a unit; None when the unit is pinned.
-    evict_unit: Callable[[Unit, int], Evicted | None]
+    #: Removes a unit; returns (bytes freed now, bytes freed when the kernel forgets
+    #: the inodes), or None when the unit is pinned.
+    evict_unit: Callable[[Unit, int], tuple[int, int] | None]
     on_result: Callable[[EvictionResult], None] = lambda r: None
     _wake: trio.Event = field(default_factory=trio.Event)
     _lock: trio.Lock = field(default_factory=trio.Lock)
@@ -200,9 +189,8 @@ class Evictor:
                 continue
             result.units += 1
             result.files += len(unit.inodes)
-            result.bytes += freed.now + freed.later
-            result.deferred_bytes += freed.later
-            result.waiting.extend(freed.waiting)
+            result.bytes += freed[0] + freed[1]
+            result.deferred_bytes += freed[1]
             units_left -= 1
             if result.units % 64 == 0:
                 await trio.lowlevel.checkpoint()  # let requests in between batches

@@ -28,10 +28,8 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Protocol
-
-import trio
 
 from mithrilfs.cache.lookups import LookupCounts
 from mithrilfs.cache.recency import Recency
@@ -80,8 +78,6 @@ class Lifetimes:
         self.unreadable: set[int] = set()
         #: Told of names the daemon removed, and of inodes whose content changed under the kernel.
         self.kernel = kernel
-        #: Set, and replaced, whenever an inode is deleted (``until_deleted`` waits on it).
-        self._deleted = trio.Event()
 
     def ref(self, ino: int) -> None:
         self.counts.set(ino, self.counts.get(ino) + 1)
@@ -115,22 +111,7 @@ class Lifetimes:
         self.doomed.discard(ino)
         self.unreadable.discard(ino)
         self.recency.forget(ino)
-        freed = self.blobs.collect(inode.hash)
-        self._deleted.set()
-        self._deleted = trio.Event()
-        return freed
-
-    async def until_deleted(self, inodes: Iterable[int]) -> None:
-        """Wait until none of *inodes* is left (each goes at its FORGET).
-
-        A full disk's retry waits here, under a time limit, for the content
-        it evicted that the kernel still held: the eviction's notification
-        makes the kernel forget a merely cached inode within milliseconds,
-        an open file at its close, a mapped one perhaps never.
-        """
-        left = set(inodes)
-        while left := {ino for ino in left if self.ns.get(ino) is not None}:
-            await self._deleted.wait()
+        return self.blobs.collect(inode.hash)
 
     def retry_doomed(self) -> None:
         for ino in list(self.doomed):

@@ -148,7 +148,7 @@ class Duties:
             "blobs": blobs,
             "written_files": len(self.writes.staged),
             "evicted_files": self.budget.evicted_files,
-            "full_disk_waiting_for_forget": self.budget.waiting_for_forget,
+            "full_disk_waits": self.budget.room_waits,
             "pid": os.getpid(),
             "version": __version__,
             "store": str(self.store.root),

@@ -18,10 +18,10 @@ import logging
 import trio
 
 from mithrilfs.shared.entries import RemoteError
-from mithrilfs.shared.local_disk import room as disk_room
 from mithrilfs.shared.tier_state import Events, InFlightTier
 from mithrilfs.store.namespace import Inode
 from mithrilfs.store.open import is_disk_full
+from mithrilfs.store.reserve import disk_room
 
 log = logging.getLogger(__name__)
 

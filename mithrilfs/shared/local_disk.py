@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import errno
 import io
-import os
 from typing import Any
 
 from mithrilfs.store.open import is_disk_full
@@ -76,13 +75,3 @@ def disk_full_message(e: BaseException) -> str:
     return f"the store's disk is full ({code}): files not fetched stay listed and are fetched when read"
 
 
-def room(path: str | os.PathLike[str]) -> int:
-    """Bytes an unprivileged writer may still put on the disk holding *path*.
-
-    A read-ahead asks before it starts: what it brings in the background
-    must never take the room the read that started it needs (a read-ahead
-    racing a 9 MiB fetch for the last megabytes of a full disk made the read
-    fail with ENOSPC).
-    """
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize

@@ -21,7 +21,7 @@ import platformdirs
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.cas import CAS
 from mithrilfs.store.namespace import Namespace
-from mithrilfs.store.reserve import RESERVE_BYTES, Reserve, is_disk_full
+from mithrilfs.store.reserve import RESERVE_BYTES, Reserve, disk_room, is_disk_full
 
 #: RESERVE_BYTES and is_disk_full are the store's word to the layers above, said here
 __all__ = ["RESERVE_BYTES", "Store", "StoreError", "is_disk_full", "open_store"]
@@ -67,6 +67,10 @@ class Store:
 
     def release_reserve(self) -> None:
         self.blobs.reserve.release()
+
+    def room(self) -> int:
+        """Bytes still free for the store on its disk (``reserve.disk_room``)."""
+        return disk_room(self.root)
 
     def collect_garbage(self) -> int:
         """Delete blob files no inode references; returns how many.

@@ -11,10 +11,24 @@ tests): nothing held, nothing to release.
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 from pathlib import Path
 
 RESERVE_BYTES = 1 << 20
+
+
+def disk_room(path: str | os.PathLike[str]) -> int:
+    """Bytes an unprivileged writer may still put on the disk holding *path*.
+
+    A read-ahead asks before it starts: what it brings in the background
+    must never take the room the read that started it needs (a read-ahead
+    racing a 9 MiB fetch for the last megabytes of a full disk made the read
+    fail with ENOSPC).  A full disk's retry asks whether the room its
+    eviction made has come (``cache.budget``).
+    """
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 def is_disk_full(e: BaseException) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -356,11 +357,11 @@ def test_full_backing_disk_evicts_and_retries(mount_factory: MountFactory, small
 
 def test_a_full_disk_waits_for_the_evicted_content_the_kernel_still_holds(mount_factory: MountFactory,
                                                                           small_disk: Path):
-    """The slice a full disk evicts can be content the kernel still holds (open files here; in the flake
-    of the test above, inodes the kernel had cached and forgets a moment after the eviction's
-    notification): it goes only at FORGET.  A write's retry waits for those FORGETs; it used to retry at
-    once and fail with ENOSPC though the room was on its way.  The files are closed only once the
-    daemon says it waits, so the test does not depend on who is quicker."""
+    """The slice a full disk evicts can be content the kernel still holds (open files here; inodes the
+    kernel had cached and forgets a moment after the eviction's notification in the flake of the test
+    above): it goes only at FORGET.  A write's retry waits for that room; it used to retry at once and
+    fail with ENOSPC though the room was on its way.  The files are closed only once the daemon says it
+    waits, so the test does not depend on who is quicker."""
     m = mount_factory("held", "--max-size", "1G", "--min-age", "0", store=small_disk / "store")
     data = write_files(m.mountpoint, [f"old{i}" for i in range(5)], size=400 * K)
     held = {name: os.open(m.mountpoint / name, os.O_RDONLY) for name in data}
@@ -369,7 +370,7 @@ def test_a_full_disk_waits_for_the_evicted_content_the_kernel_still_holds(mount_
 
     def close_the_evicted_while_the_daemon_waits() -> None:
         while held and not stop.wait(0.01):
-            if m.stats()["full_disk_waiting_for_forget"]:
+            if m.stats()["full_disk_waits"]:
                 for name in [n for n in held if not (m.mountpoint / n).exists()]:
                     os.close(held.pop(name))
                     closed.append(name)
@@ -390,6 +391,65 @@ def test_a_full_disk_waits_for_the_evicted_content_the_kernel_still_holds(mount_
     assert "new11" in left
     for name in left:
         assert (m.mountpoint / name).read_bytes() == data[name]
+
+
+def test_a_full_disk_waits_for_the_supervisor_to_let_go_of_files_just_written(mount_factory: MountFactory,
+                                                                                small_disk: Path):
+    """The supervisor holds a descriptor of every file being written (its staging content outlives a
+    crash of the daemon) until the daemon's "committed" message reaches it: evicted content written a
+    moment ago keeps its blocks until then.  Here the supervisor is stopped while the files are written,
+    and let go on only once the daemon says it waits; the write used to fail with ENOSPC at once."""
+    m = mount_factory("sup", "--max-size", "1G", "--min-age", "0", store=small_disk / "store")
+    supervisor = supervisor_pid(m.mountpoint)
+    assert supervisor is not None
+    data: dict[str, bytes] = {}
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        data |= write_files(m.mountpoint, [f"old{i}" for i in range(5)], size=400 * K)
+        waited = threading.Event()
+
+        def resume_the_supervisor_once_the_daemon_waits() -> None:
+            while not waited.is_set() and not m.stats()["full_disk_waits"]:
+                time.sleep(0.01)
+            waited.set()
+            os.kill(supervisor, signal.SIGCONT)
+
+        resumer = threading.Thread(target=resume_the_supervisor_once_the_daemon_waits)
+        resumer.start()
+        try:
+            for i in range(6):  # 2.4 MiB more: the old files make room
+                data[f"new{i}"] = os.urandom(400 * K)
+                write_committed(m.mountpoint / f"new{i}", data[f"new{i}"])
+            assert waited.is_set()  # the disk was full, and the daemon waited for the room
+        finally:
+            waited.set()
+            resumer.join()
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    left = os.listdir(m.mountpoint)
+    assert "new5" in left
+    for name in left:
+        assert (m.mountpoint / name).read_bytes() == data[name]
+
+
+def test_a_full_disk_does_not_wait_for_ever_for_files_kept_open(mount_factory: MountFactory, small_disk: Path):
+    """Evicted files kept open never give their content back: the write waits a bounded time, then fails
+    with ENOSPC (no silent hang), and the daemon says why; once they are closed, writes fit again."""
+    m = mount_factory("kept", "--max-size", "1G", "--min-age", "0", store=small_disk / "store")
+    data = write_files(m.mountpoint, [f"old{i}" for i in range(5)], size=400 * K)
+    held = [os.open(m.mountpoint / name, os.O_RDONLY) for name in data]
+    try:
+        with pytest.raises(OSError) as failed:  # only the open files can make room for it
+            write_committed(m.mountpoint / "big", os.urandom(2048 * K))
+        assert failed.value.errno == errno.ENOSPC
+        assert "the room evicting made has not come" in (m.store / "mithrilfs.log").read_text()
+    finally:
+        for fd in held:
+            os.close(fd)
+    wait_for(lambda: len(blob_files(m.store)) == len(os.listdir(m.mountpoint)), 20,
+             "the evicted files' content to go once they are closed")
+    again = write_files(m.mountpoint, ["again0", "again1"], size=400 * K)
+    assert all((m.mountpoint / n).read_bytes() == d for n, d in again.items())
 
 
 def test_unclean_stop_leaves_no_phantom_bytes(mount_factory: MountFactory):

@@ -21,7 +21,7 @@ import trio
 from conftest import make_dir as mkdir
 
 from mithrilfs.cache.budget import Budget
-from mithrilfs.cache.eviction import Evicted, EvictionPolicy, Unit
+from mithrilfs.cache.eviction import EvictionPolicy, Unit
 from mithrilfs.cache.lifetime import Lifetimes, NoKernelCaches
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.staged import ContentDropped
@@ -122,7 +122,7 @@ def test_evict_unit_refuses_an_inode_in_use_and_a_young_one(cache: Cache) -> Non
         assert cache.budget.evict_unit(Unit([ino.id], 0), ino.mtime_ns - 1) is None  # young
         assert cache.store.ns.lookup(ROOT_INODE, b"f") == ino.id
         # neither pin holds any more: it goes
-        assert cache.budget.evict_unit(Unit([ino.id], 0), now_cutoff()) == Evicted(len(b"content"))
+        assert cache.budget.evict_unit(Unit([ino.id], 0), now_cutoff()) == (len(b"content"), 0)
         assert cache.store.ns.lookup(ROOT_INODE, b"f") is None
 
     trio.run(t)
@@ -139,7 +139,7 @@ def test_evict_unit_removes_names_collects_the_blob_and_counts_under_its_top_dir
         digest = ino.hash
         assert digest is not None
         physical = cache.budget.physical()
-        assert cache.budget.evict_unit(Unit([ino.id], 0), now_cutoff()) == Evicted(5000)
+        assert cache.budget.evict_unit(Unit([ino.id], 0), now_cutoff()) == (5000, 0)
         assert store.ns.lookup(sub, b"kernel.py") is None
         assert store.ns.get(ino.id) is None
         assert not store.cas.exists(digest) and store.ns.blob_info(digest) is None
@@ -157,7 +157,7 @@ def test_evict_unit_of_a_file_the_kernel_holds_frees_its_content_at_forget(cache
     async def t() -> None:
         ino = await add_file(cache, ROOT_INODE, b"lib.so", b"m" * 3000)
         cache.lifetimes.ref(ino.id)
-        assert cache.budget.evict_unit(Unit([ino.id], 0), now_cutoff()) == Evicted(0, 3000, (ino.id,))
+        assert cache.budget.evict_unit(Unit([ino.id], 0), now_cutoff()) == (0, 3000)
         assert cache.store.ns.lookup(ROOT_INODE, b"lib.so") is None
         assert cache.store.cas.exists(ino.hash)  # type: ignore[arg-type]
         assert cache.stats.by_dir[ROOT_KEY]["evicted_bytes"] == 3000
@@ -284,7 +284,7 @@ def test_a_triton_group_is_evicted_whole_with_its_directory(cache: Cache) -> Non
             assert cache.budget.evict_unit(Unit([m.id for m in members], 0, group_dir=group), now_cutoff()) is None
         assert all(store.ns.get(m.id) is not None for m in members)
         unit = Unit([m.id for m in members], 0, group_dir=group)
-        assert cache.budget.evict_unit(unit, now_cutoff()) == Evicted(1200)
+        assert cache.budget.evict_unit(unit, now_cutoff()) == (1200, 0)
         assert store.ns.lookup(triton, b"HASH") is None and store.ns.get(group) is None
         assert all(store.ns.get(m.id) is None for m in members)
         assert cache.evicted.told == [{triton, group}]
