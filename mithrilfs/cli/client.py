@@ -127,11 +127,17 @@ def read_stats(mountpoint: Path) -> dict:
 
 
 def read_json(mountpoint: Path, path: Path) -> dict:
-    """A JSON control file's content."""
-    try:
-        return json.loads(path.read_text())
-    except OSError as e:  # the mount went away under us
-        raise MountError(f"{mountpoint}: the mount stopped answering ({e.strerror})") from None
+    """A JSON control file's content (read again if a read tore: see ``control.files.ControlFiles.padded``)."""
+    for _ in range(3):
+        try:
+            text = path.read_text()
+        except OSError as e:  # the mount went away under us
+            raise MountError(f"{mountpoint}: the mount stopped answering ({e.strerror})") from None
+        try:
+            return json.loads(text)
+        except ValueError:
+            continue
+    raise MountError(f"{mountpoint}: {path.name} did not read as one JSON document in three reads")
 
 
 def tier_command(mp: Path, name: str, request: str) -> dict:

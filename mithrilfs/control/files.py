@@ -7,8 +7,10 @@ kernel asks (GETATTR) before each read, and that is when the content is
 produced afresh, its length the size and its time the mtime, so the kernel
 drops the pages it cached of the last content; the READs that follow serve
 that one production.  One read asks several times (the probe for the end
-of the file asks again), so a production is reused for ``FRESH_SECONDS``:
-a new one in between would change the size under the reader.
+of the file asks again), so a production is reused for ``FRESH_SECONDS``,
+and a JSON document keeps its size from one production to the next
+(``ControlFiles.padded``): another reader's newer production in between
+must not change the size under the reader.
 ``stats.json`` is then a fresh snapshot for every reader, from any
 container that sees the mount.  A producer may be a coroutine (a scan of
 the index in a worker thread: ``usage.json``): the LOOKUP or GETATTR that
@@ -33,7 +35,8 @@ from mithrilfs.store.namespace import CONTROL_NAME
 __all__ = ["CONTROL_DIR_INODE", "CONTROL_NAME", "ControlFiles"]
 #: How long one production of a control file answers every look at it.
 FRESH_SECONDS = 0.002
-_PAGE = 4096
+#: A JSON document's size is a whole number of these, and never shrinks (``ControlFiles.padded``).
+JSON_GRANULE = 64 << 10
 #: Inode numbers far above anything SQLite will hand out.
 CONTROL_DIR_INODE = 1 << 62
 
@@ -45,6 +48,8 @@ class ControlFiles:
         self._commands: dict[int, Callable[[bytes], Awaitable[bytes]]] = {}
         #: What each file showed last (content, mtime_ns): READ serves it.
         self._current: dict[int, tuple[bytes, int]] = {}
+        #: The size each JSON document has been padded to so far.
+        self._json_sizes: dict[bytes, int] = {}
         self.add(b"pid", lambda: f"{os.getpid()}\n".encode())
 
     def add(self, name: bytes, produce: Callable[[], bytes]) -> None:
@@ -59,27 +64,35 @@ class ControlFiles:
         self._by_name[name] = ino
         self._producers[ino] = produce
 
-    @staticmethod
-    def _padded(doc: Any) -> bytes:
+    def padded(self, name: bytes, doc: Any) -> bytes:
+        """*doc* as JSON padded with spaces to the size *name* has had, or the next whole granule.
+
+        The kernel opens these files itself (no OPEN, so no handle that
+        could keep one production), and a reader asks for the size again at
+        the end of its read: when another reader's look had made a longer
+        document meanwhile, the first got the second's tail after its own
+        end ("Extra data" from json.loads; 1-3 torn reads in 600-980 per
+        reader, four readers, while a mount wrote into 80 new directories).
+        A size that does not change leaves nothing to read at that end, and
+        a document of one granule (stats.json is 8-30 KiB) fits one READ, so
+        it comes from one production.  Only a document outgrowing all its
+        earlier sizes can still tear one read.
+        """
         text = json.dumps(doc, sort_keys=True).encode()
-        return text + b" " * (-(len(text) + 1) % _PAGE) + b"\n"
+        size = max(self._json_sizes.get(name, 0), -(-(len(text) + 1) // JSON_GRANULE) * JSON_GRANULE)
+        self._json_sizes[name] = size
+        return text + b" " * (size - len(text) - 1) + b"\n"
 
     def add_json_async(self, name: bytes, produce: Callable[[], Awaitable[object]]) -> None:
-        """A JSON document (padded as ``add_json`` says) that a coroutine produces."""
+        """A JSON document (padded: ``padded``) that a coroutine produces."""
         async def padded() -> bytes:
-            return self._padded(await produce())
+            return self.padded(name, await produce())
 
         self.add_async(name, padded)
 
     def add_json(self, name: bytes, produce: Callable[[], object]) -> None:
-        """A JSON document, padded with spaces to whole pages.
-
-        Its length then rarely changes between productions, and a change of
-        size is what lets one read see two productions (the kernel keeps
-        the tail of a longer one cached past the end of a shorter one); a
-        padded document fits one READ.
-        """
-        self.add(name, lambda: self._padded(produce()))
+        """A JSON document (padded: ``padded``)."""
+        self.add(name, lambda: self.padded(name, produce()))
 
     def add_command(self, name: bytes, run: Callable[[bytes], Awaitable[bytes]]) -> None:
         """A file its owner writes: what is written runs *run*; its answer is what the file reads back."""

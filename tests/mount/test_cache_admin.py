@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 from conftest import CLI, MountFactory, blob_files, run_cli, still_writing, wait_for, write_committed
 
@@ -225,3 +226,41 @@ def test_names_with_control_characters_are_printed_escaped(mount_factory: MountF
     res = run_cli("fsck", "--store", str(m.store))
     assert res.returncode == 4 and f"  corrupt: {shown_top}/{shown_name}" in res.stdout, res.stdout
     assert all(c.isprintable() for c in res.stdout.replace("\n", "")), repr(res.stdout)
+
+
+#: Reads stats.json (argv[1]) in a loop until argv[2] exists; prints how many reads did not parse.
+STATS_READER = """
+import json, os, sys
+torn = reads = 0
+while not os.path.exists(sys.argv[2]):
+    with open(sys.argv[1]) as f:
+        text = f.read()
+    reads += 1
+    try:
+        json.loads(text)
+    except ValueError:
+        torn += 1
+print(torn, reads)
+"""
+
+
+def test_stats_json_read_by_many_while_it_grows_is_never_torn(mount_factory: MountFactory, tmp_path):
+    """Readers of a control file each see one whole document.  The kernel opens these files itself and
+    asks for the size again at the end of every read: when another reader's look made a longer document
+    in between, the first reader got the tail of the second after its own end (the quiet suite's
+    JSONDecodeError "Extra data ... (char 8192)" in a fleet gc test)."""
+    m = mount_factory()
+    stop = tmp_path / "stop"
+    readers = [subprocess.Popen([sys.executable, "-c", STATS_READER, str(m.mountpoint / ".mithrilfs" / "stats.json"),
+                                 str(stop)], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    try:
+        for i in range(80):  # each new top-level directory adds its counters: the document grows by pages
+            (m.mountpoint / f"top{i:02d}").mkdir()
+            write_committed(m.mountpoint / f"top{i:02d}" / "f", b"x")
+            if i % 20 == 19:
+                run_cli("stats", "--zero", str(m.mountpoint), check=True)  # and shrinks
+    finally:
+        stop.touch()
+        outs = [r.communicate(timeout=60)[0].split() for r in readers]
+    assert all(int(reads) > 0 for _, reads in outs)
+    assert [int(torn) for torn, _ in outs] == [0, 0, 0, 0], outs
