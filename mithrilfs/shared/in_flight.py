@@ -20,8 +20,7 @@ import trio
 from mithrilfs.shared.entries import RemoteError
 from mithrilfs.shared.tier_state import Events, InFlightTier
 from mithrilfs.store.namespace import Inode
-from mithrilfs.store.open import is_disk_full
-from mithrilfs.store.reserve import disk_room
+from mithrilfs.store.open import disk_room, is_disk_full
 
 log = logging.getLogger(__name__)
 

@@ -73,5 +73,3 @@ def disk_full_message(e: BaseException) -> str:
     """One line for a full store disk, naming ENOSPC (or EDQUOT) and what it means for the files."""
     code = errno.errorcode.get(getattr(e, "errno", None) or errno.ENOSPC, "ENOSPC")
     return f"the store's disk is full ({code}): files not fetched stay listed and are fetched when read"
-
-

@@ -23,8 +23,8 @@ from mithrilfs.store.cas import CAS
 from mithrilfs.store.namespace import Namespace
 from mithrilfs.store.reserve import RESERVE_BYTES, Reserve, disk_room, is_disk_full
 
-#: RESERVE_BYTES and is_disk_full are the store's word to the layers above, said here
-__all__ = ["RESERVE_BYTES", "Store", "StoreError", "is_disk_full", "open_store"]
+#: RESERVE_BYTES, disk_room and is_disk_full are the store's word to the layers above, said here
+__all__ = ["RESERVE_BYTES", "Store", "StoreError", "disk_room", "is_disk_full", "open_store"]
 
 FORMAT_VERSION = 1
 _FORMAT_FILE = "FORMAT"
