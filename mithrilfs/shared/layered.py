@@ -179,6 +179,12 @@ class LayeredStore(RemoteStore):
     def with_locations(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
         return self.back.with_locations(items)
 
+    def known_places(self) -> list[list[Any]]:
+        return self.back.known_places()
+
+    def learn_places(self, places: list[Any]) -> int:
+        return self.back.learn_places(places)
+
     def will_publish(self, paths: list[str]) -> None:
         self.back.will_publish(paths)
 

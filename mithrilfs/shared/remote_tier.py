@@ -27,10 +27,12 @@ the change feed.  Each part sees the tier through a protocol of what it uses
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
 import secrets
 import socket
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any
@@ -56,7 +58,7 @@ from mithrilfs.shared.startup_order import StartupOrder
 from mithrilfs.shared.startup_recorder import StartupRecorder
 from mithrilfs.shared.tier import Tier
 from mithrilfs.shared.wire import RemoteStore
-from mithrilfs.shared.write_behind import EPOCH_META_PREFIX, WriteBehind
+from mithrilfs.shared.write_behind import EPOCH_META_PREFIX, PLACES_META_PREFIX, WriteBehind
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path
 from mithrilfs.store.tier_queue import TierQueue
@@ -128,6 +130,9 @@ class RemoteTier(Tier):
         #: Writer of content materialized this mount (conflict detection), by inode.
         self.origin: dict[int, str] = {}
         self._epoch = ns.get_meta(self._epoch_meta())
+        #: Where the store held blobs, as the last mount knew (``known_places``): taken once the uploader's
+        #: first look at the epoch finds the store the one they were learned from (``write_behind``).
+        self.kept_places = self._read_kept_places()
         #: The startup set this mount records into: what its workload reads first.
         self.startup_set = startup_set
         self.recorder = StartupRecorder(self, startup_set)
@@ -154,6 +159,26 @@ class RemoteTier(Tier):
 
     def _epoch_meta(self) -> str:
         return f"{EPOCH_META_PREFIX}{self.remote.url}:{self.remote.namespace}"
+
+    def _places_meta(self) -> str:
+        return f"{PLACES_META_PREFIX}{self.remote.url}:{self.remote.namespace}"
+
+    def _read_kept_places(self) -> list[Any]:
+        raw = self.ns.get_meta(self._places_meta())
+        try:
+            places = json.loads(raw) if raw else []
+        except ValueError:
+            places = None
+        if not isinstance(places, list):
+            log.warning("the places of blobs kept by the last mount do not read as a list: not used")
+            return []
+        return places
+
+    def _keep_places(self) -> None:
+        """The places this mount knew, for the next one (read back in ``__init__``)."""
+        places = self.remote.known_places()
+        with self.ns.txn():
+            self.ns.set_meta(self._places_meta(), json.dumps(places, separators=(",", ":")))
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A request of the mount: None when the tier is backed off, fails, or stalls past ``REMOTE_WAIT``."""
@@ -336,6 +361,10 @@ class RemoteTier(Tier):
         blob writing process the background fetches started (``InFlight.bring_claimed``)."""
         await self.recorder.unmounting()
         await trio.to_thread.run_sync(self.blobs.writer.close)
+        try:
+            self._keep_places()
+        except (sqlite3.Error, OSError) as e:
+            log.warning("the places of blobs this mount learned are not kept: %s", e)
 
     # -- write-behind ------------------------------------------------------
     def publish(self, ino: Inode) -> None:

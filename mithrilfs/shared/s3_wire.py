@@ -270,6 +270,12 @@ class S3Store(S3Connection, RemoteStore):
     def with_locations(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
         return self.packs.locate(items)
 
+    def known_places(self) -> list[list[Any]]:
+        return self.packs.export()
+
+    def learn_places(self, places: list[Any]) -> int:
+        return self.packs.take(places)
+
     def locate_for_publish(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
         """``with_locations`` for names about to be published: RemoteError (nothing published; the batch is
         sent again, its blobs checked and packed again) when a place added is in a pack old enough for

@@ -296,6 +296,8 @@ class UploaderTier(RemoteState, Protocol):
     pending_tombstones: dict[str, int]
     _wake: trio.Event
     _epoch: str | None
+    #: Places of blobs the last mount kept, until the first look at the epoch takes or drops them.
+    kept_places: list[Any]
 
     @property
     def recorder(self) -> StartupRecord: ...

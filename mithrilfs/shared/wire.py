@@ -258,6 +258,16 @@ class RemoteStore(ABC):
         """*items* with where this store holds each file's blob, where it knows (what other levels copy)."""
         return items
 
+    def known_places(self) -> list[list[Any]]:
+        """Where this store holds blobs with others, as far as this mount learned it, for the next mount of
+        the same local store (``RemoteTier.unmounting``).  Stores that find blobs by hash alone: nothing."""
+        return []
+
+    def learn_places(self, places: list[Any]) -> int:
+        """What ``known_places`` gave an earlier mount, once the store is known to be the same generation
+        (``write_behind``: the same epoch); how many were taken."""
+        return 0
+
     def locate_for_publish(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
         """``with_locations`` for names about to be published; a store whose places age refuses an old one
         (RemoteError: the batch is checked again)."""

@@ -40,6 +40,8 @@ PACK_FILL = 8 << 20
 EPOCH_SECONDS = 2.0
 #: The index's meta keys holding the epoch of each tier this store has used (``RemoteTier._epoch_meta``).
 EPOCH_META_PREFIX = "remote_epoch:"
+#: The places of blobs a mount knew, kept for the next (``RemoteTier.kept_places``), by store.
+PLACES_META_PREFIX = "remote_places:"
 
 
 def version_of(ino: Inode) -> int:
@@ -159,7 +161,10 @@ class WriteBehind:
         prefetch or a lookup may have created thousands from the tier before this first check answers
         (seen under load in CI: a new node published its whole prefetched set again)."""
         epoch, _ = await self.tier.thread(self.tier.remote.epoch)
+        kept, self.tier.kept_places = self.tier.kept_places, []
         if epoch == self.tier._epoch:
+            if kept:  # the store the last mount learned them from, not emptied since
+                log.info("%d places of blobs kept by the last mount", self.tier.remote.learn_places(kept))
             return
         first_tier = self.tier._epoch is None and not self.tier.ns.has_meta_prefix(EPOCH_META_PREFIX)
         n = self.queue_all(unpublished_only=first_tier)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import obstore
 import pytest
 from conftest import MountFactory, RedisServer, SeaweedFS, delay_proxy_module, run_cli, wait_for, wait_uploaded
 from test_shared_s3 import BASE, _s3, errno_of_read, get, keys, manifest, pack_key, put, stored_blob
@@ -336,6 +337,51 @@ def test_a_lazy_node_reads_a_remounted_writers_startup_set_without_a_manifest_pe
     assert len(writers) == 1, writers
     b.umount()
     assert not [pid for pid in writers if Path(f"/proc/{pid}").exists()]
+
+
+def test_a_remounted_writer_keeps_where_its_blobs_are(mount_factory: MountFactory, shared_seaweedfs: SeaweedFS,
+                                                     bucket: str, proxy: Any):
+    """A writer remounted and loading its kernels learned no pack place from the bucket (it read nothing
+    there); its startup record must carry them, and it read each directory's manifest for them at its
+    unmount (1,500 GETs in the benchmark's first node A arm).  The places its first mount knew are kept
+    in its index, so its second mount reads no manifest; a record from another bucket generation (the
+    bucket emptied) never takes them."""
+    env = shared_seaweedfs.env(AWS_ENDPOINT_URL=f"http://127.0.0.1:{proxy.port}")
+    kernels = workload(20, seed=5)
+    a = mount_factory("a", *_s3(bucket), env=env)
+    for key, kfiles in kernels.items():
+        write_kernel(a.mountpoint / "triton", key, kfiles)
+    wait_uploaded(a, 60)
+    a.umount()
+    proxy.reset()
+    a.mount()
+    wait_for(lambda: "places of blobs kept by the last mount" in (a.store / "mithrilfs.log").read_text(), 20,
+             "the kept places to be taken")
+    for key, kfiles in kernels.items():
+        for name, data in kfiles.items():
+            assert (a.mountpoint / "triton" / key / name).read_bytes() == data
+    a.umount()
+    assert count(proxy, "GET names") == 0, proxy.labels()
+    b = mount_factory("b", *_s3(bucket, "--no-prefetch"), env=env)
+    proxy.reset()
+    for key, kfiles in kernels.items():
+        for name, data in kfiles.items():
+            assert (b.mountpoint / "triton" / key / name).read_bytes() == data, (key, name)
+    assert count(proxy, "GET names") <= 3 + 2, proxy.labels()  # the root, triton/, the first kernels'
+    b.umount()
+    # the bucket emptied while the writer was away: what it kept points into packs that are gone, and is
+    # not taken (the writer counts a blob in a young pack as uploaded)
+    client = shared_seaweedfs.client(bucket)
+    for key in keys(shared_seaweedfs, bucket, "cache/"):
+        obstore.delete(client, key)
+    a.mount()
+    wait_for(lambda: a.stats()["remote_data_lost"] >= 1, 30, "the writer to notice the emptied bucket")
+    wait_uploaded(a, 60)
+    assert (a.store / "mithrilfs.log").read_text().count("places of blobs kept by the last mount") == 1
+    c = mount_factory("c", *_s3(bucket, "--no-prefetch"), env=env)
+    for key, kfiles in kernels.items():
+        for name, data in kfiles.items():
+            assert (c.mountpoint / "triton" / key / name).read_bytes() == data, (key, name)
 
 
 def children_running(pid: int, script: str) -> list[int]:

@@ -354,3 +354,20 @@ def test_purge_records_are_kept_newest_first_bounded_with_the_floor(stores: list
 
     monkeypatch.setattr(stores[2], "_get", pruned_first)
     assert stores[2].kept_purges() == ([b"r400"], 300)
+
+
+def test_kept_places_come_back_and_anything_else_is_left_out():
+    """What an unmount keeps (``known_places``) the next mount takes back; what is not a place (a hand-edited
+    or damaged index) is left out, one by one, and a place this mount learned already stays."""
+    store = S3Store(S3Location("bkt", "x"), "default", None, settings_from({}))
+    store.packs.learn([RemoteEntry("f", 1, "n", HASH, 10, 0o644, 0, pack="0" * 32, offset=5, packed=7)])
+    kept = store.known_places()
+    assert kept == [[HASH, "0" * 32, 5, 7]]
+    later = S3Store(S3Location("bkt", "x"), "default", None, settings_from({}))
+    other, mine = "cd" * 32, "ef" * 32
+    later.packs.learn([RemoteEntry("f", 1, "n", mine, 10, 0o644, 0, pack="2" * 32, offset=1, packed=9)])
+    junk = [["zz" * 32, "0" * 32, 1, 1], [other, "0" * 31, 1, 1], [other, "1" * 32, -1, 1],
+            [other, "1" * 32, True, 1], [other, "1" * 32, 1], "text", None, [mine, "3" * 32, 4, 4]]
+    assert later.learn_places(kept + junk) == 1
+    assert later.packs.location(HASH) == ("0" * 32, 5, 7)
+    assert later.packs.location(other) is None and later.packs.location(mine) == ("2" * 32, 1, 9)
