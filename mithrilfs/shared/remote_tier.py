@@ -175,7 +175,10 @@ class RemoteTier(Tier):
         return places
 
     def _keep_places(self) -> None:
-        """The places this mount knew, for the next one (read back in ``__init__``)."""
+        """The places this mount knew, for the next one (read back in ``__init__``); the last mount's stay
+        as they are when this one never looked at the epoch (a tier down all along): it learned nothing."""
+        if self.kept_places:
+            return
         places = self.remote.known_places()
         with self.ns.txn():
             self.ns.set_meta(self._places_meta(), json.dumps(places, separators=(",", ":")))

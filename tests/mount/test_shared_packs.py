@@ -362,6 +362,22 @@ def test_a_remounted_writer_keeps_where_its_blobs_are(mount_factory: MountFactor
             assert (a.mountpoint / "triton" / key / name).read_bytes() == data
     a.umount()
     assert count(proxy, "GET names") == 0, proxy.labels()
+    # a mount that never reached the bucket learned nothing: what the last one kept stays kept
+    proxy.hold()
+    try:
+        a.mount()
+        a.umount()
+    finally:
+        proxy.release()
+    proxy.reset()
+    a.mount()
+    wait_for(lambda: (a.store / "mithrilfs.log").read_text().count("places of blobs kept by the last mount") == 2,
+             20, "the kept places to be taken again")
+    for key, kfiles in kernels.items():
+        for name, data in kfiles.items():
+            assert (a.mountpoint / "triton" / key / name).read_bytes() == data
+    a.umount()
+    assert count(proxy, "GET names") == 0, proxy.labels()
     b = mount_factory("b", *_s3(bucket, "--no-prefetch"), env=env)
     proxy.reset()
     for key, kfiles in kernels.items():
@@ -377,7 +393,7 @@ def test_a_remounted_writer_keeps_where_its_blobs_are(mount_factory: MountFactor
     a.mount()
     wait_for(lambda: a.stats()["remote_data_lost"] >= 1, 30, "the writer to notice the emptied bucket")
     wait_uploaded(a, 60)
-    assert (a.store / "mithrilfs.log").read_text().count("places of blobs kept by the last mount") == 1
+    assert (a.store / "mithrilfs.log").read_text().count("places of blobs kept by the last mount") == 2
     c = mount_factory("c", *_s3(bucket, "--no-prefetch"), env=env)
     for key, kfiles in kernels.items():
         for name, data in kfiles.items():
