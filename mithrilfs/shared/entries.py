@@ -144,7 +144,7 @@ def _location(d: dict, size: int) -> tuple[str | None, int, int]:
             raise ValueError("a pack time without a pack")
         return None, 0, 0
     pack = d.get("pk")
-    if not isinstance(pack, str) or not _PACK_RE.fullmatch(pack):
+    if not is_pack_id(pack):
         raise ValueError("bad pack id")
     offset = _int(d, "po", 0, MAX_PACK_BYTES)
     if offset + size > MAX_PACK_BYTES:
@@ -158,6 +158,10 @@ _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 def is_hex_digest(value: Any) -> bool:
     return isinstance(value, str) and _HEX_DIGEST.fullmatch(value) is not None
+
+
+def is_pack_id(value: Any) -> bool:
+    return isinstance(value, str) and _PACK_RE.fullmatch(value) is not None
 
 
 class EntryCodec:

@@ -130,9 +130,9 @@ class RemoteTier(Tier):
         #: Writer of content materialized this mount (conflict detection), by inode.
         self.origin: dict[int, str] = {}
         self._epoch = ns.get_meta(self._epoch_meta())
-        #: Where the store held blobs, as the last mount knew (``known_places``): taken once the uploader's
-        #: first look at the epoch finds the store the one they were learned from (``write_behind``).
-        self.kept_places = self._read_kept_places()
+        #: Where the store held blobs, as the last mount knew (``known_places``, as JSON): taken once the
+        #: uploader's first look at the epoch finds the store the one they were learned from (``write_behind``).
+        self.kept_places = ns.get_meta(self._places_meta())
         #: The startup set this mount records into: what its workload reads first.
         self.startup_set = startup_set
         self.recorder = StartupRecorder(self, startup_set)
@@ -163,21 +163,22 @@ class RemoteTier(Tier):
     def _places_meta(self) -> str:
         return f"{PLACES_META_PREFIX}{self.remote.url}:{self.remote.namespace}"
 
-    def _read_kept_places(self) -> list[Any]:
-        raw = self.ns.get_meta(self._places_meta())
+    def take_kept_places(self, raw: str) -> int:
+        """The places the last mount kept (``kept_places``) given to the store; how many it took.  In a
+        thread: up to 65,536 of them are parsed and checked one by one."""
         try:
-            places = json.loads(raw) if raw else []
+            places = json.loads(raw)
         except ValueError:
             places = None
         if not isinstance(places, list):
             log.warning("the places of blobs kept by the last mount do not read as a list: not used")
-            return []
-        return places
+            return 0
+        return self.remote.learn_places(places)
 
     def _keep_places(self) -> None:
         """The places this mount knew, for the next one (read back in ``__init__``); the last mount's stay
         as they are when this one never looked at the epoch (a tier down all along): it learned nothing."""
-        if self.kept_places:
+        if self.kept_places is not None:
             return
         places = self.remote.known_places()
         with self.ns.txn():

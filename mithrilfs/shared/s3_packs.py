@@ -58,7 +58,7 @@ import blake3
 
 from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared import usage
-from mithrilfs.shared.entries import MAX_PACK_BYTES, RemoteEntry
+from mithrilfs.shared.entries import MAX_PACK_BYTES, RemoteEntry, is_hex_digest, is_pack_id
 
 if TYPE_CHECKING:
     from mithrilfs.shared.s3_conn import S3Connection
@@ -85,10 +85,6 @@ assert PACK_BYTES + PACK_BLOB_BYTES <= MAX_PACK_BYTES
 #: Where a blob is: (pack id, offset, when the pack was written: unix seconds, 0 unknown), or None for its
 #: own object.
 Location = tuple[str, int, int] | None
-
-
-def _is_hex(v: Any, length: int) -> bool:
-    return isinstance(v, str) and len(v) == length and all(c in "0123456789abcdef" for c in v)
 
 
 def pack_key(pack_id: str) -> str:
@@ -167,7 +163,7 @@ class Packs:
         taken = 0
         with self._lock:
             for p in places:
-                if not (isinstance(p, list) and len(p) == 4 and _is_hex(p[0], 64) and _is_hex(p[1], 32)
+                if not (isinstance(p, list) and len(p) == 4 and is_hex_digest(p[0]) and is_pack_id(p[1])
                         and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in p[2:])):
                     continue
                 if p[0] not in self._where:

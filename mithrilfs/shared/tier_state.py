@@ -296,8 +296,8 @@ class UploaderTier(RemoteState, Protocol):
     pending_tombstones: dict[str, int]
     _wake: trio.Event
     _epoch: str | None
-    #: Places of blobs the last mount kept, until the first look at the epoch takes or drops them.
-    kept_places: list[Any]
+    #: Places of blobs the last mount kept (JSON), until the first look at the epoch takes or drops them.
+    kept_places: str | None
 
     @property
     def recorder(self) -> StartupRecord: ...
@@ -309,6 +309,8 @@ class UploaderTier(RemoteState, Protocol):
     def reconciler(self) -> Reconciles: ...
 
     def _epoch_meta(self) -> str: ...
+
+    def take_kept_places(self, raw: str) -> int: ...
 
     def made_here(self, d: int) -> bool: ...
 

@@ -161,10 +161,11 @@ class WriteBehind:
         prefetch or a lookup may have created thousands from the tier before this first check answers
         (seen under load in CI: a new node published its whole prefetched set again)."""
         epoch, _ = await self.tier.thread(self.tier.remote.epoch)
-        kept, self.tier.kept_places = self.tier.kept_places, []
+        kept, self.tier.kept_places = self.tier.kept_places, None
         if epoch == self.tier._epoch:
             if kept:  # the store the last mount learned them from, not emptied since
-                log.info("%d places of blobs kept by the last mount", self.tier.remote.learn_places(kept))
+                log.info("%d places of blobs kept by the last mount", await self.tier.thread(
+                    self.tier.take_kept_places, kept))
             return
         first_tier = self.tier._epoch is None and not self.tier.ns.has_meta_prefix(EPOCH_META_PREFIX)
         n = self.queue_all(unpublished_only=first_tier)
