@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import (
+    Mount,
     MountFactory,
     blob_files,
     run_cli,
@@ -336,6 +337,14 @@ def test_bad_budget_options(tmp_path):
     assert not (tmp_path / "s").exists()
 
 
+def left_whole(m: Mount, data: dict[str, bytes]) -> list[str]:
+    """The files eviction left in the mount's root, each checked to read back as it was written."""
+    left = os.listdir(m.mountpoint)
+    for name in left:
+        assert (m.mountpoint / name).read_bytes() == data[name]
+    return left
+
+
 @pytest.fixture
 def small_disk(tmpfs):
     """A 4 MiB disk for the store, so the backing disk fills before the budget."""
@@ -348,10 +357,8 @@ def test_full_backing_disk_evicts_and_retries(mount_factory: MountFactory, small
     for i in range(40):  # 8 MiB through a 4 MiB disk
         data[f"f{i}"] = os.urandom(200 * K)
         write_committed(m.mountpoint / f"f{i}", data[f"f{i}"])
-    left = os.listdir(m.mountpoint)
+    left = left_whole(m, data)
     assert "f39" in left and len(left) < 40
-    for name in left:
-        assert (m.mountpoint / name).read_bytes() == data[name]
     assert m.stats()["evictions"] > 0
 
 
@@ -387,10 +394,7 @@ def test_a_full_disk_waits_for_the_evicted_content_the_kernel_still_holds(mount_
         for fd in held.values():
             os.close(fd)
     assert closed  # the daemon waited for evicted files the kernel held
-    left = os.listdir(m.mountpoint)
-    assert "new11" in left
-    for name in left:
-        assert (m.mountpoint / name).read_bytes() == data[name]
+    assert "new11" in left_whole(m, data)
 
 
 def test_a_full_disk_waits_for_the_supervisor_to_let_go_of_files_just_written(mount_factory: MountFactory,
@@ -426,10 +430,7 @@ def test_a_full_disk_waits_for_the_supervisor_to_let_go_of_files_just_written(mo
             resumer.join()
     finally:
         os.kill(supervisor, signal.SIGCONT)
-    left = os.listdir(m.mountpoint)
-    assert "new5" in left
-    for name in left:
-        assert (m.mountpoint / name).read_bytes() == data[name]
+    assert "new5" in left_whole(m, data)
 
 
 def test_a_full_disk_does_not_wait_for_ever_for_files_kept_open(mount_factory: MountFactory, small_disk: Path):
