@@ -217,7 +217,7 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
                 store = run_dir / ("store-a" if arm == "A" else f"store-{rep}-{arm.split()[-1].strip('+')}")
                 digests = run_dir / f"digests-{rep}-{arm.replace(' ', '_')}.json"
                 os.sync()  # the last arm's dirty pages written back now, not during this arm's creates
-                disk_us = disk_probe(run_dir / f"probe-{rep}")
+                disk_us = disk_probe(run_dir / f"probe-{rep}-{arm.replace(' ', '_')}")
                 proxies.reset()
                 t, own = time.monotonic(), time.process_time()
                 out = node.mount(mp, store, *ARM_FLAGS[arm])
@@ -268,19 +268,31 @@ def daemon_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def fresh_block_groups(base: Path) -> None:
+    """Have the run's directories made in block groups of their own (ext4's "top directory" flag, ``chattr
+    +T``; nothing on another filesystem).
+
+    A journal-less ext4 (this machine's root) makes a new file skip every
+    free inode of its block group deleted in the last one to six minutes
+    (``recently_deleted``, one buffer lookup each): right after the last
+    run's clean-up of 40,000 files, creating a file here cost 460-650 us
+    where it costs 9 (``perf``: 70% of the creates' samples), and the new
+    node's arms paid it.  A new node's disk has just deleted nothing, so
+    the run's files are kept away from the last run's groups, and nothing
+    is removed before the run ends (``write_files``).  Issue 33's H8."""
+    subprocess.run(["chattr", "+T", str(base)], capture_output=True, check=False)
+
+
 def disk_alone(objects: Path, plain: Path) -> dict:
     """Node A's blobs (their sizes) written as files to a plain directory of the same disk, as a prefetch
-    writes them: what the disk itself allows a prefetch.  A virtual disk's small-file writes vary
-    several-fold from one minute to the next (measured here: 25 to 800 us per file created), so a
-    prefetch's rate means little without this beside it."""
+    writes them: what the disk itself allows a prefetch, printed beside the prefetch's own rate."""
     return write_files([e.stat().st_size for shard in os.scandir(objects) if shard.is_dir()
                         for e in os.scandir(shard.path)], plain)
 
 
 def disk_probe(plain: Path) -> float:
     """Microseconds a 32 KiB file costs the disk now (1,000 written as a prefetch writes them, then
-    removed and synced): printed before each arm, so a slow moment of the disk shows beside the arm it
-    slowed (the first new node after node A's writes met one in every run: issue 33's H6)."""
+    synced): printed before each arm, so a slow moment of the disk shows beside the arm it slowed."""
     written = write_files([32 << 10] * 1000, plain)
     os.sync()
     return written["seconds"] / written["files"] * 1e6
@@ -288,7 +300,10 @@ def disk_probe(plain: Path) -> float:
 
 def write_files(sizes: list[int], plain: Path) -> dict:
     """Files of *sizes* written as a prefetch writes blobs (256 subdirectories, each file created in a
-    staging directory, written, renamed into place), timed, then removed."""
+    staging directory, written, renamed into place), timed, and kept until the run ends.
+
+    Not removed before the run ends: 12,000 files removed here made the next arm's creates cost 600-650
+    us each instead of 9 (``fresh_block_groups`` says why)."""
     data = os.urandom(max(sizes, default=0))
     staging = plain / "staging"
     staging.mkdir(parents=True)
@@ -302,7 +317,6 @@ def write_files(sizes: list[int], plain: Path) -> dict:
             f.write(data[:size])
         os.rename(tmp, shard / str(i))
     seconds = time.monotonic() - t
-    subprocess.run(["rm", "-rf", str(plain)], check=True)
     return {"files": len(sizes), "bytes": sum(sizes), "seconds": round(seconds, 3),
             "mib_s": sum(sizes) / max(seconds, 1e-6) / (1 << 20)}
 
@@ -404,6 +418,7 @@ def main() -> int:
         s3_env = servers.enter_context(seaweedfs_s3())
         redis_url = servers.enter_context(redis_server()) if args.remote == "redis+s3" else None
         base = Path(tmp)
+        fresh_block_groups(base)
         (base / "mnt").mkdir()
         for rtt in rtts:
             results.append(one_rtt(rtt, args, base, s3_env, redis_url, say))
