@@ -43,6 +43,10 @@ _KEYS = {"t", "v", "n", "h", "s", "m", "mt", "tg", "pk", "po", "pt", "mac"}
 MAX_PACK_TIME = 10**10
 
 
+#: A small blob's verified bytes as a store hands them over: bytes, or a view of a bucket's range (``s3_packs``
+#: reads a range once and hands out views of its blobs: a prefetch moves every byte of a startup set).
+BlobBytes = bytes | memoryview
+
 class RemoteError(Exception):
     """The remote tier could not be reached or answered nonsense (the message names the cause)."""
 

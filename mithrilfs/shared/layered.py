@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from mithrilfs.shared.entries import RemoteEntry, RemoteError, newest
+from mithrilfs.shared.entries import BlobBytes, RemoteEntry, RemoteError, newest
 from mithrilfs.shared.redis_wire import RedisStore
 from mithrilfs.shared.startup_sets import Record
 from mithrilfs.shared.wire import Level, RemoteStore
@@ -209,7 +209,7 @@ class LayeredStore(RemoteStore):
             self._fill_front([(hex_digest, data)])
         return digest
 
-    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
+    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[BlobBytes | None]:
         try:
             out = self.front.fetch_small_blobs(blobs)
         except RemoteError:
@@ -225,7 +225,7 @@ class LayeredStore(RemoteStore):
             self._fill_front(fill)
         return out
 
-    def _fill_front(self, blobs: list[tuple[str, bytes]]) -> None:
+    def _fill_front(self, blobs: list[tuple[str, BlobBytes]]) -> None:
         """Verified blobs read from the back go into the hot set."""
         try:
             self.front.put_blobs(blobs)

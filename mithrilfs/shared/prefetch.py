@@ -37,7 +37,7 @@ import trio
 
 from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.writepath import crash_point
-from mithrilfs.shared.entries import RemoteError
+from mithrilfs.shared.entries import BlobBytes, RemoteError
 from mithrilfs.shared.local_disk import cause, disk_full_message
 from mithrilfs.shared.tier_state import PrefetchTier
 from mithrilfs.store.namespace import Inode
@@ -261,12 +261,12 @@ class Prefetcher:
                     dirs.add(d)
         return sorted(dirs)
 
-    def _fetch_batch(self, blobs: list[tuple[bytes, int]]) -> list[bytes | None]:
+    def _fetch_batch(self, blobs: list[tuple[bytes, int]]) -> list[BlobBytes | None]:
         """In a worker thread: one pipelined GET (or a pack's ranges) for the batch, each blob verified (size
         and blake3) by the store that read it (``RemoteStore.fetch_small_blobs``)."""
         return self.remote.fetch_small_blobs([(digest.hex(), size) for digest, size in blobs])
 
-    def _write(self, good: list[tuple[bytes, int, bytes]], new: list[bool]) -> None:
+    def _write(self, good: list[tuple[bytes, int, BlobBytes]], new: list[bool]) -> None:
         """The verified blobs become files (their rows were recorded first); *new* gets, in order, whether
         each was new, up to the one whose write failed (a full disk).
 

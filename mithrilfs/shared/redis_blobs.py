@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 import blake3
 
 from mithrilfs.shared import usage
+from mithrilfs.shared.entries import BlobBytes
 from mithrilfs.shared.redis_conn import RedisConnection
 
 #: Largest chunk of a blob in one Redis value (far below Redis's 512 MB limit).
@@ -192,7 +193,7 @@ class RedisBlobs:
         pipe.execute()
         return gone
 
-    def put_blobs(self, blobs: list[tuple[str, bytes]]) -> None:
+    def put_blobs(self, blobs: list[tuple[str, BlobBytes]]) -> None:
         """Small verified blobs (one chunk each) read from the store behind Redis: into the hot set."""
         def put() -> None:
             pipe = self.client.pipeline(transaction=False)
@@ -204,7 +205,7 @@ class RedisBlobs:
         if blobs:
             self._call(put)
 
-    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
+    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[BlobBytes | None]:
         """Single-chunk blobs (hex, size), one pipelined GET each, verified; None where missing or bad."""
         def get() -> list[bytes | None]:
             pipe = self.client.pipeline(transaction=False)
@@ -213,7 +214,7 @@ class RedisBlobs:
             return pipe.execute()
 
         parts = self._call(get)
-        out: list[bytes | None] = []
+        out: list[BlobBytes | None] = []
         for (h, size), part in zip(blobs, parts):
             ok = part is not None and len(part) == size and blake3.blake3(part).hexdigest() == h
             if part is not None and not ok:  # another size or other bytes than its entry says: bad data

@@ -27,6 +27,7 @@ from typing import Any, BinaryIO
 
 from mithrilfs.shared.entries import (  # noqa: F401  (the entry model, re-exported for its older users)
     MAX_ENTRY_BYTES,
+    BlobBytes,
     EntryCodec,
     RemoteEntry,
     RemoteError,
@@ -228,10 +229,10 @@ class RedisStore(RedisConnection, RemoteStore):
     def upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
         return self.blobs.upload_blobs(files)
 
-    def put_blobs(self, blobs: list[tuple[str, bytes]]) -> None:
+    def put_blobs(self, blobs: list[tuple[str, BlobBytes]]) -> None:
         self.blobs.put_blobs(blobs)
 
-    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
+    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[BlobBytes | None]:
         return self.blobs.fetch_small_blobs(blobs)
 
     # -- batches (prefetch) -------------------------------------------------

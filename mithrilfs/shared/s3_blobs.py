@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 import blake3
 
 from mithrilfs.shared import usage
+from mithrilfs.shared.entries import BlobBytes
 from mithrilfs.shared.s3_conn import PART_BYTES, PROGRESS_BYTES, S3Connection
 from mithrilfs.shared.s3_packs import PACK_BLOB_BYTES, Packs
 from mithrilfs.shared.s3_repair import BadBlobReports, hashes_to
@@ -54,7 +55,7 @@ class S3Blobs:
             return blake3.blake3(b"").digest()
         in_pack = self.packs.location(hex_digest) is not None and size <= PACK_BLOB_BYTES
         if in_pack:
-            got: list[bytes | None] = [None]
+            got: list[BlobBytes | None] = [None]
             self.packs.fetch([(hex_digest, size)], got)
             if got[0] is not None:  # verified: its size and hash
                 out.write(got[0])
@@ -95,7 +96,7 @@ class S3Blobs:
             self.reports.report(hex_digest)
         return digest
 
-    def fetch_small(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
+    def fetch_small(self, blobs: list[tuple[str, int]]) -> list[BlobBytes | None]:
         """Those in packs by coalesced range GETs (``s3_packs``), the rest (and those their pack did not
         give right) from their own objects, concurrently; each verified (``RemoteStore.fetch_small_blobs``)."""
         def own(i: int) -> bytes | None:
@@ -114,8 +115,8 @@ class S3Blobs:
                 return None
             return got[0]
 
-        def run() -> list[bytes | None]:
-            out: list[bytes | None] = [b"" if size == 0 else None for _, size in blobs]
+        def run() -> list[BlobBytes | None]:
+            out: list[BlobBytes | None] = [b"" if size == 0 else None for _, size in blobs]
             failed = set(self.packs.fetch(blobs, out))
             rest = [i for i, (_, size) in enumerate(blobs) if size and out[i] is None]
             for i, data in zip(rest, self.store._parallel(own, rest)):

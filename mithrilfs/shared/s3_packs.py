@@ -58,7 +58,7 @@ import blake3
 
 from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared import usage
-from mithrilfs.shared.entries import MAX_PACK_BYTES, RemoteEntry, is_hex_digest, is_pack_id
+from mithrilfs.shared.entries import MAX_PACK_BYTES, BlobBytes, RemoteEntry, is_hex_digest, is_pack_id
 
 if TYPE_CHECKING:
     from mithrilfs.shared.s3_conn import S3Connection
@@ -249,7 +249,7 @@ class Packs:
         crash_point("pack_uploaded")  # the tests': a node killed between a pack and its names
 
     # -- reading -----------------------------------------------------------------
-    def fetch(self, blobs: list[tuple[str, int]], out: list[bytes | None]) -> list[int]:
+    def fetch(self, blobs: list[tuple[str, int]], out: list[BlobBytes | None]) -> list[int]:
         """Fill *out* with the verified bytes of the blobs known to be in packs, coalescing each pack's
         ranges; the indices whose pack did not give good bytes (the caller tries their own objects).  A pack
         that is not there at all gave nothing wrong: its places are stale (a record or a listing older than
@@ -282,7 +282,7 @@ class Packs:
             if data is None and not self.exists(pack_id):
                 self.forget([blobs[i][0] for _, _, i in members])
                 return
-            for offset, size, i in members:
+            for offset, size, i in members:  # views of the range, not copies (every byte once)
                 piece = data[offset - start:offset - start + size] if data is not None else b""
                 if len(piece) == size and blake3.blake3(piece).hexdigest() == blobs[i][0]:
                     out[i] = piece
@@ -299,9 +299,14 @@ class Packs:
         s = self.store
         return s._unless_absent(lambda: _obstore().head(s.quick, s.base + pack_key(pack_id))) is not None
 
-    def read_range(self, pack_id: str, start: int, end: int) -> bytes | None:
+    def read_range(self, pack_id: str, start: int, end: int) -> memoryview | None:
         """Bytes [start, end) of a pack (fewer when it is shorter), counted as they arrive; None when the
-        pack is not there or the range is past its end (a location that lies: bad data, no failure)."""
+        pack is not there or the range is past its end (a location that lies: bad data, no failure).
+
+        Copied once, from the client's chunks into one buffer, and handed out as a view: its blobs are
+        views of it too (``fetch``).  A prefetch moves every byte of a startup set this way, on threads
+        that hold the interpreter's lock while they copy: copying each chunk, joining them and slicing
+        each blob out cost 0.14 s per 388 MiB, one copy 0.02 s."""
         import obstore.exceptions
 
         s = self.store
@@ -316,16 +321,17 @@ class Packs:
             return None
         if result is None:
             return None
-        parts: list[bytes] = []
+        buf = bytearray(end - start)
         got = 0
         for chunk in result.stream(min_chunk_size=256 << 10):
-            part = bytes(chunk)
-            parts.append(part[:end - start - got])
-            got += len(part)
+            part = memoryview(chunk)
+            n = min(len(part), len(buf) - got)
+            buf[got:got + n] = part[:n]
+            got += n
             s.level.moved(down=len(part), requests=0)  # as it arrives: the bound on a wait sees progress
-            if got >= end - start:
+            if got >= len(buf):
                 break
-        return b"".join(parts)
+        return memoryview(buf)[:got]
 
 
 def _obstore() -> Any:

@@ -53,7 +53,7 @@ from typing import Any, BinaryIO
 from urllib.parse import quote, unquote_to_bytes
 
 from mithrilfs.shared import usage
-from mithrilfs.shared.entries import MAX_DIR_NAMES, EntryCodec, RemoteEntry, RemoteError
+from mithrilfs.shared.entries import MAX_DIR_NAMES, BlobBytes, EntryCodec, RemoteEntry, RemoteError
 from mithrilfs.shared.s3_blobs import S3Blobs, object_age
 from mithrilfs.shared.s3_conn import S3Connection, _obstore
 from mithrilfs.shared.s3_packs import Packs
@@ -371,7 +371,7 @@ class S3Store(S3Connection, RemoteStore):
     def fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
         return self._call(self.blobs.fetch_blob, hex_digest, size, out)
 
-    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
+    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[BlobBytes | None]:
         return self._call(self.blobs.fetch_small, blobs)
 
     def missing_blobs(self, blobs: dict[str, int]) -> list[str]:

@@ -22,7 +22,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any, BinaryIO
 
-from mithrilfs.shared.entries import RemoteEntry, RemoteError
+from mithrilfs.shared.entries import BlobBytes, RemoteEntry, RemoteError
 from mithrilfs.shared.startup_sets import Record
 
 log = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ class RemoteStore(ABC):
         """
 
     @abstractmethod
-    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[bytes | None]:
+    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[BlobBytes | None]:
         """Small blobs (hex, size) in one batch, each verified (size and blake3); None where missing or bad.
 
         The store verifies, once: a bucket's pack reader has to anyway (a

@@ -73,7 +73,7 @@ class BlobWriter:
             except OSError as e:
                 self._give_up(f"the blob writer process could not start ({e}): writing in the daemon")
 
-    def write(self, blobs: list[tuple[bytes, bytes]], new: list[bool]) -> None:
+    def write(self, blobs: list[tuple[bytes, bytes | memoryview]], new: list[bool]) -> None:
         """Write *blobs* (digest, verified bytes); *new* gets, in order, whether each was new, up to the one
         whose write failed, whose OSError (a full disk) is raised.  Blocking: from a worker thread."""
         with self._lock:
@@ -120,7 +120,7 @@ class BlobWriter:
             os.close(self._memory)
             self._memory = -1
 
-    def _through(self, blobs: list[tuple[bytes, bytes]], new: list[bool]) -> int | None:
+    def _through(self, blobs: list[tuple[bytes, bytes | memoryview]], new: list[bool]) -> int | None:
         """One batch through the child; the errno of the blob whose write failed, None when none did."""
         child = self._child
         assert child is not None and child.stdin is not None and child.stdout is not None

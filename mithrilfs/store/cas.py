@@ -122,7 +122,7 @@ class CAS:
             return False
         return True
 
-    def write_blob(self, digest: bytes, data: bytes | bytearray, *, trust_existing: bool = True) -> bool:
+    def write_blob(self, digest: bytes, data: bytes | bytearray | memoryview, *, trust_existing: bool = True) -> bool:
         """Write verified bytes as the blob *digest* in one rename (no staging file); True when new.
 
         For small blobs (a prefetch, a commit of content staged in memory):
