@@ -268,21 +268,6 @@ def daemon_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def fresh_block_groups(base: Path) -> None:
-    """Have the run's directories made in block groups of their own (ext4's "top directory" flag, ``chattr
-    +T``; nothing on another filesystem).
-
-    A journal-less ext4 (this machine's root) makes a new file skip every
-    free inode of its block group deleted in the last one to six minutes
-    (``recently_deleted``, one buffer lookup each): right after the last
-    run's clean-up of 40,000 files, creating a file here cost 460-650 us
-    where it costs 9 (``perf``: 70% of the creates' samples), and the new
-    node's arms paid it.  A new node's disk has just deleted nothing, so
-    the run's files are kept away from the last run's groups, and nothing
-    is removed before the run ends (``write_files``).  Issue 33's H8."""
-    subprocess.run(["chattr", "+T", str(base)], capture_output=True, check=False)
-
-
 def disk_alone(objects: Path, plain: Path) -> dict:
     """Node A's blobs (their sizes) written as files to a plain directory of the same disk, as a prefetch
     writes them: what the disk itself allows a prefetch, printed beside the prefetch's own rate."""
@@ -302,8 +287,15 @@ def write_files(sizes: list[int], plain: Path) -> dict:
     """Files of *sizes* written as a prefetch writes blobs (256 subdirectories, each file created in a
     staging directory, written, renamed into place), timed, and kept until the run ends.
 
-    Not removed before the run ends: 12,000 files removed here made the next arm's creates cost 600-650
-    us each instead of 9 (``fresh_block_groups`` says why)."""
+    Not removed before the run ends.  A journal-less ext4 (this machine's
+    root) makes a new file skip, one buffer lookup each, every free inode
+    of its block group deleted in the last minutes (``recently_deleted``):
+    12,000 files removed here made the next arm's creates cost 460-650 us
+    each instead of 9 (``perf``: 70% of their samples), so the new node's
+    arms paid for the benchmark's own clean-up.  A new node's disk has just
+    deleted nothing.  A run started within about five minutes of another's
+    end meets that one's clean-up: the probe before each arm shows it
+    (issue 33's H8)."""
     data = os.urandom(max(sizes, default=0))
     staging = plain / "staging"
     staging.mkdir(parents=True)
@@ -418,7 +410,6 @@ def main() -> int:
         s3_env = servers.enter_context(seaweedfs_s3())
         redis_url = servers.enter_context(redis_server()) if args.remote == "redis+s3" else None
         base = Path(tmp)
-        fresh_block_groups(base)
         (base / "mnt").mkdir()
         for rtt in rtts:
             results.append(one_rtt(rtt, args, base, s3_env, redis_url, say))
