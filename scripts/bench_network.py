@@ -219,7 +219,7 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
                 os.sync()  # the last arm's dirty pages written back now, not during this arm's creates
                 disk_us = disk_probe(run_dir / f"probe-{rep}-{arm.replace(' ', '_')}")
                 proxies.reset()
-                t, own = time.monotonic(), time.process_time()
+                t, own, busy = time.monotonic(), time.process_time(), machine_busy()
                 out = node.mount(mp, store, *ARM_FLAGS[arm])
                 mount_s = time.monotonic() - t
                 try:
@@ -228,6 +228,7 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
                     loaded = proxies.snapshot()
                     stats = json.loads((mp / ".mithrilfs" / "stats.json").read_text())
                     cpu = {"daemon": daemon_cpu(stats["pid"]), "proxies": time.process_time() - own,
+                           "machine": machine_busy() - busy, "cores": (os.cpu_count() or 1) * (time.monotonic() - t),
                            "load": cpu_of(resource.getrusage(resource.RUSAGE_CHILDREN)) - loader}
                 finally:
                     node.umount(mp)
@@ -247,7 +248,8 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
                 arms[arm].append(fig)
                 say(f"  rep {rep} {arm:10s} mount {mount_s:7.2f} s  load {load['seconds']:7.2f} s"
                     f"  total {fig['total_s']:7.2f} s  ({load['files']} files checked)"
-                    + f"  cpu: daemon {cpu['daemon']:.2f} s, load {cpu['load']:.2f} s, proxies {cpu['proxies']:.2f} s"
+                    + f"  cpu: daemon {cpu['daemon']:.2f} s, load {cpu['load']:.2f} s, proxies {cpu['proxies']:.2f} s,"
+                    + f" the machine {cpu['machine']:.1f} of {cpu['cores']:.1f} core-seconds"
                     + f"  disk before: {disk_us:.0f} us a 32 KiB file"
                     + (f"  [{fig['prefetch']}]" if fig["prefetch"] else "")
                     + (f"\n  rep {rep} {'':10s} the same {fig['disk_alone']['files']} blobs written to a plain"
@@ -256,6 +258,14 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
         return {"rtt_ms": rtt, "publish_s": round(publish_s, 3), "publish_requests": publish,
                 "written_s": round(written_s, 3), "written_requests": written,
                 "publish_unmount_requests": diff(publish_umount, publish), "arms": arms}
+
+
+def machine_busy() -> float:
+    """Core-seconds the whole machine has been busy (``/proc/stat``: every process, the bucket server and
+    the store's writing process too, and the kernel): what the node's arm competes with on 2 cores."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_of(usage: resource.struct_rusage) -> float:
