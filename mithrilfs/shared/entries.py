@@ -47,6 +47,7 @@ MAX_PACK_TIME = 10**10
 #: reads a range once and hands out views of its blobs: a prefetch moves every byte of a startup set).
 BlobBytes = bytes | memoryview
 
+
 class RemoteError(Exception):
     """The remote tier could not be reached or answered nonsense (the message names the cause)."""
 
