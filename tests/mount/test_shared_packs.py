@@ -18,7 +18,7 @@ from typing import Any
 
 import obstore
 import pytest
-from conftest import MountFactory, RedisServer, SeaweedFS, delay_proxy_module, run_cli, wait_for, wait_uploaded
+from conftest import Mount, MountFactory, RedisServer, SeaweedFS, delay_proxy_module, run_cli, wait_for, wait_uploaded
 from test_shared_s3 import BASE, _s3, errno_of_read, get, keys, manifest, pack_key, put, stored_blob
 
 from mithrilfs.shared.startup_order import LOOK_AHEAD_BATCH
@@ -76,6 +76,17 @@ def count(proxy: Any, label: str) -> int:
 
 
 @pytest.mark.timeout(240)
+def read_lazily_once_the_set_is_there(m: Mount, kernels: dict[str, dict[str, bytes]]) -> None:
+    """Read every kernel's files (each as written); after the first kernel, wait for the startup set its
+    read loads in the background, so the rest are read through it and not through their manifests (beside
+    two busy loops, reads raced on through eight more kernels' manifests before it was there)."""
+    for i, (key, kfiles) in enumerate(kernels.items()):
+        for name, data in kfiles.items():
+            assert (m.mountpoint / "triton" / key / name).read_bytes() == data, (key, name)
+        if i == 0:
+            wait_for(lambda: "startup_set_paths" in m.stats(), 20, "the startup set")
+
+
 def test_a_new_node_loads_a_packed_workload_with_a_bounded_number_of_requests(
         mount_factory: MountFactory, shared_seaweedfs: SeaweedFS, bucket: str, proxy: Any):
     """Node A publishes 40 kernels in Triton's layout (a temporary directory per file) at <= 2 requests a
@@ -318,11 +329,7 @@ def test_a_lazy_node_reads_a_remounted_writers_startup_set_without_a_manifest_pe
     a.umount()
     b = mount_factory("b", *_s3(bucket, "--no-prefetch"), env=env)
     proxy.reset()
-    for i, (key, kfiles) in enumerate(kernels.items()):
-        for name, data in kfiles.items():
-            assert (b.mountpoint / "triton" / key / name).read_bytes() == data, (key, name)
-        if i == 0:  # the first kernel's read loads the set, in the background
-            wait_for(lambda: "startup_set_paths" in b.stats(), 20, "the startup set")
+    read_lazily_once_the_set_is_there(b, kernels)
     assert count(proxy, "GET names") <= 3, proxy.labels()  # the root, triton/ and the first kernel's
     # the first kernel's file and its read-ahead (the set not loaded yet), the second's read-ahead (the read
     # that finds the set loaded), then a range GET per pack for each look-ahead batch of the rest of the
@@ -380,12 +387,7 @@ def test_a_remounted_writer_keeps_where_its_blobs_are(mount_factory: MountFactor
     assert count(proxy, "GET names") == 0, proxy.labels()
     b = mount_factory("b", *_s3(bucket, "--no-prefetch"), env=env)
     proxy.reset()
-    for i, (key, kfiles) in enumerate(kernels.items()):
-        for name, data in kfiles.items():
-            assert (b.mountpoint / "triton" / key / name).read_bytes() == data, (key, name)
-        if i == 0:  # the first kernel's read loads the set, in the background (beside two busy loops, the
-            # reads went on through eight more kernels' manifests before it was there)
-            wait_for(lambda: "startup_set_paths" in b.stats(), 20, "the startup set")
+    read_lazily_once_the_set_is_there(b, kernels)
     assert count(proxy, "GET names") <= 3, proxy.labels()  # the root, triton/ and the first kernel's
     b.umount()
     # the bucket emptied while the writer was away: what it kept points into packs that are gone, and is
