@@ -297,7 +297,7 @@ def write_files(sizes: list[int], plain: Path) -> dict:
     """Files of *sizes* written as a prefetch writes blobs (256 subdirectories, each file created in a
     staging directory, written, renamed into place), timed, and kept until the run ends.
 
-    Not removed before the run ends.  A journal-less ext4 (this machine's
+    Kept because a journal-less ext4 (this machine's
     root) makes a new file skip, one buffer lookup each, every free inode
     of its block group deleted in the last minutes (``recently_deleted``):
     12,000 files removed here made the next arm's creates cost 460-650 us
