@@ -162,8 +162,7 @@ class Blobs:
             self.verified.add(digest)
         return ok
 
-    def read_verifying(self, digest: bytes, off: int, size: int, expected: int, *,
-                       cached_only: bool = False) -> memoryview | None:
+    def read_verifying(self, digest: bytes, off: int, size: int, expected: int) -> memoryview | None:
         """Bytes *off*..*off+size* of a small blob not verified yet, hashed and served from one read.
 
         The blob is read whole, hashed, and the slice comes from the same
@@ -171,14 +170,29 @@ class Blobs:
         between a hash and a second read could not slip through).  None when
         it is missing or does not match; ``verify`` then says which and what
         to do.  *expected*: the blob's size; a file of another size is not read whole.
-
-        *cached_only*: read only what the page cache holds (``RWF_NOWAIT``), for a
-        head start that must never hold the event loop on the disk
-        (``cache.readahead``: measured, a cold 4 KiB blob read after each ``stat``
-        of a fresh mount took its p50 from 63 to 222 µs); a blob not all in
-        memory is asked of the disk in the background (``POSIX_FADV_WILLNEED``,
-        so its READ finds it there) and None is returned.
         """
+        data = self._read_whole(digest, expected, cached_only=False)
+        return None if data is None or not self._hashes_right(digest, data) else data[off:off + size]
+
+    def read_ahead(self, digest: bytes, expected: int) -> memoryview | None:
+        """All of a small blob if the page cache holds all of it, verified; None otherwise.
+
+        For a head start that must never hold the event loop on the disk
+        (``cache.readahead``: measured, a cold 4 KiB blob read after each
+        ``stat`` of a fresh mount took its p50 from 63 to 222 µs): read with
+        ``RWF_NOWAIT``, and a blob not all in memory is asked of the disk in
+        the background (``POSIX_FADV_WILLNEED``, so its READ finds it there).
+        Hashed unless verified in this mount already (a prefetch's blob was
+        as it arrived), as a READ would serve it.
+        """
+        data = self._read_whole(digest, expected, cached_only=True)
+        if data is None or (digest not in self.verified and not self._hashes_right(digest, data)):
+            return None
+        return data
+
+    def _read_whole(self, digest: bytes, expected: int, *, cached_only: bool) -> memoryview | None:
+        """The blob file's bytes if it is *expected* long (one byte more is asked: a longer file shows);
+        None when it is missing, of another size, or (*cached_only*) not all in the page cache."""
         try:
             fd = self.cas.open(digest)
         except FileNotFoundError:
@@ -196,13 +210,16 @@ class Blobs:
                     return None
                 data = memoryview(buf)[:n]
             else:
-                data = os.read(fd, expected + 1)  # one more: a file longer than it should be shows
+                data = os.read(fd, expected + 1)
         finally:
             os.close(fd)
-        if len(data) != expected or hash_bytes(data) != digest:
-            return None
+        return memoryview(data) if len(data) == expected else None
+
+    def _hashes_right(self, digest: bytes, data: memoryview) -> bool:
+        if hash_bytes(data) != digest:
+            return False
         self.verified.add(digest)
-        return memoryview(data)[off:off + size]
+        return True
 
     def collect(self, digest: bytes | None) -> int:
         """Delete a blob whose last reference just went; returns the bytes freed."""

@@ -260,8 +260,22 @@ def test_read_ahead_keeps_at_most_its_bytes_oldest_dropped_first(checked: Checke
     assert bytes(ahead.take(inodes[2].hash, 0, 10) or b"") == b"\2" * 10  # type: ignore[arg-type]
     assert bytes(ahead.take(inodes[2].hash, 290, 100) or b"") == b"\2" * 10  # type: ignore[arg-type]
     assert ahead._bytes == 300  # its end was read: let go
-    ahead.after_lookup(inodes[0], "inductor")  # verified now: not read again
+    ahead.after_lookup(inodes[1], "inductor")  # kept already: not read again
     assert checked.stats.by_dir["inductor"]["read_ahead"] == 3
+
+
+def test_a_blob_verified_in_this_mount_is_read_ahead_and_its_read_served_from_memory(checked: Checked) -> None:
+    """A blob a prefetch verified as it arrived is read ahead after its lookup too (without hashing it
+    again), so its READ does not open and read the file while the client waits."""
+    digest = checked.ino.hash
+    assert digest is not None
+    assert checked.store.blobs.verify(digest) is True  # as a prefetch's blob is
+    integrity = checked.integrity(NullTier())
+    integrity.read_ahead.after_lookup(checked.ino, "inductor")
+    assert checked.stats.by_dir["inductor"]["read_ahead"] == 1
+    os.unlink(checked.store.cas.path(digest))  # only the bytes read ahead can answer now
+    assert bytes(integrity.read(checked.ino.id, digest, 0, 1 << 20)) == checked.data
+    assert checked.stats.by_dir["inductor"]["read_ahead_served"] == 1
 
 
 def test_a_blob_not_in_memory_is_not_read_ahead_but_fetched_from_disk_in_the_background(checked: Checked) -> None:
