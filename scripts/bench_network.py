@@ -33,7 +33,8 @@ proxies), and the daemon's fetch counters.  Each arm starts after a
 ``sync`` (the last arm's dirty pages are not written back during its
 creates) and a probe of the disk (1,000 files of 32 KiB; their cost per
 file is printed beside the arm: a virtual disk slows for a while after
-heavy writes).  ``--arms`` runs some of the new node's arms (after A, in
+heavy writes; ``settle`` probes again until a file costs at most
+``--settle-us``, and the wait is printed).  ``--arms`` runs some of the new node's arms (after A, in
 the order given).  Numbers are only meaningful on an otherwise idle
 machine.
 
@@ -217,7 +218,8 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
                 store = run_dir / ("store-a" if arm == "A" else f"store-{rep}-{arm.split()[-1].strip('+')}")
                 digests = run_dir / f"digests-{rep}-{arm.replace(' ', '_')}.json"
                 os.sync()  # the last arm's dirty pages written back now, not during this arm's creates
-                disk_us = disk_probe(run_dir / f"probe-{rep}-{arm.replace(' ', '_')}")
+                disk = settle(run_dir / f"probe-{rep}-{arm.replace(' ', '_')}", args.settle_us, args.settle_s)
+                disk_us = disk["us"]
                 proxies.reset()
                 t, own, busy = time.monotonic(), time.process_time(), machine_busy()
                 out = node.mount(mp, store, *ARM_FLAGS[arm])
@@ -251,6 +253,7 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
                     + f"  cpu: daemon {cpu['daemon']:.2f} s, load {cpu['load']:.2f} s, proxies {cpu['proxies']:.2f} s,"
                     + f" the machine {cpu['machine']:.1f} of {cpu['cores']:.1f} core-seconds"
                     + f"  disk before: {disk_us:.0f} us a 32 KiB file"
+                    + (f" (after {disk['waited_s']:.0f} s waiting for it to settle)" if disk["waited_s"] else "")
                     + (f"  [{fig['prefetch']}]" if fig["prefetch"] else "")
                     + (f"\n  rep {rep} {'':10s} the same {fig['disk_alone']['files']} blobs written to a plain"
                        f" directory of that disk: {fig['disk_alone']['seconds']:.1f} s"
@@ -291,6 +294,28 @@ def disk_probe(plain: Path) -> float:
     written = write_files([32 << 10] * 1000, plain)
     os.sync()
     return written["seconds"] / written["files"] * 1e6
+
+
+def settle(plain: Path, quiet_us: float, most_s: float) -> dict:
+    """The disk's cost of a 32 KiB file before an arm (``disk_probe``), probed again every 15 s until it is
+    at most *quiet_us* (at most *most_s*), and how long that took (0 when the first probe was quiet).
+
+    On a journal-less ext4 (``write_files``) creates cost 85-1,125 us each
+    for minutes after a mass deletion (the clean-up of a run that ended a
+    few minutes before, or any other job's), and an arm that met it paid
+    1-2 s more than the same arm in the next repetition.  A new node's disk
+    has not just deleted tens of thousands of files.  Each probe is a new
+    directory beside the arm's store, as the store's own directories will
+    be: an earlier probe elsewhere on the disk was quiet while the arm's
+    directory was not."""
+    start = time.monotonic()
+    for i in range(10_000):
+        us = disk_probe(plain / str(i))
+        waited = time.monotonic() - start if i else 0.0
+        if us <= quiet_us or time.monotonic() - start >= most_s:
+            return {"us": us, "waited_s": waited}
+        time.sleep(min(15.0, max(0.0, most_s - (time.monotonic() - start))))
+    raise AssertionError("unreachable")
 
 
 def write_files(sizes: list[int], plain: Path) -> dict:
@@ -399,6 +424,9 @@ def main() -> int:
     ap.add_argument("--base", default=None, metavar="DIR", help="where the stores and the mount point go")
     ap.add_argument("--arms", default=",".join(ARMS[1:]),
                     help=f"the new node's arms to run after A, in this order, comma-separated (default: {', '.join(ARMS[1:])})")
+    ap.add_argument("--settle-us", type=float, default=100.0,
+                    help="before each arm, wait until a 32 KiB file costs the disk at most this (default 100 us)")
+    ap.add_argument("--settle-s", type=float, default=420.0, help="... for at most this long (default 420 s)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
