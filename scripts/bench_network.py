@@ -34,9 +34,9 @@ proxies), and the daemon's fetch counters.  Each arm starts after a
 creates) and a probe of the disk (1,000 files of 32 KiB; their cost per
 file is printed beside the arm: a virtual disk slows for a while after
 heavy writes; ``settle`` probes again until a file costs at most
-``--settle-us``, and the wait is printed).  ``--arms`` runs some of the new node's arms (after A, in
-the order given).  Numbers are only meaningful on an otherwise idle
-machine.
+``--settle-us``, and the wait is printed).  ``--arms`` runs some of the
+new node's arms (after A, in the order given).  Numbers are only
+meaningful on an otherwise idle machine.
 
     .venv/bin/python scripts/bench_network.py --kernels 1500 --rtt-ms 0,20,50 [--remote s3|redis+s3]
 """
