@@ -75,7 +75,6 @@ def count(proxy: Any, label: str) -> int:
     return proxy.labels().get(label, 0)
 
 
-@pytest.mark.timeout(240)
 def read_lazily_once_the_set_is_there(m: Mount, kernels: dict[str, dict[str, bytes]]) -> None:
     """Read every kernel's files (each as written); after the first kernel, wait for the startup set its
     read loads in the background, so the rest are read through it and not through their manifests (beside
@@ -87,6 +86,7 @@ def read_lazily_once_the_set_is_there(m: Mount, kernels: dict[str, dict[str, byt
             wait_for(lambda: "startup_set_paths" in m.stats(), 20, "the startup set")
 
 
+@pytest.mark.timeout(240)
 def test_a_new_node_loads_a_packed_workload_with_a_bounded_number_of_requests(
         mount_factory: MountFactory, shared_seaweedfs: SeaweedFS, bucket: str, proxy: Any):
     """Node A publishes 40 kernels in Triton's layout (a temporary directory per file) at <= 2 requests a
