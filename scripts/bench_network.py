@@ -308,14 +308,13 @@ def settle(plain: Path, quiet_us: float, most_s: float) -> dict:
     directory beside the arm's store, as the store's own directories will
     be: an earlier probe elsewhere on the disk was quiet while the arm's
     directory was not."""
-    start = time.monotonic()
-    for i in range(10_000):
-        us = disk_probe(plain / str(i))
-        waited = time.monotonic() - start if i else 0.0
+    start, probes = time.monotonic(), 0
+    while True:
+        us = disk_probe(plain / str(probes))
+        probes += 1
         if us <= quiet_us or time.monotonic() - start >= most_s:
-            return {"us": us, "waited_s": waited}
+            return {"us": us, "waited_s": time.monotonic() - start if probes > 1 else 0.0}
         time.sleep(min(15.0, max(0.0, most_s - (time.monotonic() - start))))
-    raise AssertionError("unreachable")
 
 
 def write_files(sizes: list[int], plain: Path) -> dict:
