@@ -34,12 +34,15 @@ from mithrilfs.shared.tier import Tier
 from mithrilfs.store import reports
 from mithrilfs.store.namespace import Namespace
 from mithrilfs.store.open import Store
+from mithrilfs.store.wal_checkpoints import WalCheckpoints
 
 log = logging.getLogger(__name__)
 
 RECENCY_FLUSH_SECONDS = 5.0
 SNAPSHOT_SECONDS = 1.0
 SUMMARY_SECONDS = 60.0
+#: How often the WAL is looked at (a ``stat``) and, when a commit wrote it, checkpointed in a thread.
+CHECKPOINT_SECONDS = 0.5
 
 
 class Duties:
@@ -62,6 +65,9 @@ class Duties:
         self.restarts = restarts
         #: What the last background refresh saw; served to Prometheus from its own thread.
         self.cached_snapshot: dict[str, Any] = {}
+        #: The index's checkpoints, off the event loop while ``background`` runs (``_checkpoints``); none
+        #: before (``stats.json`` counts them).
+        self.wal = WalCheckpoints.none()
         #: A second connection for the totals' full scans, in a thread, one at a time (``totals``).
         self._reader: Namespace | None = None
         self._reading = trio.Lock()
@@ -74,6 +80,7 @@ class Duties:
             nursery.start_soon(self.budget.evictor.background)
             nursery.start_soon(self._summaries)
             nursery.start_soon(self._idle_commits)
+            nursery.start_soon(self._checkpoints)
             nursery.start_soon(self.tier.run)
             while True:
                 await trio.sleep(RECENCY_FLUSH_SECONDS)
@@ -86,6 +93,22 @@ class Duties:
                 self.recompiles.tick()
                 self.supervisor.state()  # its death is logged when noticed, not only when someone asks
                 self.store.ensure_reserve()  # taken back once a full disk has room again
+
+    async def _checkpoints(self) -> None:
+        """The index's WAL checkpointed in a thread whenever a commit wrote it, never at the event loop's
+        commits (``wal_checkpoints``); at the end (an unmount, a handoff) the commits do it again."""
+        wal = self.wal = self.ns.checkpoints_elsewhere()
+        try:
+            while True:
+                await trio.sleep(CHECKPOINT_SECONDS)
+                if wal.changed():
+                    try:
+                        await trio.to_thread.run_sync(wal.run)
+                    except sqlite3.Error as e:  # a busy or full disk: the WAL grows until the next one
+                        log.warning("could not checkpoint the index: %s", e)
+        finally:
+            self.ns.checkpoints_here()
+            wal.close()
 
     async def _idle_commits(self) -> None:
         """Commit files nobody wrote for ``IDLE_COMMIT_SECONDS``, unconfirmed (see ``writepath``).
@@ -146,6 +169,8 @@ class Duties:
             "low_bytes": self.policy.low_bytes,
             "files": files,
             "blobs": blobs,
+            "index_checkpoints": self.wal.runs,
+            "index_checkpointed_frames": self.wal.frames,
             "written_files": len(self.writes.staged),
             "evicted_files": self.budget.evicted_files,
             "full_disk_waits": self.budget.room_waits,

@@ -20,7 +20,7 @@ from mithrilfs.shared.entries import RemoteEntry
 from mithrilfs.shared.tier_state import ReconcileTier
 from mithrilfs.shared.write_behind import version_of
 from mithrilfs.store.cas import EMPTY_DIGEST
-from mithrilfs.store.namespace import ROOT_INODE, Inode, NewFile, join_path, outside_mode
+from mithrilfs.store.namespace import ROOT_INODE, Inode, NewName, join_path, outside_mode
 
 log = logging.getLogger("mithrilfs.shared.remote_tier")  # the name operators know from the logs
 
@@ -45,23 +45,65 @@ class Reconciler:
         if parent is None or not parent.is_dir:
             return []
         existing = []
-        files: list[tuple[bytes, RemoteEntry]] = []
+        wanted: list[tuple[int, bytes, RemoteEntry]] = []
         with self.tier.ns.txn():
-            # many names: the directory's names in one query (a startup set's, a listing's), not one each
-            here = dict(self.tier.ns.children(d)) if len(entries) > MANY_NAMES else None
+            listed: dict[int, dict[bytes, int]] = {}
             for name, entry in entries.items():
                 if only is not None and name not in only:
                     continue
-                local = here.get(name) if here is not None else self.tier.ns.lookup(d, name)
+                local = self._here(d, name, len(entries) > MANY_NAMES, listed)
                 if local is not None:
                     existing.append((name, local, entry))
-                elif not entry.is_tombstone and join_path(dir_path, name) not in self.tier.pending_tombstones:
-                    if entry.type == "f":  # created together, below
-                        files.append((name, entry))
-                    else:
-                        self._create(parent, name, entry)
-            self._create_files(parent, files)
+                elif self._wanted(join_path(dir_path, name), entry):
+                    wanted.append((d, name, entry))
+            self.create(wanted)
         return existing
+
+    def merge_paths(self, items: list[tuple[str, RemoteEntry]], made_here: set[int]) -> list[str]:
+        """Materialize the names of *items* this node lacks, as ``merge`` does, in one batch inside the open
+        transaction: paths from the mount's root, each directory before what it holds (a startup set's
+        order), its kernel directories and their files named together in a few statements (``create``).
+        *made_here*: the directories this transaction made, kept up to date: nothing else names into
+        them, so what they hold is not looked up.  Returns the paths whose directory this node lacks."""
+        made: dict[str, int] = {}  # a directory this batch makes: its index in wanted
+        dirs: dict[str, int | None] = {}
+        wanted: list[tuple[int, bytes, RemoteEntry]] = []
+        unresolved: list[str] = []
+        for path, entry in items:
+            d, _, text = path.rpartition("/")
+            name = text.encode(errors="surrogateescape")
+            if d in made:
+                parent = ~made[d]
+            else:
+                found = dirs[d] if d in dirs else dirs.setdefault(d, self.tier.paths.dir_at(d))
+                if found is None:
+                    unresolved.append(path)
+                    continue
+                parent = found
+                if parent not in made_here and self.tier.ns.lookup(parent, name) is not None:
+                    continue  # a name this node has: its own (what ``merge`` hands back to reconcile)
+            if not self._wanted(path, entry):
+                continue
+            if entry.type == "d":
+                made[path] = len(wanted)
+            wanted.append((parent, name, entry))
+        nodes = self.create(wanted)
+        made_here.update(nodes[i].id for i in made.values())  # type: ignore[union-attr]  # never refused
+        return unresolved
+
+    def _here(self, d: int, name: bytes, many: bool, listed: dict[int, dict[bytes, int]]) -> int | None:
+        """The local inode of *name* in *d*, if any; *many*: of many names asked there, so the directory's
+        names are read in one query (into *listed*) instead of one lookup each."""
+        if not many:
+            return self.tier.ns.lookup(d, name)
+        if d not in listed:
+            listed[d] = dict(self.tier.ns.children(d))
+        return listed[d].get(name)
+
+    def _wanted(self, path: str, entry: RemoteEntry) -> bool:
+        """Whether a name this node lacks is created: not a tombstone, not one this node deleted and has
+        not yet told the tier."""
+        return not entry.is_tombstone and path not in self.tier.pending_tombstones
 
     async def reconcile(self, parent: int, name: bytes, ino_id: int, entry: RemoteEntry, path: str) -> None:
         """One name both sides have: the newer version wins here; ours, if newer, is sent again."""
@@ -132,26 +174,43 @@ class Reconciler:
         removed: list[Removed] = [(parent, name, old.id)]
         self.tier.lifetimes.tell_kernel(removed)
 
-    def _create_files(self, parent: Inode, files: list[tuple[bytes, RemoteEntry]]) -> None:
-        """Local inodes and names for remote files, all at once (``Namespace.create_files``), inside a
-        transaction; their content a placeholder, fetched at the first read.  An entry whose content this
-        node holds with another size is refused (counted)."""
-        if not files:
-            return
+    def create(self, wanted: list[tuple[int, bytes, RemoteEntry]]) -> list[Inode | None]:
+        """Local inodes and names for remote entries (parent, name, entry), all at once
+        (``Namespace.create_names``), inside a transaction; a file's content a placeholder, fetched at the
+        first read.  A parent may be ``~i``, the i-th of *wanted* (a directory).  A file whose content this
+        node holds with another size is refused (counted; None in the answer)."""
+        if not wanted:
+            return []
         uid, gid = self._owner()
-        digests = [bytes.fromhex(e.hash) for _, e in files]  # type: ignore[arg-type]
-        known = self.tier.ns.sizes_known(digests)
-        new: list[NewFile] = []
-        origins: list[str] = []
-        for (name, e), digest in zip(files, digests):
-            if known.get(digest, e.size) != e.size:
-                self._reject(name, e.size, known[digest])
-                continue
-            new.append(NewFile(name, stat.S_IFREG | outside_mode(stat.S_IFREG, e.mode), uid, gid, digest, e.size,
-                               e.mtime_ns or time.time_ns(), e.version * 1000))
-            origins.append(e.node)
-        for node, origin in zip(self.tier.ns.create_files(parent.id, new), origins):
-            self.tier.origin[node.id] = origin
+        digests = {e.hash: bytes.fromhex(e.hash) for _, _, e in wanted if e.type == "f"}  # type: ignore[arg-type]
+        known = self.tier.ns.sizes_known(list(digests.values()))
+        new: list[NewName] = []
+        at: list[int | None] = []  # each wanted's place in new
+        now = time.time_ns()
+        for parent, name, e in wanted:
+            if parent < 0:
+                parent = ~at[~parent]  # type: ignore[operator]  # a directory: never refused
+            mtime_ns = e.mtime_ns or now
+            if e.type == "f":
+                digest = digests[e.hash or ""]
+                if known.get(digest, e.size) != e.size:
+                    self._reject(name, e.size, known[digest])
+                    at.append(None)
+                    continue
+                new.append(NewName(parent, name, stat.S_IFREG | outside_mode(stat.S_IFREG, e.mode), uid, gid, digest,
+                                   e.size, mtime_ns, e.version * 1000))
+            elif e.type == "d":
+                new.append(NewName(parent, name, stat.S_IFDIR | outside_mode(stat.S_IFDIR, e.mode), uid, gid, None,
+                                   0, mtime_ns, e.version * 1000))
+            else:
+                target = (e.target or "").encode(errors="surrogateescape")
+                new.append(NewName(parent, name, stat.S_IFLNK | 0o777, uid, gid, None, len(target), mtime_ns,
+                                   e.version * 1000, target))
+            at.append(len(new) - 1)
+        nodes = self.tier.ns.create_names(new)
+        for node, (_, _, e) in zip(nodes, (w for w, i in zip(wanted, at) if i is not None)):
+            self.tier.origin[node.id] = e.node
+        return [None if i is None else nodes[i] for i in at]
 
     def _owner(self) -> tuple[int, int]:
         """Who owns what the tier creates: the mount's owner (``--owner``), else the root's."""
@@ -167,18 +226,5 @@ class Reconciler:
         log.warning("remote entry %r ignored: size %d, but its content is %d bytes", name, size, known)
 
     def _create(self, parent: Inode, name: bytes, e: RemoteEntry) -> None:
-        """A local inode and name for a remote entry (inside a transaction), with its version as ctime; a
-        file through ``_create_files``, which refuses one that contradicts what this node knows."""
-        if e.type == "f":
-            self._create_files(parent, [(name, e)])
-            return
-        uid, gid = self._owner()
-        if e.type == "d":
-            node = self.tier.ns.create_inode(stat.S_IFDIR | outside_mode(stat.S_IFDIR, e.mode), uid, gid, nlink=2)
-            self.tier.ns.add_link(parent, +1)
-        else:
-            node = self.tier.ns.create_inode(stat.S_IFLNK | 0o777, uid, gid,
-                                             target=(e.target or "").encode(errors="surrogateescape"))
-        self.tier.ns.update_attrs(node, ctime_ns=e.version * 1000, mtime_ns=e.mtime_ns or node.mtime_ns)
-        self.tier.ns.link(parent.id, name, node.id, published=True)
-        self.tier.origin[node.id] = e.node
+        """A local inode and name for a remote entry (``create``, inside a transaction)."""
+        self.create([(parent.id, name, e)])

@@ -319,6 +319,11 @@ class RemoteTier(Tier):
         those it has, to reconcile."""
         return self.reconciler.merge(d, dir_path, entries, only)
 
+    def merge_paths(self, items: list[tuple[str, RemoteEntry]], made_here: set[int]) -> list[str]:
+        """Materialize a startup set's names it lacks in one batch (``reconcile``); the paths whose
+        directory this node lacks."""
+        return self.reconciler.merge_paths(items, made_here)
+
     # -- fetches (``remote_fetch``) -------------------------------------------
     async def fetch(self, ino: Inode, max_bytes: int) -> Fetched:
         return await self.fetcher.fetch(ino, max_bytes)

@@ -31,7 +31,7 @@ import trio
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.startup_sets import merged
 from mithrilfs.shared.tier_state import OrderTier
-from mithrilfs.store.namespace import ROOT_INODE, Inode
+from mithrilfs.store.namespace import Inode
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,9 @@ MATERIALIZE_BATCH = 500
 #: with 500 names a step, the first kernel's 8 files read 0.48-1.00 s after the mount returned; sliced,
 #: 0.21-0.48 s; the whole load's time did not move).
 MATERIALIZE_SLICE_SECONDS = 0.002
+#: Names created in one batch of statements (``Reconciler.merge_paths``): a kernel directory and its files
+#: in about five statements for a few directories, where one directory at a time cost about twelve.
+MATERIALIZE_STEP = 64
 
 
 class StartupOrder:
@@ -134,57 +137,35 @@ class StartupOrder:
 
     async def _materialize(self, items: list[tuple[str, RemoteEntry]],
                            materialized: Callable[[list[Inode]], None] | None) -> None:
-        """Create the set's names this node lacks (``RemoteTier.merge``: never over a local name, never a
-        pending tombstone), each directory before what it holds, in transactions of at most
-        ``MATERIALIZE_BATCH`` names and about ``MATERIALIZE_SLICE_SECONDS`` each; what has no directory
-        here goes to ``unresolved``."""
-        dirs: dict[str, int | None] = {"": ROOT_INODE}
-        run: dict[bytes, RemoteEntry] = {}
-        run_dir = ""
-
-        def flush() -> None:
-            ino = dirs.get(run_dir) if run_dir in dirs else self.tier.paths.dir_at(run_dir)
-            dirs[run_dir] = ino
-            if ino is None:
-                self.unresolved += [f"{run_dir}/{n.decode(errors='surrogateescape')}" if run_dir else
-                                    n.decode(errors="surrogateescape") for n in run]
-            else:
-                self.tier.merge(ino, run_dir, dict(run))
-            run.clear()
-
+        """Create the set's names this node lacks (``RemoteTier.merge_paths``: never over a local name,
+        never a pending tombstone), each directory before what it holds, ``MATERIALIZE_STEP`` names a
+        batch of statements, in transactions of at most ``MATERIALIZE_BATCH`` names and about
+        ``MATERIALIZE_SLICE_SECONDS`` each; what has no directory here goes to ``unresolved``."""
         start = 0
         while start < len(items):
             if start:
                 await trio.lowlevel.checkpoint()
             end, until = start, time.perf_counter() + MATERIALIZE_SLICE_SECONDS
-            with self.tier.ns.txn():  # one per batch: a commit per directory was most of the time
+            made_here: set[int] = set()  # one transaction's: between two, the workload may name into them
+            with self.tier.ns.txn():  # one per slice: a commit per directory was most of the time
                 while end < len(items) and end - start < MATERIALIZE_BATCH and (
                         end == start or time.perf_counter() < until):
-                    path, entry = items[end]
-                    end += 1
-                    d, _, name = path.rpartition("/")
-                    if d != run_dir or entry.type == "d":
-                        if run:
-                            flush()
-                        run_dir = d
-                    run[name.encode(errors="surrogateescape")] = entry
-                    if entry.type == "d":  # its children's runs look it up again: made now
-                        flush()
-                        dirs.pop(path, None)
-                if run:
-                    flush()
+                    step = items[end:min(end + MATERIALIZE_STEP, start + MATERIALIZE_BATCH)]
+                    self.unresolved += self.tier.merge_paths(step, made_here)
+                    end += len(step)
             if materialized is not None:
-                materialized(self._batch_files(items[start:end], dirs))
+                materialized(self._batch_files(items[start:end]))
             start = end
 
-    def _batch_files(self, batch: list[tuple[str, RemoteEntry]], dirs: dict[str, int | None]) -> list[Inode]:
+    def _batch_files(self, batch: list[tuple[str, RemoteEntry]]) -> list[Inode]:
         """The regular files of a batch just materialized, as this node holds them (the names are in
-        memory: ``Namespace.create_files`` keeps them)."""
+        memory: ``Namespace.create_names`` keeps them)."""
         out = []
+        dirs: dict[str, int | None] = {}
         for path, entry in batch:
             if entry.type == "f":
                 d, _, name = path.rpartition("/")
-                ino = dirs.get(d)
+                ino = dirs[d] if d in dirs else dirs.setdefault(d, self.tier.paths.dir_at(d))
                 node = self._file(ino, name.encode(errors="surrogateescape")) if ino is not None else None
                 if node is not None:
                     out.append(node)

@@ -183,6 +183,7 @@ class ReconcileTier(Protocol):
 
     counters: dict[str, int]
     ns: Namespace
+    paths: DirPaths
     lifetimes: Lifetimes
     events: EventLog
     node: str
@@ -208,8 +209,7 @@ class OrderTier(RemoteState, Protocol):
     @property
     def in_flight(self) -> BlobsOnTheWay: ...
 
-    def merge(self, d: int, dir_path: str, entries: dict[bytes, RemoteEntry],
-              only: set[bytes] | None = None) -> list[tuple[bytes, int, RemoteEntry]]: ...
+    def merge_paths(self, items: list[tuple[str, RemoteEntry]], made_here: set[int]) -> list[str]: ...
 
     async def thread(self, fn: Callable[..., Any], *args: Any) -> Any: ...
 

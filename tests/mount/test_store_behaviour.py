@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import Mount, blob_files, run_cli, write_committed
+from conftest import Mount, blob_files, run_cli, wait_for, write_committed
 
 
 def test_identical_content_stored_as_one_blob(mnt: Mount):
@@ -114,3 +114,18 @@ def test_umount_refuses_while_busy_and_keeps_serving(mnt: Mount):
         assert res.returncode == 1
         assert "busy" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert (mnt.mountpoint / "f").read_bytes() == b"x"
+
+
+def test_the_index_is_checkpointed_by_the_mount_off_its_event_loop(mnt: Mount):
+    """A live mount's commits leave the WAL to its checkpoints in a thread (``wal_checkpoints``), which
+    copy what thousands of files' commits wrote into the index and let the WAL start again."""
+    before = mnt.stats()
+    for i in range(1_500):
+        write_committed(mnt.mountpoint / f"k{i}.bin", os.urandom(64) + i.to_bytes(4, "little"))
+    wait_for(lambda: mnt.stats()["index_checkpointed_frames"] > before["index_checkpointed_frames"] + 1_000,
+             what="the index's WAL checkpointed")
+    wal = next(mnt.store.rglob("index.sqlite3-wal"))
+    write_committed(mnt.mountpoint / "after.bin", b"after")
+    wait_for(lambda: wal.stat().st_size <= 4 * 1024 * 1024 + 64 * 1024, what="the WAL started again")
+    mnt.remount()
+    assert (mnt.mountpoint / "k1499.bin").read_bytes()[64:] == (1499).to_bytes(4, "little")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 
 import pytest
@@ -249,36 +250,78 @@ def test_a_small_directory_preloaded_answers_its_lookups_from_memory_and_follows
     ns.db.set_trace_callback(None)
 
 
-def test_files_created_in_bulk_are_what_one_at_a_time_makes(ns):
-    """``create_files`` (a startup set's thousands of names in a few statements): ids after the highest
+def test_names_created_in_bulk_are_what_one_at_a_time_makes(ns):
+    """``create_names`` (a startup set's thousands of names in a few statements): ids after the highest
     ever handed out (a deleted last one is not reused), rows and objects that agree, names found, one
-    reference per file (a content named twice: two), and a rollback leaves nothing."""
-    from mithrilfs.store.namespace import NewFile
+    reference per file (a content named twice: two), a directory made in the same call as what it holds
+    (``~i``) with the links a directory counts, a symbolic link, and a rollback leaves nothing."""
+    from mithrilfs.store.namespace import NewName
 
     gone = _file(ns, ROOT_INODE, b"gone")
     with ns.txn():
         ns.unlink(ROOT_INODE, b"gone")
         ns.delete_inode(gone.id)
+    root_links = ns.get(ROOT_INODE).nlink
     h1, h2 = b"\x01" * 32, b"\x02" * 32
-    files = [NewFile(b"a", stat.S_IFREG | 0o644, 7, 8, h1, 10, 111, 222),
-             NewFile(b"b", stat.S_IFREG | 0o600, 7, 8, h2, 20, 333, 444),
-             NewFile(b"c", stat.S_IFREG | 0o644, 7, 8, h1, 10, 555, 666)]
+    dir_mode, link_mode = stat.S_IFDIR | 0o755, stat.S_IFLNK | 0o777
+    names = [NewName(ROOT_INODE, b"a", stat.S_IFREG | 0o644, 7, 8, h1, 10, 111, 222),
+             NewName(ROOT_INODE, b"k", dir_mode, 7, 8, None, 0, 333, 444),
+             NewName(~1, b"b", stat.S_IFREG | 0o600, 7, 8, h2, 20, 555, 666),
+             NewName(~1, b"sub", dir_mode, 7, 8, None, 0, 777, 888),
+             NewName(~3, b"c", stat.S_IFREG | 0o644, 7, 8, h1, 10, 999, 1000),
+             NewName(~1, b"l", link_mode, 7, 8, None, 3, 1, 2, b"../a")]
     with ns.txn():
-        made = ns.create_files(ROOT_INODE, files)
-    assert [n.id for n in made] == [gone.id + 1, gone.id + 2, gone.id + 3]
+        made = ns.create_names(names)
+    assert [n.id for n in made] == [gone.id + i for i in range(1, 7)]
     after = _file(ns, ROOT_INODE, b"after")  # SQLite's own next id follows them
-    assert after.id == gone.id + 4
+    assert after.id == gone.id + 7
     ns.forget_cached()
-    for f, n in zip(files, made):
-        assert ns.lookup(ROOT_INODE, f.name) == n.id
+    parents = [ROOT_INODE, ROOT_INODE, made[1].id, made[1].id, made[3].id, made[1].id]
+    nlinks = [1, 3, 1, 2, 1, 1]  # k holds sub; sub holds no directory
+    for f, n, parent, nlink in zip(names, made, parents, nlinks):
+        assert ns.lookup(parent, f.name) == n.id
         row = ns.get(n.id)
         assert row is not None and row is not n  # read back from SQLite, not the cached object
-        assert (row.mode, row.uid, row.gid, row.nlink, row.hash, row.size, row.mtime_ns, row.ctime_ns) == (
-            f.mode, 7, 8, 1, f.digest, f.size, f.mtime_ns, f.ctime_ns)
-        assert ns.is_published(ROOT_INODE, f.name)
+        assert (row.mode, row.uid, row.gid, row.nlink, row.hash, row.size, row.mtime_ns, row.ctime_ns, row.target) == (
+            f.mode, 7, 8, nlink, f.digest, f.size, f.mtime_ns, f.ctime_ns, f.target)
+        assert ns.is_published(parent, f.name)
+    assert ns.get(ROOT_INODE).nlink == root_links + 1  # k, made in a directory that was here
     assert ns.refcount(h1) == 2 and ns.refcount(h2) == 1
     assert ns.blob_info(h1) == (2, 0)  # a placeholder: the content is elsewhere
     with pytest.raises(RuntimeError), ns.txn():
-        ns.create_files(ROOT_INODE, [NewFile(b"d", stat.S_IFREG | 0o644, 0, 0, b"\x03" * 32, 5, 1, 1)])
+        ns.create_names([NewName(ROOT_INODE, b"d", stat.S_IFREG | 0o644, 0, 0, b"\x03" * 32, 5, 1, 1),
+                         NewName(ROOT_INODE, b"e", dir_mode, 0, 0, None, 0, 1, 1)])
         raise RuntimeError("rolled back")
     assert ns.lookup(ROOT_INODE, b"d") is None and ns.refcount(b"\x03" * 32) is None
+    assert ns.lookup(ROOT_INODE, b"e") is None and ns.get(ROOT_INODE).nlink == root_links + 1
+
+
+def _wal_pages(ns: Namespace) -> int:
+    return os.path.getsize(ns.db.execute("PRAGMA database_list").fetchone()[2] + "-wal") // 4096
+
+
+def test_a_connection_checkpointing_elsewhere_never_checkpoints_at_its_commits(ns):
+    """``checkpoints_elsewhere``: the daemon's commits (on its event loop) stop copying the WAL into the
+    database file, which SQLite does at the commit that passes 1,000 pages (6-10 ms with a sync); the
+    checkpoints it hands back do it, on a connection of their own, and the next commit starts the WAL
+    again; ``checkpoints_here`` gives the commits their checkpoints back."""
+    def write(n: int, tag: bytes) -> None:
+        for i in range(n):
+            with ns.txn():
+                ns.set_meta(f"{tag.decode()}{i}", "x" * 20_000)  # about 6 pages a commit
+
+    wal = ns.checkpoints_elsewhere()
+    try:
+        write(400, b"a")
+        assert _wal_pages(ns) > 2_000  # no commit checkpointed (at 1,000 pages SQLite starts again)
+        assert wal.changed()
+        wal.run()
+        assert wal.runs == 1 and wal.frames > 2_000 and not wal.changed()
+        write(1, b"b")  # the WAL starts again from its beginning: cut back to the journal_size_limit
+        assert _wal_pages(ns) <= 1_024 + 16 and wal.changed()
+        assert ns.get_meta("a399") == "x" * 20_000
+    finally:
+        wal.close()
+    ns.checkpoints_here()
+    write(600, b"c")
+    assert _wal_pages(ns) < 1_300  # the commits checkpoint again
