@@ -155,7 +155,7 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
             return 1
         session = kernel.Session(fuse.fd, mounted.ops, interruptible=mounted.tier.slow, debug=opts.debug,
                                  notifier=notifier, request_times=mounted.request_times,
-                                 after_reply=mounted.after_reply)
+                                 after_reply=mounted.after_reply, polls=lambda: not mounted.tier.streaming)
         if not store.read_only:  # named in the error a second mount of this store gets
             (store.root / HOLDER_FILE).write_text(json.dumps({"pid": os.getpid(), "mountpoint": str(opts.mountpoint)}))
         log.info("serving %s (store %s%s, pid %d, budget %d bytes%s)", opts.mountpoint, opts.store,

@@ -319,6 +319,10 @@ class RemoteTier(Tier):
         those it has, to reconcile."""
         return self.reconciler.merge(d, dir_path, entries, only)
 
+    @property
+    def streaming(self) -> bool:
+        return self.prefetcher.running
+
     def merge_paths(self, items: list[tuple[str, RemoteEntry]], made_here: set[int]) -> list[str]:
         """Materialize a startup set's names it lacks in one batch (``reconcile``); the paths whose
         directory this node lacks."""

@@ -49,6 +49,12 @@ class Tier(ABC):
     #: Whether there is a tier to push to and prefetch from: the control directory offers those commands.
     shared: bool = True
 
+    @property
+    def streaming(self) -> bool:
+        """Whether a prefetch streams into this process now: the session sleeps for its next request at
+        once instead of polling (``kernel.Session.polls``), leaving the cores to the prefetch."""
+        return False
+
     @abstractmethod
     async def lookup(self, parent: int, name: bytes) -> int | None:
         """A name missing locally: its inode once the tier's names are merged, or None."""

@@ -295,3 +295,41 @@ def test_a_request_already_waiting_goes_before_the_jobs_but_only_one():
     session.close()
     ours.close()
     assert ops.order == ["lookup", "getattr 3", "job", "getattr 4"]
+
+
+def test_the_session_polls_for_a_next_request_only_when_told_it_may():
+    """``polls``: after a reply the session polls the device a moment for the next request (a client's
+    next one comes within microseconds), except while the daemon says no (a prefetch streaming on the
+    same cores): then it sleeps in epoll at once, and answers as before."""
+    polling = {"now": True}
+    ours, kernel_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    session = Session(ours.fileno(), _Root(), polls=lambda: polling["now"])
+    seen: list[int] = []
+
+    async def ask(unique: int) -> None:
+        kernel_side.send(_request(abi.GETATTR, unique, abi.GETATTR_IN.pack(0, 0, 0)))
+        with trio.fail_after(5):
+            data = await trio.to_thread.run_sync(kernel_side.recv, 1 << 16)
+        assert abi.OUT_HEADER.unpack_from(data)[1:] == (0, unique)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.serve)
+            init = abi.INIT_IN.pack(7, 45, 1 << 20, abi.INIT_EXT | abi.MAX_PAGES, 0)
+            kernel_side.send(_request(abi.INIT, 1, init + b"\0" * 44))
+            await trio.to_thread.run_sync(kernel_side.recv, 1 << 16)
+            for unique in range(2, 7):
+                await ask(unique)
+            seen.append(session.polled)
+            polling["now"] = False
+            for unique in range(7, 17):
+                await ask(unique)
+            seen.append(session.polled)
+            kernel_side.close()
+
+    trio.run(main)
+    session.close()
+    ours.close()
+    assert seen[0] >= 5  # it polled before each request
+    # told not to: ten requests answered, none polled for (but the wait that began before it was told)
+    assert seen[1] <= seen[0] + 1
