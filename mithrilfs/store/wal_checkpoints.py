@@ -6,8 +6,9 @@ where a checkpoint copies about 4 MiB into the database file and syncs it
 (``synchronous=NORMAL`` syncs at checkpoints, not commits) while every request
 waits.  Measured on a startup set's 13,501 names created in 2 ms
 transactions: one commit in ten was a checkpoint, 6-10 ms where the others
-took 0.6 ms, a third of the commits' time; with the writing process putting
-387 MiB on the same disk, a sync waits longer still.  A live mount turns
+took 0.6 ms, a third of the commits' time (0.10 s of 0.29 s quiet; in a
+daemon prefetching 387 MiB beside its workload, sampled, the same commits
+held the loop 0.27 s).  A live mount turns
 that off for its connection (``Namespace.checkpoints_elsewhere``) and its
 duties run ``WalCheckpoints.run`` in a thread on a connection of its own
 whenever the WAL changed (``daemon.duties``).  PASSIVE: it copies what is
@@ -51,7 +52,7 @@ class WalCheckpoints:
         seen = self._stat()
         if self._db is None:
             self._db = schema.connect(self.path)
-        busy, log, copied = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        _busy, _frames, copied = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         self._seen = seen
         self.runs += 1
         self.frames += max(copied, 0)
