@@ -56,7 +56,7 @@ from mithrilfs.shared import usage
 from mithrilfs.shared.entries import MAX_DIR_NAMES, BlobBytes, EntryCodec, RemoteEntry, RemoteError
 from mithrilfs.shared.s3_blobs import S3Blobs, object_age
 from mithrilfs.shared.s3_conn import S3Connection, _obstore
-from mithrilfs.shared.s3_packs import Packs
+from mithrilfs.shared.s3_packs import RANGE_BYTES, Packs
 from mithrilfs.shared.s3_purges import S3Purges
 from mithrilfs.shared.s3_repair import BadBlobReports
 from mithrilfs.shared.s3_seen import SeenManifests
@@ -258,8 +258,10 @@ class S3Store(S3Connection, RemoteStore):
 
     # -- where blobs are (``s3_packs``) ----------------------------------------------
     def container_of(self, hex_digest: str) -> str | None:
+        """The part of its pack a blob begins in (``s3_packs.RANGE_BYTES``): a batch that follows the parts
+        is one range GET of one part."""
         place = self.packs.location(hex_digest)
-        return place[0] if place is not None else None
+        return f"{place[0]}/{place[1] // RANGE_BYTES}" if place is not None else None
 
     def knows_where(self, hex_digest: str) -> bool:
         return self.packs.knows(hex_digest)

@@ -235,9 +235,9 @@ class RemoteStore(ABC):
         version of the newest one left unread (0: none), below which a set's entry cannot be checked."""
 
     def container_of(self, hex_digest: str) -> str | None:
-        """The object holding a blob with others, where the store knows it (a bucket's pack): the prefetch
-        cuts its batches there, so a pack is one range GET, not one per batch it straddles.  Stores that
-        keep each blob apart: None."""
+        """The object (or the part of one) holding a blob with others, where the store knows it (a part of a
+        bucket's pack): the prefetch cuts its batches there, so a part is one range GET, not one per batch
+        it straddles.  Stores that keep each blob apart: None."""
         return None
 
     def knows_where(self, hex_digest: str) -> bool:
