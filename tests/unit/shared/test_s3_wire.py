@@ -371,3 +371,29 @@ def test_kept_places_come_back_and_anything_else_is_left_out():
     assert later.learn_places(kept + junk) == 1
     assert later.packs.location(HASH) == ("0" * 32, 5, 7)
     assert later.packs.location(other) is None and later.packs.location(mine) == ("2" * 32, 1, 9)
+
+
+def test_a_pack_is_read_by_its_upload_parts(stores: list[S3Store], tmp_path: Path):
+    """A pack is put in parts of ``PART_BYTES``; the prefetch cuts its batches where a blob begins in another
+    part (``container_of``) and a range GET holds the blobs that begin within a part of its start, so a
+    pack of 12 blobs of 900 KiB (10.5 MiB) is two GETs, one per part, every blob verified."""
+    import os
+
+    from mithrilfs.shared.s3_conn import PART_BYTES
+    from mithrilfs.store.cas import hash_bytes
+
+    a, b, _ = stores
+    blobs = [os.urandom(900 << 10) for _ in range(12)]
+    hashes = [hash_bytes(d).hex() for d in blobs]
+    for h, d in zip(hashes, blobs):
+        (tmp_path / h).write_bytes(d)
+    assert a.upload_blobs([(h, str(tmp_path / h)) for h in hashes]) == set()
+    a.publish_entries([(f"k/f{i}", RemoteEntry("f", 1, "a", h, len(d))) for i, (h, d) in enumerate(zip(hashes, blobs))])
+    b.list_dir("k")  # where each blob is
+    places = [b.packs.location(h) for h in hashes]
+    assert len({p[0] for p in places}) == 1  # one pack
+    parts = [b.container_of(h) for h in hashes]
+    assert parts == [f"{places[0][0]}/{p[1] // PART_BYTES}" for p in places] and len(set(parts)) == 2
+    before = b.level.requests
+    assert b.fetch_small_blobs([(h, len(d)) for h, d in zip(hashes, blobs)]) == blobs
+    assert b.level.requests - before == 2  # a GET a part, the blob that begins at a part's end with it
