@@ -97,7 +97,7 @@ class Duties:
     async def _checkpoints(self) -> None:
         """The index's WAL checkpointed in a thread whenever a commit wrote it, never at the event loop's
         commits (``wal_checkpoints``); at the end (an unmount, a handoff) the commits do it again."""
-        wal = self.wal = self.ns.checkpoints_elsewhere()
+        wal = self.wal = WalCheckpoints.take_over(self.ns.db)
         try:
             while True:
                 await trio.sleep(CHECKPOINT_SECONDS)
@@ -107,7 +107,7 @@ class Duties:
                     except sqlite3.Error as e:  # a busy or full disk: the WAL grows until the next one
                         log.warning("could not checkpoint the index: %s", e)
         finally:
-            self.ns.checkpoints_here()
+            WalCheckpoints.give_back(self.ns.db)
             wal.close()
 
     async def _idle_commits(self) -> None:

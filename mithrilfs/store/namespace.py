@@ -22,7 +22,6 @@ from dataclasses import dataclass, fields
 from mithrilfs.store import recovery, schema
 from mithrilfs.store.blob_rows import BlobRows
 from mithrilfs.store.name_queries import NameQueries
-from mithrilfs.store.wal_checkpoints import WalCheckpoints
 
 ROOT_INODE = 1
 
@@ -153,17 +152,6 @@ class Namespace(BlobRows, NameQueries):
         read-only file system, where a connection that watches for changes cannot open."""
         path = self.db.execute("PRAGMA database_list").fetchone()[2]
         return Namespace(path, read_only=True, immutable=self.read_only)
-
-    def checkpoints_elsewhere(self) -> WalCheckpoints:
-        """This connection's commits stop checkpointing the WAL: the caller runs the returned checkpoints
-        in a thread (``wal_checkpoints``: a checkpoint at a commit held the event loop 6-10 ms).
-        ``checkpoints_here`` undoes it."""
-        self.db.execute("PRAGMA wal_autocheckpoint=0")
-        return WalCheckpoints(self.db.execute("PRAGMA database_list").fetchone()[2])
-
-    def checkpoints_here(self) -> None:
-        """The commits checkpoint the WAL again (SQLite's default: past 1,000 pages)."""
-        self.db.execute("PRAGMA wal_autocheckpoint=1000")
 
     def shrink_wal(self) -> None:
         """Checkpoint and truncate the WAL (when the disk is full, it may be most of the space)."""

@@ -9,7 +9,7 @@ transactions: one commit in ten was a checkpoint, 6-10 ms where the others
 took 0.6 ms, a third of the commits' time (0.10 s of 0.29 s quiet; in a
 daemon prefetching 387 MiB beside its workload, sampled, the same commits
 held the loop 0.27 s).  A live mount turns
-that off for its connection (``Namespace.checkpoints_elsewhere``) and its
+that off for its connection (``WalCheckpoints.take_over``) and its
 duties run ``WalCheckpoints.run`` in a thread on a connection of its own
 whenever the WAL changed (``daemon.duties``).  PASSIVE: it copies what is
 committed without waiting for the writer or blocking it; the next commit
@@ -37,6 +37,18 @@ class WalCheckpoints:
         #: Checkpoints run, and the WAL frames they copied into the database file (``stats.json``).
         self.runs = 0
         self.frames = 0
+
+    @classmethod
+    def take_over(cls, db: sqlite3.Connection) -> WalCheckpoints:
+        """The commits of *db* stop checkpointing its WAL: the caller runs the returned checkpoints in a
+        thread.  ``give_back`` undoes it."""
+        db.execute("PRAGMA wal_autocheckpoint=0")
+        return cls(db.execute("PRAGMA database_list").fetchone()[2])
+
+    @staticmethod
+    def give_back(db: sqlite3.Connection) -> None:
+        """The commits of *db* checkpoint the WAL again (SQLite's default: past 1,000 pages)."""
+        db.execute("PRAGMA wal_autocheckpoint=1000")
 
     @classmethod
     def none(cls) -> WalCheckpoints:

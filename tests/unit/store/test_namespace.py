@@ -9,6 +9,7 @@ import pytest
 
 from mithrilfs.store.namespace import ROOT_INODE, Namespace
 from mithrilfs.store.open import StoreError, open_store
+from mithrilfs.store.wal_checkpoints import WalCheckpoints
 
 
 def _file(ns, parent, name):
@@ -301,16 +302,16 @@ def _wal_pages(ns: Namespace) -> int:
 
 
 def test_a_connection_checkpointing_elsewhere_never_checkpoints_at_its_commits(ns):
-    """``checkpoints_elsewhere``: the daemon's commits (on its event loop) stop copying the WAL into the
+    """``WalCheckpoints.take_over``: the daemon's commits (on its event loop) stop copying the WAL into the
     database file, which SQLite does at the commit that passes 1,000 pages (6-10 ms with a sync); the
     checkpoints it hands back do it, on a connection of their own, and the next commit starts the WAL
-    again; ``checkpoints_here`` gives the commits their checkpoints back."""
+    again; ``give_back`` gives the commits their checkpoints back."""
     def write(n: int, tag: bytes) -> None:
         for i in range(n):
             with ns.txn():
                 ns.set_meta(f"{tag.decode()}{i}", "x" * 20_000)  # about 6 pages a commit
 
-    wal = ns.checkpoints_elsewhere()
+    wal = WalCheckpoints.take_over(ns.db)
     try:
         write(400, b"a")
         assert _wal_pages(ns) > 2_000  # no commit checkpointed (at 1,000 pages SQLite starts again)
@@ -322,6 +323,6 @@ def test_a_connection_checkpointing_elsewhere_never_checkpoints_at_its_commits(n
         assert ns.get_meta("a399") == "x" * 20_000
     finally:
         wal.close()
-    ns.checkpoints_here()
+    WalCheckpoints.give_back(ns.db)
     write(600, b"c")
     assert _wal_pages(ns) < 1_300  # the commits checkpoint again
