@@ -52,17 +52,14 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import blake3
 
 from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared import usage
 from mithrilfs.shared.entries import MAX_PACK_BYTES, BlobBytes, RemoteEntry, is_hex_digest, is_pack_id
-from mithrilfs.shared.s3_conn import PART_BYTES
-
-if TYPE_CHECKING:
-    from mithrilfs.shared.s3_conn import S3Connection
+from mithrilfs.shared.s3_conn import PART_BYTES, S3Connection
 
 log = logging.getLogger(__name__)
 
