@@ -47,14 +47,11 @@ def _merge(tier: TierState, items: list[tuple[str, RemoteEntry]], step: int) -> 
     return unresolved
 
 
-def _path_ino(ns: Namespace, path: str) -> int | None:
-    d = ROOT_INODE
-    for part in path.split("/"):
-        found = ns.lookup(d, part.encode())
-        if found is None:
-            return None
-        d = found
-    return d
+def _path_ino(tier: TierState, path: str) -> int | None:
+    """The inode at *path* (``DirPaths.dir_at`` for its directory, then a lookup)."""
+    d, _, name = path.rpartition("/")
+    parent = tier.paths.dir_at(d)
+    return None if parent is None else tier.ns.lookup(parent, name.encode())
 
 
 @pytest.mark.parametrize("step", [1, 3, 64])
@@ -82,16 +79,16 @@ def test_a_set_is_merged_in_batches_around_what_the_node_holds(tier: TierState, 
     assert sorted(unresolved) == ["nowhere/z", "x/y"]  # no directory here for them
     assert ns.lookup(own.id, b"a") == mine.id and ns.get(mine.id).mode & 0o777 == 0o600  # never replaced
     assert ns.lookup(ROOT_INODE, b"x") == clash.id
-    k2 = _path_ino(ns, "k2")
-    sub = _path_ino(ns, "k2/sub")
+    k2 = _path_ino(tier, "k2")
+    sub = _path_ino(tier, "k2/sub")
     assert k2 is not None and sub is not None
     assert sorted(n for n, _ in ns.children(k2)) == [b"d", b"link", b"sub"]  # not the tombstones, nor the liar
     assert [n for n, _ in ns.children(sub)] == [b"c"] and sorted(n for n, _ in ns.children(own.id)) == [b"a", b"b"]
-    k2_node, sub_node, c = ns.get(k2), ns.get(sub), ns.get(_path_ino(ns, "k2/sub/c"))
+    k2_node, sub_node, c = ns.get(k2), ns.get(sub), ns.get(_path_ino(tier, "k2/sub/c"))
     assert (k2_node.mode, k2_node.nlink, k2_node.uid, k2_node.mtime_ns) == (stat.S_IFDIR | 0o750, 3, 7, 4_000)
     assert (sub_node.nlink, sub_node.ctime_ns) == (2, 50_000) and ns.get(ROOT_INODE).nlink == 4  # k1, k2 (x: a file)
     assert (c.hash, c.size, c.mtime_ns, c.ctime_ns) == (bytes([3]) * 32, 10, 5_003, 103_000)
-    link = ns.get(_path_ino(ns, "k2/link"))
+    link = ns.get(_path_ino(tier, "k2/link"))
     assert stat.S_ISLNK(link.mode) and link.target == b"sub/c" and link.size == 5
     assert tier.counters["remote_rejected"] == 1  # the liar: its content is here with another size
     assert tier.origin[c.id] == "node-b"
