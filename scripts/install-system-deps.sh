@@ -7,7 +7,7 @@
 # and runc (crun cannot start containers on hosts with hybrid cgroups), run the compose
 # file with podman-compose, and make their base image with debootstrap: no registry.
 set -euo pipefail
-pkgs=(fuse3 g++ ninja-build openssl redis-server podman runc podman-compose debootstrap)
+pkgs=(fuse3 g++ ninja-build openssl redis-server podman runc podman-compose debootstrap faketime)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

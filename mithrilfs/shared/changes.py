@@ -31,7 +31,6 @@ import hashlib
 import hmac
 import json
 import logging
-import time
 from typing import Any
 
 import trio
@@ -40,7 +39,6 @@ from mithrilfs.shared.entries import _NODE_RE, MAX_VERSION, RemoteEntry, RemoteE
 from mithrilfs.shared.feed_wire import MAX_RECORD_BYTES, FeedWire
 from mithrilfs.shared.startup_sets import PURGES_READ
 from mithrilfs.shared.tier_state import Change, ChangesTier
-from mithrilfs.shared.write_behind import version_of
 from mithrilfs.store.namespace import ROOT_INODE, join_path, valid_name
 
 log = logging.getLogger(__name__)
@@ -297,7 +295,7 @@ class Changes:
             await trio.lowlevel.checkpoint()
             if self.tier.ns.has_children(ino_id):
                 return removed  # it holds names newer than the deletion: kept
-        elif not tomb.newer_than(version_of(ino), self.tier.origin.get(ino_id, self.tier.node)):
+        elif not tomb.newer_than(self.tier.clock.version_of(ino.ctime_ns), self.tier.origin.get(ino_id, self.tier.node)):
             return removed  # written here after the deletion: ours stands
         queued = self.tier.queue.holds(ino_id)
         self.tier.reconciler.replace(parent, name, ino, None)
@@ -351,8 +349,4 @@ class Changes:
                 if node is not None and node.is_dir:
                     stack.append(child)
 
-
-def now_version() -> int:
-    """A tombstone's version: this microsecond (newer than every name written before it)."""
-    return time.time_ns() // 1000
 

@@ -1,8 +1,11 @@
 """What every shared store holds about a name: an entry, its validation, and its signature.
 
 An entry's version is the microsecond its name got its content on the node
-that wrote it (``n``); every store keeps the newest (version, node) per name,
-so every node converges on one version per path whatever the store.
+that wrote it (``n``), on the tier's clock as that node measures it
+(``tier_clock``), never its own; every store keeps the newest (version,
+node) per name, so every node converges on one version per path whatever
+the store.  A version dated past the tier's time is refused when read and
+keeps no write out (a writer with a clock ahead pins nothing).
 Everything read from a store is hostile until proven otherwise: entries are
 validated field by field (``parse_entry``) and a bad one is ignored and
 counted.  With a key, entries carry an HMAC over namespace, path and every
@@ -17,6 +20,7 @@ import hmac
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,10 +176,13 @@ def is_pack_id(value: Any) -> bool:
 class EntryCodec:
     """Entries to and from bytes for one namespace, signed with *key* when there is one."""
 
-    def __init__(self, namespace: str, key: bytes | None, counters: dict[str, int]) -> None:
+    def __init__(self, namespace: str, key: bytes | None, counters: dict[str, int], *,
+                 horizon: Callable[[], int] = lambda: MAX_VERSION) -> None:
         self.namespace = namespace
         self.key = key
         self.counters = counters
+        #: Versions past this are refused: dated ahead of the tier's time (``tier_clock.TierClock.horizon_us``).
+        self.horizon = horizon
 
     def _mac(self, path: str, fields: dict[str, Any]) -> str:
         assert self.key is not None
@@ -199,6 +206,10 @@ class EntryCodec:
         if self.key is not None and (mac is None or not hmac.compare_digest(mac, self._mac(path, entry.fields()))):
             self.counters["remote_rejected"] += 1
             log.warning("remote entry %r has no valid signature: ignored", path)
+            return None
+        if entry.version > self.horizon():
+            self.counters["remote_rejected"] += 1
+            log.warning("remote entry %r ignored: dated past the tier's time (its writer's clock runs ahead)", path)
             return None
         return entry
 

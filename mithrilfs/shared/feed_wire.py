@@ -192,8 +192,12 @@ class S3Feed(FeedWire):
         #: When this process last deleted old journal objects (at most once per ``S3_PRUNE_SECONDS``).
         self._pruned_at = 0.0
 
+    def _now_ns(self) -> int:
+        """The bucket's time (its clock, ``tier_clock``): what the journal's keys are dated and read by."""
+        return int(self.store.clock.now_us() * 1000)
+
     def head(self) -> str:
-        return f"{time.time_ns():020d}"
+        return f"{self._now_ns():020d}"
 
     def _prefixes(self, start: int, now: int) -> list[str]:
         """The listing prefixes that cover journal keys dated from *start* to *now*: one per time bucket
@@ -209,7 +213,7 @@ class S3Feed(FeedWire):
         return [f"{base}{b:08d}/" for b in range(first, last + 1)]
 
     def read(self, cursor: str) -> tuple[list[bytes | None], str, bool]:
-        now = time.time_ns()
+        now = self._now_ns()
         since = int(cursor) if cursor.isdigit() and len(cursor) <= 20 else now
         gap = since < now - S3_KEEP_SECONDS * 10**9
         start = max(0, since - S3_WINDOW_NS)
@@ -250,7 +254,7 @@ class S3Feed(FeedWire):
         return records, f"{latest:020d}", gap
 
     def append(self, raw: bytes) -> None:
-        now = time.time_ns()
+        now = self._now_ns()
         key = f"{self.prefix}{now // S3_BUCKET_NS:08d}/{now:020d}-{secrets.token_hex(8)}"
         self.store._call(lambda: self.store._put(self.store.names, key, raw, "create", len(raw)))
         if time.monotonic() - self._pruned_at > S3_PRUNE_SECONDS or not self._pruned_at:
@@ -262,7 +266,7 @@ class S3Feed(FeedWire):
         from mithrilfs.shared.s3_wire import _obstore
 
         base = self.store.base + self.prefix
-        old = time.time_ns() - S3_KEEP_SECONDS * 10**9
+        old = self._now_ns() - S3_KEEP_SECONDS * 10**9
         batch: Any = next(iter(_obstore().list(self.store.names, prefix=base, chunk_size=1000)), [])
         self.store.level.moved()
         stale = [meta["path"] for meta in batch if (_stamp(meta["path"][len(base):]) or old) < old]

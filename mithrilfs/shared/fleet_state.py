@@ -28,7 +28,7 @@ class FleetState:
     def __init__(self, remote: RemoteStore, events: EventLog) -> None:
         self.remote = remote
         self.events = events
-        self.usage = UseRecorder()
+        self.usage = UseRecorder(now=remote.clock.now)
         self._flushed = 0.0
         self._summary_at = 0.0
         #: The last gc record read from the tier (None: none yet).
@@ -57,7 +57,7 @@ class FleetState:
             self._summary_at = now
             summary = await thread(self.remote.tier_summary)
             if summary is not None and (self.summary is None or summary["at"] != self.summary["at"]):
-                if self.summary is not None or time.time() - summary["at"] < 2 * SUMMARY_SECONDS:
+                if self.summary is not None or self.remote.clock.now() - summary["at"] < 2 * SUMMARY_SECONDS:
                     self.events.emit("fleet_gc", url=self.remote.url, **summary)
                 self.summary = summary
 

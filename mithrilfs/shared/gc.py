@@ -40,6 +40,7 @@ from typing import Any
 from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared.entries import RemoteEntry, RemoteError, parse_entry
 from mithrilfs.shared.gc_summary import make_summary
+from mithrilfs.shared.usage import younger
 from mithrilfs.shared.wire import RemoteStore
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,9 @@ class Collector(ABC):
         """Directory -> its last use (unix seconds)."""
 
     @abstractmethod
-    def adopt(self, dirs: list[str], when: float) -> None:
-        """Record *when* as the last use of directories nobody recorded (they start aging now)."""
+    def adopt(self, dirs: list[str], when: float, *, replace: bool = False) -> None:
+        """Record *when* as the last use of directories nobody recorded (they start aging now); *replace*:
+        of directories whose records are dated past *when* (a writer's clock ahead), lowered to it."""
 
     @abstractmethod
     def forget_use(self, dirs: list[str]) -> None:
@@ -279,10 +281,18 @@ def run(collector: Collector, *, max_size: int | None, max_age: float | None, gr
     """One gc run (see the module doc); RemoteError when the tier fails (what was done stays done)."""
     started = time.monotonic()
     requests0 = collector.requests()
-    now = time.time()
+    clock = collector.store.clock
+    clock.measure()  # every age is the tier's: use records, blob and pack times are dated by its clock
+    now = clock.now()
     report = Report(dry_run)
     names = collector.list_names()
     uses = collector.use_times()
+    ahead = [d for d, t in uses.items() if not younger(now - t, float("inf"))]
+    if ahead:  # dated past the tier's time (a writer's clock): used now, aging from now on, never pinned
+        log.warning("%d use records dated past the tier's time: taken as used now", len(ahead))
+        uses.update(dict.fromkeys(ahead, now))
+        if not dry_run:
+            collector.adopt(ahead, now, replace=True)
     units = units_of(names)
     unrecorded = [d for d in units if d not in uses]
     if unrecorded and not dry_run:
@@ -311,7 +321,7 @@ def run(collector: Collector, *, max_size: int | None, max_age: float | None, gr
     report.seconds = round(time.monotonic() - started, 3)
     if not dry_run:
         collector.write_summary(make_summary(
-            at=time.time(), names=report.names, dirs=report.dirs, blobs=report.blobs, bytes=report.bytes,
+            at=clock.now(), names=report.names, dirs=report.dirs, blobs=report.blobs, bytes=report.bytes,
             deleted_dirs=report.deleted_dirs, deleted_names=report.deleted_names, deleted_blobs=report.deleted_blobs,
             packs=report.packs, deleted_packs=report.deleted_packs, freed_bytes=report.freed_bytes,
             requests=report.requests, seconds=report.seconds))
@@ -406,7 +416,7 @@ def _sweep(collector: Collector, now: float, grace: float, report: Report, key_s
     collector.begin_sweep()
     try:
         containers = collector.containers()  # before the names: a blob written after this is young
-        listed_at = time.time()
+        listed_at = collector.store.clock.now()
         names = collector.list_names()
         report.relinked = _relink(collector, names, key_store)
         _unlink_empty(collector, names)
@@ -480,8 +490,8 @@ def _relink(collector: Collector, names: dict[str, dict[bytes, bytes]], key_stor
     if not missing:
         return 0
     store = key_store or collector.store
-    version = time.time_ns() // 1000
-    items = [(d, RemoteEntry("d", version, GC_NODE, mode=0o755, mtime_ns=time.time_ns())) for d in missing]
+    version = store.clock.now_us()
+    items = [(d, RemoteEntry("d", version, GC_NODE, mode=0o755, mtime_ns=version * 1000)) for d in missing]
     # ancestors too, shallowest last (a directory's names before its entry in its parent)
     store.publish_entries(sorted(items, key=lambda it: -it[0].count("/")))
     log.info("re-linked %d directories whose parent lacked them", len(missing))

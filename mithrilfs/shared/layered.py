@@ -59,6 +59,9 @@ class LayeredStore(RemoteStore):
         self.use_flush_seconds = back.use_flush_seconds
         #: Directories whose writes Redis missed (it was away): read from the bucket until it has them.
         self._front_missed: set[str] = set()
+        #: Both levels date by Redis's clock (``TIME``: one request), the bucket's entries judged by it too.
+        self.clock = front.clock
+        back.date_by(front.clock)
 
     def levels(self) -> list[Level]:
         return self.front.levels() + self.back.levels()

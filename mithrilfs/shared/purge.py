@@ -6,16 +6,20 @@ from processes that open its files by path.  The mount that is asked:
 1. finds every name under each PATH, in the tier (its directories, listed:
    a node need not hold a name to purge it) and in its own index (names not
    uploaded yet);
-2. publishes a tombstone for each, all with one version (this microsecond),
-   written where newer, like any tombstone: a name written anywhere after
-   the purge began is newer and stays; so a remount, a new node, or a node's
-   queued upload of an older version never brings a purged name back (the
-   tombstone wins at reconciliation, and the upload loses to it and takes it);
+2. publishes a tombstone for each, all with one version (this microsecond on
+   the tier's clock, ``tier_clock``), written where newer, like any
+   tombstone: a name written anywhere after the purge began is newer and
+   stays; so a remount, a new node, or a node's queued upload of an older
+   version never brings a purged name back (the tombstone wins at
+   reconciliation, and the upload loses to it and takes it); an entry a
+   writer dated past the tier's time holds nothing back;
 3. keeps the purge's record beside the startup sets (``RemoteStore.keep_purge``): a new node, which
    never read the feed, creates a set's names without listing their directories, and checks them
    against it (``StartupOrder``);
 4. announces the PATHs on the change feed (``changes``), whole trees;
-5. removes them here the same way every follower does (the kernel told).
+5. removes them here the same way every follower does (the kernel told);
+6. lists the tier again: a live name left under a PATH (written after the purge began, or a tier that
+   kept it) is named, and the command fails: it never says "forgot" of what every node still serves.
 
 Steps 2 and 3 fail whole (nothing announced, nothing removed here) when the tier
 does not answer: the command says so in one line and can be run again.
@@ -26,7 +30,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from mithrilfs.shared.changes import Change, now_version, path_parts
+from mithrilfs.shared.changes import Change, path_parts
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.tier_state import PurgeTier
 from mithrilfs.shared.wire import RemoteStore
@@ -122,8 +126,9 @@ async def forget_fleet(tier: PurgeTier, paths: list[str]) -> dict[str, Any]:
     """Purge *paths* (relative to the mount root) from the fleet; ``{"error": ...}`` in one line on failure."""
     if not paths or len(paths) > MAX_PATHS or any(path_parts(p) is None for p in paths):
         return {"error": f"give 1 to {MAX_PATHS} paths inside the mount"}
-    version = now_version()
     try:
+        await tier.thread(tier.clock.measure_if_due)
+        version = tier.clock.now_us()
         names = await tier.thread(remote_names, tier, paths)
     except RemoteError as e:
         return {"error": f"{tier.remote.url}: {e}; nothing was forgotten"}
@@ -152,4 +157,12 @@ async def forget_fleet(tier: PurgeTier, paths: list[str]) -> dict[str, Any]:
         removed += await tier.changes.apply(p, version, True, tier.node)
     tier.counters["remote_tombstones"] += len(tombs)
     tier.events.emit("forget_fleet", paths=paths, tombstones=len(tombs), version=version)
+    try:
+        left = sorted(await tier.thread(remote_names, tier, paths))
+    except RemoteError as e:
+        return {"error": f"{len(tombs)} name(s) tombstoned, but the tier could not be listed again to check: {e}"}
+    if left:
+        shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+        return {"error": f"{len(tombs)} name(s) tombstoned, but {len(left)} still live in the tier "
+                         f"(written after the purge began, or kept by the tier): {shown}"}
     return {"tombstones": len(tombs), "removed_here": removed, "announced": announced, "version": version}

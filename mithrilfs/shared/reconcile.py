@@ -18,7 +18,6 @@ import time
 from mithrilfs.cache.lifetime import Removed
 from mithrilfs.shared.entries import RemoteEntry
 from mithrilfs.shared.tier_state import ReconcileTier
-from mithrilfs.shared.write_behind import version_of
 from mithrilfs.store.cas import EMPTY_DIGEST
 from mithrilfs.store.namespace import ROOT_INODE, Inode, NewName, join_path, outside_mode
 
@@ -110,7 +109,7 @@ class Reconciler:
         ino = self.tier.ns.get(ino_id)
         if ino is None or self.tier.lifetimes.is_written(ino_id):
             return  # a write in progress wins when it commits
-        if not entry.newer_than(version_of(ino), self.tier.origin.get(ino_id, self.tier.node)):
+        if not entry.newer_than(self.tier.clock.version_of(ino.ctime_ns), self.tier.origin.get(ino_id, self.tier.node)):
             if not ino.is_dir and not self._same(ino, entry):
                 self.tier.behind.queue_upload(ino_id)  # ours is newer: Redis holds an older (or replayed) version
             return
@@ -146,7 +145,7 @@ class Reconciler:
         """A newer version from another writer replaces different local content."""
         ours = self.tier.origin.get(ino.id, self.tier.node)
         if theirs.type == "f" and ino.is_reg and ours != theirs.node:
-            mine = RemoteEntry("f", version_of(ino), ours, (ino.hash or EMPTY_DIGEST).hex(), ino.size)
+            mine = RemoteEntry("f", self.tier.clock.version_of(ino.ctime_ns), ours, (ino.hash or EMPTY_DIGEST).hex(), ino.size)
             self.conflict(path, mine, theirs, kept=theirs.node)
 
     def conflict(self, path: str, a: RemoteEntry, b: RemoteEntry, *, kept: str) -> None:
@@ -198,14 +197,14 @@ class Reconciler:
                     at.append(None)
                     continue
                 new.append(NewName(parent, name, stat.S_IFREG | outside_mode(stat.S_IFREG, e.mode), uid, gid, digest,
-                                   e.size, mtime_ns, e.version * 1000))
+                                   e.size, mtime_ns, self.tier.clock.local_ns(e.version)))
             elif e.type == "d":
                 new.append(NewName(parent, name, stat.S_IFDIR | outside_mode(stat.S_IFDIR, e.mode), uid, gid, None,
-                                   0, mtime_ns, e.version * 1000))
+                                   0, mtime_ns, self.tier.clock.local_ns(e.version)))
             else:
                 target = (e.target or "").encode(errors="surrogateescape")
                 new.append(NewName(parent, name, stat.S_IFLNK | 0o777, uid, gid, None, len(target), mtime_ns,
-                                   e.version * 1000, target))
+                                   self.tier.clock.local_ns(e.version), target))
             at.append(len(new) - 1)
         nodes = self.tier.ns.create_names(new)
         for node, (_, _, e) in zip(nodes, (w for w, i in zip(wanted, at) if i is not None)):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any, BinaryIO
 
 import blake3
@@ -135,13 +134,14 @@ class RedisBlobs:
                 if timed:
                     pipe.zscore(self.conn.blob_times_key, h)
             flags = iter(pipe.execute())
-            trusted_since = time.time() - usage.BLOB_TRUST_SECONDS
+            now = self.conn.clock.now()
             out = []
             for h, n in order:
                 whole = all([bool(next(flags)) for _ in range(n)])
                 written = next(flags) if timed else None
                 # a blob written long ago (or before times were kept) may be gc's next: written again
-                if not whole or (timed and (written is None or float(written) < trusted_since)):
+                if not whole or (timed and (written is None or not usage.younger(now - float(written),
+                                                                                    usage.BLOB_TRUST_SECONDS))):
                     out.append(h)
             return out
 
@@ -176,7 +176,7 @@ class RedisBlobs:
                     if i == 0 and self.blob_ttl is None:
                         # when it was written (gc's grace, ``shared.usage``), before its bytes: a gc deleting
                         # the old copy meanwhile either goes first or sees it young
-                        pipe.zadd(self.conn.blob_times_key, {h: time.time()})
+                        pipe.zadd(self.conn.blob_times_key, {h: self.conn.clock.now()})
                     pipe.set(self._blob_key(h, i), part, ex=self.blob_ttl)
                     pending += len(part)
                     self.counters["remote_uploaded_bytes"] += len(part)

@@ -16,6 +16,7 @@ from typing import Any
 
 from mithrilfs.shared.entries import EntryCodec
 from mithrilfs.shared.redis_url import check_url, redact, url_password
+from mithrilfs.shared.tier_clock import TierClock
 from mithrilfs.shared.wire import Level, new_counters
 
 # redis-py is imported where it is used: a mount without --remote (and every CLI command)
@@ -49,7 +50,8 @@ class RedisConnection:
         self._client_lock = threading.Lock()
         self.counters = counters if counters is not None else new_counters()
         self.level = Level("redis", self.url, self.counters)
-        self.codec = EntryCodec(namespace, key, self.counters)
+        self.clock = TierClock(self.server_time)
+        self.codec = EntryCodec(namespace, key, self.counters, horizon=self.clock.horizon_us)
 
     @property
     def client(self) -> Any:
@@ -101,6 +103,16 @@ class RedisConnection:
         """Raise RemoteError naming the cause unless the server answers now (ignores the back-off)."""
         self.level.retry_now()
         self._call(lambda: self.client.ping())
+
+    def server_time(self) -> float:
+        """The server's clock (``TIME``; a cluster's first answer), unix seconds."""
+        def ask() -> float:
+            answer = self.client.time()
+            if isinstance(answer, dict):  # a cluster client asks its nodes: any one is the tier's time
+                answer = next(iter(answer.values()))
+            return int(answer[0]) + int(answer[1]) / 1e6
+
+        return float(self._call(ask))
 
     # -- epoch -------------------------------------------------------------
     def _epoch_keys(self) -> list[str]:

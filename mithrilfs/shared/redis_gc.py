@@ -12,7 +12,6 @@ the blob, not one that re-uploads it in that instant).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from mithrilfs.shared.gc import Collector, Container
@@ -119,11 +118,13 @@ class RedisCollector(Collector):
 
         return self.r._call(get)
 
-    def adopt(self, dirs: list[str], when: float) -> None:
+    def adopt(self, dirs: list[str], when: float, *, replace: bool = False) -> None:
         def add() -> None:
             pipe = self.r.client.pipeline(transaction=False)
             for start in range(0, len(dirs), _BATCH):
-                pipe.zadd(self.r.used_key, dict.fromkeys(dirs[start:start + _BATCH], when), nx=True)
+                # NX: only where none is; LT: lowered where one is dated later
+                pipe.zadd(self.r.used_key, dict.fromkeys(dirs[start:start + _BATCH], when), nx=not replace,
+                          lt=replace)
             pipe.execute()
 
         if dirs:
@@ -152,7 +153,7 @@ class RedisCollector(Collector):
                 h = k[len(prefix):].decode(errors="replace")[1:-3]
                 if len(h) == 64:
                     hexes.append(h)
-            now = time.time()
+            now = self.r.clock.now()
             untimed = [h for h in hexes if h not in times] if adopt else []
             sizes: list[int] = []
             pipe = self.r.client.pipeline(transaction=False)

@@ -22,7 +22,6 @@ carry the password (``redact``).
 
 from __future__ import annotations
 
-import time
 from typing import Any, BinaryIO
 
 from mithrilfs.shared.entries import (  # noqa: F401  (the entry model, re-exported for its older users)
@@ -37,6 +36,7 @@ from mithrilfs.shared.redis_blobs import CHUNK, RedisBlobs
 from mithrilfs.shared.redis_conn import _BATCH, RedisConnection
 from mithrilfs.shared.redis_records import RedisRecords
 from mithrilfs.shared.startup_sets import Record
+from mithrilfs.shared.tier_clock import FUTURE_SLACK_US
 from mithrilfs.shared.wire import RemoteStore
 
 #: The field that marks a directory hash complete (no entry name holds a NUL byte); its value is when.
@@ -46,22 +46,25 @@ COMPLETE = b"\0complete"
 COMPLETE_SECONDS = 600.0
 
 
-def _fresh_mark(value: bytes | None) -> bool:
+def _fresh_mark(value: bytes | None, now: float) -> bool:
     try:
-        return value is not None and 0 <= time.time() - float(value) < COMPLETE_SECONDS
+        return value is not None and 0 <= now - float(value) < COMPLETE_SECONDS
     except ValueError:
         return False
 
-# KEYS[1] directory hash; ARGV: name, value, version, node, force.  Keeps the newest
+# KEYS[1] directory hash; ARGV: name, value, version, node, force, slack.  Keeps the newest
 # (version, node); returns {1, previous entry or nothing} when ours was written,
-# {0, the newer entry} when it was not.
+# {0, the newer entry} when it was not.  An entry dated more than *slack* microseconds
+# past the server's TIME (a writer's clock ahead) is no newer than anything.
 _SET_IF_NEWER = """
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur and ARGV[5] ~= '1' then
   local ok, d = pcall(cjson.decode, cur)
   if ok and type(d) == 'table' and type(d.v) == 'number' and type(d.n) == 'string' then
     local v = tonumber(ARGV[3])
-    if d.v > v or (d.v == v and d.n > ARGV[4]) then return {0, cur} end
+    local t = redis.call('TIME')
+    local horizon = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[6])
+    if d.v <= horizon and (d.v > v or (d.v == v and d.n > ARGV[4])) then return {0, cur} end
   end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
@@ -111,7 +114,7 @@ class RedisStore(RedisConnection, RemoteStore):
         for start in range(0, len(dir_paths), _BATCH):
             batch = dir_paths[start:start + _BATCH]
             for d, raw in zip(batch, self._call(self._hgetall_many, batch)):
-                complete = _fresh_mark(raw.pop(COMPLETE, None))
+                complete = _fresh_mark(raw.pop(COMPLETE, None), self.clock.now())
                 out[d] = (self._entries(d, raw), complete)
         return out
 
@@ -133,7 +136,7 @@ class RedisStore(RedisConnection, RemoteStore):
         """These directories hold every name of the store behind Redis (``layered``): read them alone."""
         def mark() -> None:
             pipe = self.client.pipeline(transaction=False)
-            now = str(time.time()).encode()
+            now = str(self.clock.now()).encode()
             for d in dir_paths:
                 pipe.hset(self._dir_key(d), COMPLETE, now)
             pipe.execute()
@@ -178,7 +181,7 @@ class RedisStore(RedisConnection, RemoteStore):
         for path, entry in items:
             dir_path, _, name = path.rpartition("/")
             calls.append((self._dir_key(dir_path), name.encode(errors="surrogateescape"), self.encode(path, entry),
-                          entry.version, entry.node, "1" if force else "0"))
+                          entry.version, entry.node, "1" if force else "0", FUTURE_SLACK_US))
         if not self.cluster:
             return self._pipelined_script(self.client, calls)
         # redis-py's cluster pipeline refuses scripts: one plain pipeline per master instead

@@ -58,7 +58,7 @@ from mithrilfs.shared.startup_order import StartupOrder
 from mithrilfs.shared.startup_recorder import StartupRecorder
 from mithrilfs.shared.tier import Tier
 from mithrilfs.shared.wire import RemoteStore
-from mithrilfs.shared.write_behind import EPOCH_META_PREFIX, PLACES_META_PREFIX, WriteBehind
+from mithrilfs.shared.write_behind import EPOCH_META_PREFIX, PLACES_META_PREFIX, WriteBehind, clock_meta
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path
 from mithrilfs.store.tier_queue import TierQueue
@@ -105,6 +105,11 @@ class RemoteTier(Tier):
         self.lifetimes = lifetimes
         self.remote = remote
         self.counters = remote.counters
+        #: The tier's time here: every version and tombstone this node makes is dated by it (``tier_clock``).
+        self.clock = remote.clock
+        offset = ns.get_meta(clock_meta(remote))
+        if offset is not None and offset.lstrip("-").isdigit():
+            self.clock.restore(int(offset))
         #: Told of uploads whose blob the tier already held (another node compiled the same bytes).
         self.recompiles = recompiles
         self.node = node_id(ns)

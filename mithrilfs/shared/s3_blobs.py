@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from typing import Any, BinaryIO
 
 import blake3
@@ -146,13 +145,14 @@ class S3Blobs:
             if loc is not None:
                 # a pack written longer ago than the trust period may be one ``fleet gc`` deletes once no
                 # name locates it: the blob is packed again (a new place), as an old loose blob is written again
-                return None if time.time() - loc[2] < usage.BLOB_TRUST_SECONDS else h
+                return None if usage.younger(self.store.clock.now() - loc[2], usage.BLOB_TRUST_SECONDS) else h
             if size <= PACK_BLOB_BYTES and not self.packs.knows(h):
                 return h
             meta = self.store._unless_absent(lambda: _obstore().head(self.store.quick, self.store.base + self._blob_key(h)))
             if meta is None:
                 return h
-            if meta["size"] != size or object_age(meta) > usage.BLOB_TRUST_SECONDS:
+            if meta["size"] != size or not usage.younger(object_age(meta, self.store.clock.now()),
+                                                             usage.BLOB_TRUST_SECONDS):
                 # the wrong size, or old enough that ``fleet gc`` may delete it once unreferenced: written
                 # over (renewing its time, ``shared.usage``)
                 with self._lock:
@@ -246,7 +246,8 @@ def os_size(f: BinaryIO) -> int:
     return os.fstat(f.fileno()).st_size
 
 
-def object_age(meta: Any) -> float:
-    """Seconds since an object was last written (0 when the server does not say)."""
+def object_age(meta: Any, now: float) -> float:
+    """Seconds from an object's last write to *now* (the bucket's time, ``tier_clock``); 0 when the server
+    does not say."""
     written = meta.get("last_modified")
-    return time.time() - written.timestamp() if written is not None else 0.0
+    return now - written.timestamp() if written is not None else 0.0

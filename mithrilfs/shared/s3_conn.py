@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from mithrilfs.shared.s3_settings import S3Location, S3Settings
+from mithrilfs.shared.tier_clock import TierClock
 from mithrilfs.shared.wire import Level, new_counters
 
 # obstore is imported where it is used: a mount without an s3 remote starts without it
@@ -57,6 +58,7 @@ class S3Connection:
         self._clients: dict[timedelta, Any] = {}
         self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="s3")
         self._lock = threading.Lock()
+        self.clock = TierClock(self.server_time)
 
     # -- clients and errors ---------------------------------------------------
     def _client(self, timeout: timedelta) -> Any:
@@ -185,6 +187,18 @@ class S3Connection:
             return False
         self.level.moved(up=size)
         return True
+
+    def server_time(self) -> float:
+        """The bucket's clock, unix seconds: the ``Last-Modified`` of an object written now (``clock``, one
+        per namespace, a few bytes; a PUT and a HEAD).  Whole seconds: ``tier_clock`` allows for it."""
+        def ask() -> float:
+            self._put(self.quick, "clock", b"t", "overwrite", 1)
+            meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + "clock"))
+            if meta is None:
+                raise FileNotFoundError("the clock object vanished as it was written")
+            return float(meta["last_modified"].timestamp())
+
+        return float(self._call(ask))
 
     def _parallel(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
         return list(self._pool.map(fn, items))

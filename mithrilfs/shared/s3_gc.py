@@ -120,12 +120,17 @@ class S3Collector(Collector):
 
     # -- use records ------------------------------------------------------------
     def use_times(self) -> dict[str, float]:
+        """Each directory's last use: the newest of its records, none later than the bucket's time of the
+        object that holds it (``Last-Modified``): a writer's clock ahead never keeps a directory young."""
         def get() -> dict[str, float]:
-            keys = [m["path"][len(self.s3.base):] for m in self._list("usage/")]
+            metas = self._list("usage/")
+            keys = [m["path"][len(self.s3.base):] for m in metas]
             merged: dict[str, float] = {}
-            for chunk in self.s3._parallel(self._read_usage, keys):
+            for meta, chunk in zip(metas, self.s3._parallel(self._read_usage, keys)):
+                written = meta.get("last_modified")
+                latest = written.timestamp() if written is not None else float("inf")
                 for d, t in chunk.items():
-                    merged[d] = max(t, merged.get(d, 0.0))
+                    merged[d] = max(min(t, latest), merged.get(d, 0.0))
             self._usage_keys, self._usage = keys, merged
             return merged
 
@@ -141,8 +146,8 @@ class S3Collector(Collector):
             return {}
         return {k: float(v) for k, v in d.items() if isinstance(k, str) and type(v) in (int, float)}
 
-    def adopt(self, dirs: list[str], when: float) -> None:
-        self.s3.record_use(dict.fromkeys(dirs, when))
+    def adopt(self, dirs: list[str], when: float, *, replace: bool = False) -> None:
+        self.s3.record_use(dict.fromkeys(dirs, when))  # a later one is bounded by its object's time (use_times)
 
     def forget_use(self, dirs: list[str]) -> None:
         """Drop deleted directories' records; many record objects are merged into one (newer ones stay)."""

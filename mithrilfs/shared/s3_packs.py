@@ -49,7 +49,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -197,14 +196,14 @@ class Packs:
         return out
 
     @staticmethod
-    def stale(before: list[tuple[str, RemoteEntry]], located: list[tuple[str, RemoteEntry]]) -> list[str]:
+    def stale(before: list[tuple[str, RemoteEntry]], located: list[tuple[str, RemoteEntry]], now: float) -> list[str]:
         """The paths ``locate`` gave a place in a pack written longer than ``usage.min_grace`` ago: a place
         learned (from a read) after the blob was checked, which ``fleet gc`` may be deleting; the publish
         refuses the batch, whose next check packs those blobs again.  A place the entry had already is not
-        this node's to judge (a live name's, kept by ``_merge_into``)."""
-        cutoff = time.time() - usage.min_grace()
+        this node's to judge (a live name's, kept by ``_merge_into``).  *now*: the bucket's time; a pack dated
+        past it (a writer's clock ahead) is no fresher than an old one."""
         return [path for (path, was), (_, e) in zip(before, located)
-                if was.pack is None and e.pack is not None and e.packed <= cutoff]
+                if was.pack is None and e.pack is not None and not usage.younger(now - e.packed, usage.min_grace())]
 
     # -- writing -----------------------------------------------------------------
     def upload(self, files: list[tuple[str, str, int]], gone: set[str]) -> None:
@@ -238,7 +237,8 @@ class Packs:
     def _put_pack(self, data: bytes, members: list[tuple[str, int]]) -> None:
         pack_id = blake3.blake3(data).hexdigest()[:32]
         s = self.store
-        written = int(time.time())  # before the PUT, whole seconds down: never after the object's Last-Modified
+        # before the PUT, whole seconds down, on the bucket's clock: never after the object's Last-Modified
+        written = int(s.clock.now())
         if not s._put(s.blobs_for(len(data)), pack_key(pack_id), data, "create", len(data)):
             # a pack with these very bytes is there already (its id is their hash), maybe old enough for
             # ``fleet gc`` to be deleting it: written again, which renews its time (as an old loose blob is)

@@ -70,6 +70,7 @@ from mithrilfs.shared.startup_sets import (
     encode_record,
     valid_record_id,
 )
+from mithrilfs.shared.tier_clock import TierClock
 from mithrilfs.shared.wire import RemoteStore
 from mithrilfs.store.namespace import valid_name
 
@@ -110,7 +111,7 @@ class S3Store(S3Connection, RemoteStore):
     def __init__(self, location: S3Location, namespace: str, key: bytes | None, settings: S3Settings, *,
                  counters: dict[str, int] | None = None) -> None:
         super().__init__(location, namespace, settings, counters=counters)
-        self.codec = EntryCodec(namespace, key, self.counters)
+        self.codec = EntryCodec(namespace, key, self.counters, horizon=self.clock.horizon_us)
         self.reports = BadBlobReports(self)
         self.packs = Packs(self)
         self.blobs = S3Blobs(self, self.packs, self.reports)
@@ -119,6 +120,10 @@ class S3Store(S3Connection, RemoteStore):
         self.purges = S3Purges(self)
         #: The epoch token last seen: another one means the bucket was emptied (its packs are gone).
         self._epoch_seen: str | None = None
+    def date_by(self, clock: TierClock) -> None:
+        self.clock = clock
+        self.codec.horizon = clock.horizon_us
+
     # -- availability and epoch -------------------------------------------------
     def ping(self) -> None:
         """The bucket answers a listing with these credentials (a missing bucket or bad key names itself).
@@ -283,7 +288,7 @@ class S3Store(S3Connection, RemoteStore):
         sent again, its blobs checked and packed again) when a place added is in a pack old enough for
         ``fleet gc`` to delete (``Packs.stale``)."""
         located = self.packs.locate(items)
-        stale = self.packs.stale(items, located)
+        stale = self.packs.stale(items, located, self.clock.now())
         if stale:
             raise RemoteError(f"{len(stale)} names would locate their blobs in packs old enough for fleet gc "
                               f"to delete (e.g. {stale[0]!r}): checking them again")
@@ -464,7 +469,7 @@ class S3Store(S3Connection, RemoteStore):
         """A ``gc-sweep`` object younger than a gc run's limit: a gc deletes blobs and packs now (``s3_gc``)."""
         def get() -> bool:
             meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + SWEEP_KEY))
-            return meta is not None and object_age(meta) < usage.GC_RUN_SECONDS
+            return meta is not None and usage.younger(object_age(meta, self.clock.now()), usage.GC_RUN_SECONDS)
 
         if not self._call(get):
             return False

@@ -27,7 +27,6 @@ import trio
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.startup_sets import MAX_RECORD_PATHS, new_record_id
 from mithrilfs.shared.tier_state import RecorderTier
-from mithrilfs.shared.write_behind import version_of
 from mithrilfs.store.namespace import ROOT_INODE, join_path
 
 log = logging.getLogger(__name__)
@@ -109,7 +108,7 @@ class StartupRecorder:
             if dir_path is None:
                 continue
             out.append((join_path(dir_path, name), RemoteEntry(
-                "f", version_of(node), self.tier.origin.get(ino, self.tier.node), node.hash.hex(), node.size,
+                "f", self.tier.clock.version_of(node.ctime_ns), self.tier.origin.get(ino, self.tier.node), node.hash.hex(), node.size,
                 stat.S_IMODE(node.mode), node.mtime_ns)))
         return out
 
@@ -130,6 +129,6 @@ class StartupRecorder:
                 return None
             done.add(child)
             out.append((join_path(parent_path, name), RemoteEntry(
-                "d", version_of(node), self.tier.origin.get(child, self.tier.node), mode=stat.S_IMODE(node.mode),
+                "d", self.tier.clock.version_of(node.ctime_ns), self.tier.origin.get(child, self.tier.node), mode=stat.S_IMODE(node.mode),
                 mtime_ns=node.mtime_ns)))
         return self.tier.paths.of_dir(d)

@@ -39,6 +39,7 @@ from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.entries import RemoteEntry
 from mithrilfs.shared.fleet_state import FleetState
+from mithrilfs.shared.tier_clock import TierClock
 from mithrilfs.shared.wire import RemoteStore
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.namespace import DirPaths, Inode, Namespace
@@ -147,6 +148,8 @@ class RemoteState(Protocol):
 
     remote: RemoteStore
     counters: dict[str, int]
+    #: The tier's time here (the store's clock): what versions are dated by.
+    clock: TierClock
 
 
 class InFlightTier(RemoteState, Protocol):
@@ -182,6 +185,7 @@ class ReconcileTier(Protocol):
     """What ``reconcile`` uses of the tier (never the remote store: it merges what others listed)."""
 
     counters: dict[str, int]
+    clock: TierClock
     ns: Namespace
     paths: DirPaths
     lifetimes: Lifetimes

@@ -36,6 +36,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+
+from mithrilfs.shared.tier_clock import FUTURE_SLACK_US
 
 
 def _env_seconds(name: str, default: float) -> float:
@@ -57,6 +60,13 @@ UPLOAD_LAG_SECONDS = _env_seconds("MITHRILFS_UPLOAD_LAG_SECONDS", 3600.0)
 GC_RUN_SECONDS = _env_seconds("MITHRILFS_GC_RUN_SECONDS", 3600.0)
 
 
+def younger(age: float, limit: float) -> bool:
+    """Whether what the tier's clock dates *age* seconds ago is younger than *limit*; dated further past the
+    tier's time than a clock's error (``tier_clock.FUTURE_SLACK_US``: a writer's clock ahead) it is no age at
+    all, never trusted: gc judges by the tier's time, and would delete it while a writer trusted it."""
+    return -FUTURE_SLACK_US / 1e6 <= age < limit
+
+
 def min_grace() -> float:
     """The shortest grace that keeps every upload safe (see the module doc)."""
     return BLOB_TRUST_SECONDS + UPLOAD_LAG_SECONDS
@@ -70,8 +80,10 @@ def dir_of(path: str) -> str:
 class UseRecorder:
     """Which directories this node used, and which of them the tier has not been told about this hour."""
 
-    def __init__(self, every: float = USE_RECORD_SECONDS) -> None:
+    def __init__(self, every: float = USE_RECORD_SECONDS, now: Callable[[], float] = time.time) -> None:
         self.every = every
+        #: What a use is dated by: the tier's clock (``tier_clock.TierClock.now``), never this node's.
+        self._now = now
         #: Directory -> when the tier was last told (monotonic); pruned as it ages.
         self._told: dict[str, float] = {}
         #: Directory -> when it was used (wall clock), waiting for the next flush.
@@ -83,7 +95,7 @@ class UseRecorder:
         if told is not None and time.monotonic() - told < self.every:
             return
         self._told[dir_path] = time.monotonic()
-        self._due[dir_path] = time.time()
+        self._due[dir_path] = self._now()
         if len(self._told) > 100_000:  # forget what was told long ago: memory stays bounded
             cutoff = time.monotonic() - self.every
             self._told = {d: t for d, t in self._told.items() if t >= cutoff}
@@ -93,7 +105,7 @@ class UseRecorder:
         (``FleetState.before_publish``), so no gc can list the name with an older last use than its
         publication (an hour-old record would let a ``--max-age`` under an hour delete it at once)."""
         self._told[dir_path] = time.monotonic()
-        self._due[dir_path] = time.time()
+        self._due[dir_path] = self._now()
 
     def pending(self) -> int:
         return len(self._due)

@@ -24,6 +24,7 @@ from typing import Any, BinaryIO
 
 from mithrilfs.shared.entries import BlobBytes, RemoteEntry, RemoteError
 from mithrilfs.shared.startup_sets import Record
+from mithrilfs.shared.tier_clock import TierClock
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,12 @@ class RemoteStore(ABC):
     packs_by_directory: bool = False
     #: A node sends its use records at most this often (``record_use``: a bucket pays a PUT each time).
     use_flush_seconds: float = 0.0
+    #: The store's time as this node sees it: what versions, use records and ages are dated by (``tier_clock``).
+    clock: TierClock
+
+    def date_by(self, clock: TierClock) -> None:
+        """Date and judge by *clock* instead of this store's own (a layered store's levels share its front's)."""
+        self.clock = clock
 
     @property
     def last_error(self) -> str:

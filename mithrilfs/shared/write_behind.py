@@ -20,8 +20,9 @@ import trio
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.tier_state import UploaderTier
 from mithrilfs.shared.usage import UPLOAD_LAG_SECONDS
+from mithrilfs.shared.wire import RemoteStore
 from mithrilfs.store.cas import EMPTY_DIGEST
-from mithrilfs.store.namespace import ROOT_INODE, Inode, join_path
+from mithrilfs.store.namespace import ROOT_INODE, join_path
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,13 @@ EPOCH_SECONDS = 2.0
 EPOCH_META_PREFIX = "remote_epoch:"
 #: The places of blobs a mount knew, kept for the next (``RemoteTier.kept_places``), by store.
 PLACES_META_PREFIX = "remote_places:"
+#: The index's meta key holding a store's clock offset as last measured (``tier_clock``), by store.
+CLOCK_META_PREFIX = "remote_clock_offset_us:"
 
 
-def version_of(ino: Inode) -> int:
-    """An inode's version: the microsecond it last changed (ctime; users cannot set it)."""
-    return ino.ctime_ns // 1000
+def clock_meta(remote: RemoteStore) -> str:
+    """The index's meta key of *remote*'s clock offset: restored by the next mount until it measures."""
+    return f"{CLOCK_META_PREFIX}{remote.url}:{remote.namespace}"
 
 
 def in_directory_order(blobs: dict[str, tuple[str, int]],
@@ -112,7 +115,7 @@ class WriteBehind:
         if dir_path is None:
             return
         path = join_path(dir_path, name)
-        version = time.time_ns() // 1000
+        version = self.tier.clock.now_us()
         self.tier.queue.add_tombstone(path, version)
         self.tier.pending_tombstones[path] = version
         self.tier._wake.set()
@@ -159,7 +162,14 @@ class WriteBehind:
 
         A store that never used any tier queues only its names that did not come from this one: the
         prefetch or a lookup may have created thousands from the tier before this first check answers
-        (seen under load in CI: a new node published its whole prefetched set again)."""
+        (seen under load in CI: a new node published its whole prefetched set again).
+
+        The tier's clock is measured here first, and again when due (``tier_clock``): nothing is
+        published before this node dates its versions by the tier's time."""
+        clock = self.tier.clock
+        if clock.due() and await self.tier.thread(clock.measure):
+            with self.tier.ns.txn():
+                self.tier.ns.set_meta(clock_meta(self.tier.remote), str(clock.offset_us))
         epoch, _ = await self.tier.thread(self.tier.remote.epoch)
         kept, self.tier.kept_places = self.tier.kept_places, None
         if epoch == self.tier._epoch:
@@ -215,11 +225,11 @@ class WriteBehind:
                     continue
                 path = join_path(dir_path, name)
                 if stat.S_ISLNK(node.mode):
-                    entry = RemoteEntry("l", version_of(node), self.tier.node, mode=0o777, mtime_ns=node.mtime_ns,
+                    entry = RemoteEntry("l", self.tier.clock.version_of(node.ctime_ns), self.tier.node, mode=0o777, mtime_ns=node.mtime_ns,
                                         target=(node.target or b"").decode(errors="surrogateescape"))
                 else:
                     digest = node.hash or EMPTY_DIGEST
-                    entry = RemoteEntry("f", version_of(node), self.tier.node, digest.hex(), node.size,
+                    entry = RemoteEntry("f", self.tier.clock.version_of(node.ctime_ns), self.tier.node, digest.hex(), node.size,
                                         stat.S_IMODE(node.mode), node.mtime_ns)
                     batch.blobs[digest.hex()] = (str(self.tier.blobs.cas.path(digest)) if node.hash else "", node.size)
                 batch.items.append((path, entry))
@@ -313,7 +323,7 @@ class WriteBehind:
             up_path = self.tier.paths.of_dir(up_parent)
             if node is None or up_path is None:
                 return None
-            items.append((join_path(up_path, name), RemoteEntry("d", version_of(node), self.tier.node,
+            items.append((join_path(up_path, name), RemoteEntry("d", self.tier.clock.version_of(node.ctime_ns), self.tier.node,
                                                              mode=stat.S_IMODE(node.mode), mtime_ns=node.mtime_ns)))
             names.append((up_parent, name))
         return self.tier.paths.of_dir(parent)

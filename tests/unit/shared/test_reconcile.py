@@ -4,6 +4,7 @@ holds is never replaced, a batch's own directories hold their files, and what ca
 from __future__ import annotations
 
 import stat
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from mithrilfs.shared.entries import RemoteEntry
 from mithrilfs.shared.reconcile import Reconciler
+from mithrilfs.shared.tier_clock import TierClock
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Namespace
 
 
@@ -25,6 +27,7 @@ class TierState:
     origin: dict[int, str] = field(default_factory=dict)
     pending_tombstones: dict[str, int] = field(default_factory=dict)
     owner: tuple[int, int] | None = (7, 8)
+    clock: TierClock = field(default_factory=lambda: TierClock(time.time))
 
 
 @pytest.fixture

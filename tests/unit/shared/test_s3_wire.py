@@ -286,7 +286,8 @@ def test_a_publish_merges_into_the_manifest_as_last_seen_without_reading_it(stor
 def test_a_publish_refuses_a_place_it_adds_in_a_pack_old_enough_for_gc_to_delete() -> None:
     """``Packs.stale``: a place ``locate`` added is refused when its pack was written longer than the trust
     period plus the upload lag ago (or at an unknown time: an entry from before pack times); a fresh one, and
-    a place the entry already carried (a live name's, kept by the merge), pass."""
+    a place the entry already carried (a live name's, kept by the merge), pass; a pack dated past the bucket's
+    time (a writer's clock ahead) is refused too: gc judges the pack by the bucket's time."""
     import time
     from dataclasses import replace
 
@@ -296,14 +297,15 @@ def test_a_publish_refuses_a_place_it_adds_in_a_pack_old_enough_for_gc_to_delete
     now = int(time.time())
     bare = RemoteEntry("f", 1, "a", "ab" * 32, 10)
     before = [("d/old", bare), ("d/unknown", bare), ("d/fresh", bare), ("d/kept", replace(bare, pack="cd" * 16)),
-              ("d/own", bare)]
+              ("d/own", bare), ("d/ahead", bare)]
     old = now - int(usage.min_grace()) - 5
     located = [("d/old", replace(bare, pack="ef" * 16, packed=old)),
                ("d/unknown", replace(bare, pack="ef" * 16)),
                ("d/fresh", replace(bare, pack="ef" * 16, packed=now)),
                ("d/kept", replace(bare, pack="cd" * 16, packed=old)),
-               ("d/own", bare)]
-    assert Packs.stale(before, located) == ["d/old", "d/unknown"]
+               ("d/own", bare),
+               ("d/ahead", replace(bare, pack="ef" * 16, packed=now + 86_400))]
+    assert Packs.stale(before, located, now) == ["d/old", "d/unknown", "d/ahead"]
 
 
 def test_a_small_blob_with_other_bytes_is_never_handed_out_but_counted_and_reported(stores: list[S3Store]):
