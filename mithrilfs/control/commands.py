@@ -153,7 +153,8 @@ class Commands:
         return answer(await self.tier.forget_fleet(paths))
 
     async def prefetch(self, request: bytes) -> bytes:
-        """``prefetch``: ``set=NAME`` or ``all`` starts a prefetch; ``stats`` shows its progress."""
+        """``prefetch``: ``set=NAME`` or ``all`` starts a prefetch, or joins the same one running; ``stats``
+        shows its progress."""
         crash_point("prefetch_command")  # the tests': a daemon killed with this request read, not answered
         text = request.decode(errors="replace").strip()
         return answer(await self.tier.start_prefetch(None if text == "all" else text.removeprefix("set=")))
