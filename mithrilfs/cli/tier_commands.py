@@ -21,16 +21,18 @@ from mithrilfs.units import format_size
 
 
 def _cmd_prefetch(args: argparse.Namespace) -> int:
+    """Start the prefetch asked for, or join the same one running (the mount's background one, another
+    command's), and follow it to its result."""
     mp = args.mountpoint.expanduser().absolute()
     request = "all" if args.all else f"set={args.set}"
     try:
-        answer = tier_command(mp, "prefetch", request)
+        answer = ask_prefetch(mp, request)
     except DaemonChanged:  # the daemon that started it died before answering: following asks its successor
         answer = {"started": True}
     if not answer.get("started"):
         print(f"mithrilfs: error: cannot prefetch: {answer['error']}", file=sys.stderr)
         return 1
-    return follow_prefetch(mp, request)
+    return follow_prefetch(mp, request, run=answer.get("run"))
 
 
 #: How often a prefetch is asked again of a daemon that replaced the one running it (a crash loop ends it).
@@ -41,8 +43,22 @@ PREFETCH_RESUMES = 5
 FOLLOW_SECONDS = 0.25
 
 
-def follow_prefetch(mp: Path, request: str, *, warn_only: bool = False) -> int:
-    """Wait for the mount's prefetch, drawing its progress on a terminal; print its summary.
+def ask_prefetch(mp: Path, request: str) -> dict:
+    """Ask the mount for a prefetch (*request*, as the command takes it); its answer.  While one of
+    another set runs, the mount refuses it (``busy``): that one is waited for, then this one asked again."""
+    while True:
+        answer = tier_command(mp, "prefetch", request)
+        if "busy" not in answer:
+            return answer
+        print(f"mithrilfs: {answer['error']}: this one starts when it ends", file=sys.stderr)
+        while read_stats(mp).get("prefetch", {}).get("state") == "running":
+            time.sleep(FOLLOW_SECONDS)
+
+
+def follow_prefetch(mp: Path, request: str, *, run: int | None = None, warn_only: bool = False) -> int:
+    """Wait for the mount's prefetch number *run* (None: the one the mount shows), drawing its progress on
+    a terminal; print its summary.  One that ended while another began since is in that one's state
+    (``earlier``).
 
     A daemon that takes a mount over (a crash, a restart) does not go on with its predecessor's prefetch:
     its state is "idle".  The prefetch (*request*, as the command takes it) is then asked again; what the
@@ -55,13 +71,19 @@ def follow_prefetch(mp: Path, request: str, *, warn_only: bool = False) -> int:
         if state.get("state") == "idle" and resumes < PREFETCH_RESUMES:
             resumes += 1
             try:
-                answer = tier_command(mp, "prefetch", request)
+                answer = ask_prefetch(mp, request)
             except DaemonChanged:  # replaced again between asking and answering: the next look asks again
                 continue
             if not answer.get("started"):
                 state = {"state": "failed", "error": answer.get("error")}
                 break
+            run = answer.get("run")
             continue
+        run = state.get("run") if run is None else run
+        if state.get("run") not in (None, run):  # it ended, and another began since
+            state = next((s for s in state.get("earlier", []) if s.get("run") == run),
+                         {"state": "failed", "error": "later prefetches ended before its result was read"})
+            break
         if state.get("state") != "running":
             break
         if draw and state.get("total_files"):

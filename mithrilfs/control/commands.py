@@ -126,13 +126,20 @@ class Commands:
 
     async def commit(self, request: bytes) -> bytes:
         """``commit``: commit every written file now, unconfirmed (``mithrilfs run`` at its end)."""
+        return answer({"committed": await self._commit_written()})
+
+    async def _commit_written(self) -> int:
+        """Commit every written file now, unconfirmed; how many were."""
         written = len(self.writes.staged)
         if not self.store.read_only:
             await self.writes.commit_all()
-        return answer({"committed": written - len(self.writes.staged)})
+        return written - len(self.writes.staged)
 
     async def push(self, request: bytes) -> bytes:
-        """``push``: queue every file for upload; the CLI follows ``upload_queue`` in stats."""
+        """``push``: commit every written file (one closed a moment ago waits for the idle timer, and the
+        uploader never sends a file with nothing committed), then queue every file for upload; the CLI
+        follows ``upload_queue`` in stats until it is empty, when the tier holds them all."""
+        await self._commit_written()
         return answer(await self.tier.push())
 
     async def forget(self, request: bytes) -> bytes:
@@ -146,7 +153,8 @@ class Commands:
         return answer(await self.tier.forget_fleet(paths))
 
     async def prefetch(self, request: bytes) -> bytes:
-        """``prefetch``: ``set=NAME`` or ``all`` starts a prefetch; ``stats`` shows its progress."""
+        """``prefetch``: ``set=NAME`` or ``all`` starts a prefetch, or joins the same one running; ``stats``
+        shows its progress."""
         crash_point("prefetch_command")  # the tests': a daemon killed with this request read, not answered
         text = request.decode(errors="replace").strip()
         return answer(await self.tier.start_prefetch(None if text == "all" else text.removeprefix("set=")))

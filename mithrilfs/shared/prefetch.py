@@ -61,6 +61,9 @@ BACKGROUND_BATCH_BLOBS = 16
 #: kernels (386 MiB in 275 packs), batches of 64 (16) blobs: 427 (894) range GETs for the prefetch (the
 #: background one); cut at packs, 91; at their 8 MiB parts, 51.
 PACKED_BATCH_MIN_BYTES = 4 << 20
+#: Ended prefetches whose final states the next ones keep (``earlier``): a command following one finds its
+#: result after another began.
+KEPT_ENDED = 4
 
 
 class Prefetcher:
@@ -73,6 +76,8 @@ class Prefetcher:
         #: Bytes the store holds now (``Operations.physical``).
         self.physical = physical
         self.state: dict[str, Any] = {"state": "idle"}
+        #: Prefetches begun by this daemon: each state's ``run``.
+        self.runs = 0
         #: One thread writes the blobs' files, a batch at a time (``_write``).
         self._writer = trio.CapacityLimiter(1)
 
@@ -80,14 +85,28 @@ class Prefetcher:
     def running(self) -> bool:
         return self.state["state"] == "running"
 
-    async def run(self, set_name: str | None, *, background: bool = False) -> dict[str, Any]:
-        """Prefetch a startup set (None: the whole namespace); the final state.  *background*: nobody
-        waits for it (the mount's default), shown as such."""
-        start = time.monotonic()
-        self.state = {"state": "running", "set": set_name or "*", "files": 0, "bytes": 0, "total_files": 0,
-                      "total_bytes": 0, "misses": 0, "skipped_for_budget": 0, "seconds": 0.0}
+    def begin(self, set_name: str | None, *, background: bool) -> int:
+        """Show a prefetch of a startup set (None: the whole namespace) as running from now, numbered
+        (``run``); the final states of those that ended before stay in it (``earlier``, newest first).
+        *background*: nobody waits for it (the mount's default), shown as such.  Its number."""
+        ended = [self.ended(self.state)] if "run" in self.state else []
+        self.runs += 1
+        self.state = {"state": "running", "set": set_name or "*", "run": self.runs, "files": 0, "bytes": 0,
+                      "total_files": 0, "total_bytes": 0, "misses": 0, "skipped_for_budget": 0, "seconds": 0.0,
+                      "earlier": (ended + self.state.get("earlier", []))[:KEPT_ENDED]}
         if background:
             self.state["background"] = True
+        return self.runs
+
+    @staticmethod
+    def ended(state: dict[str, Any]) -> dict[str, Any]:
+        """A prefetch's state without those of the ones before it."""
+        return {k: v for k, v in state.items() if k != "earlier"}
+
+    async def run(self, set_name: str | None, *, background: bool = False) -> dict[str, Any]:
+        """Run the prefetch ``begin`` showed (of *set_name*); the final state.  *background*: nobody waits
+        for it, so its batches are short."""
+        start = time.monotonic()
         self.blobs.writer.start()  # here, on the loop's thread: the writing process dies with the daemon
         try:
             try:
@@ -109,7 +128,7 @@ class Prefetcher:
                 self.state.update(state="failed", error=f"{self.remote.url}: {type(e).__name__}: {e}")
         finally:
             self.state["seconds"] = round(time.monotonic() - start, 3)
-        log.info("prefetch %s: %s", set_name or "*", self.state)
+        log.info("prefetch %s: %s", set_name or "*", self.ended(self.state))
         return self.state
 
     # -- names -----------------------------------------------------------

@@ -158,7 +158,7 @@ class RemoteTier(Tier):
         if prefetch_at_start is not None and not ns.read_only:  # a read-only store runs no background work
             # running from the start: ``mount --prefetch`` waits for it once the mount answers, which
             # may be before the tier's first step (a ping of Redis) has begun it
-            self.prefetcher.state = self._running_state()
+            self.prefetcher.begin(prefetch_at_start, background=prefetch_background)
         if requeue:  # after an unclean stop a commit may not have reached the queue
             self.behind.queue_all()
 
@@ -406,12 +406,19 @@ class RemoteTier(Tier):
         return {"queued": self.behind.queue_all()}
 
     async def start_prefetch(self, set_name: str | None, *, at_start: bool = False) -> dict[str, Any]:
-        """Start a prefetch in the background unless one runs; an error names the tier's problem at once.
+        """Start a prefetch in the background; an error names the tier's problem at once.
 
-        *at_start*: the one the mount asked for, already shown as running.
+        Answers the prefetch's number (``run`` in its state).  A request for the prefetch that runs (the
+        same set, or everything) joins it (``joined``): its caller follows that one as its own.  One for
+        another is refused with ``busy`` (the set that runs, ``*`` for everything): its caller asks again
+        once that one ends.  *at_start*: the one the mount asked for, already shown as running.
         """
+        state = self.prefetcher.state
         if self.prefetcher.running and not at_start:
-            return {"started": False, "error": "a prefetch is already running"}
+            if state["set"] == (set_name or "*"):
+                return {"started": True, "joined": True, "run": state["run"]}
+            what = "everything" if state["set"] == "*" else f"set {state['set']}"
+            return {"started": False, "busy": state["set"], "error": f"a prefetch of {what} is already running"}
         if self.ns.read_only:  # a read-only store runs no background work (``Duties.background``)
             return {"started": False, "error": "the store is read-only"}
         # a command may come before the tier's work has begun: the first request a successor serves
@@ -421,19 +428,14 @@ class RemoteTier(Tier):
         try:
             await trio.to_thread.run_sync(self.remote.ping)
         except RemoteError as e:
-            self.prefetcher.state = {"state": "failed", "error": f"{self.remote.url}: {e}"}
-            return {"started": False, "error": self.prefetcher.state["error"]}
+            error = f"{self.remote.url}: {e}"
+            if at_start:  # shown as running since the mount began
+                state.update(state="failed", error=error)
+            return {"started": False, "error": error}
         background = at_start and self.prefetch_background
-        self.prefetcher.state = self._running_state(background)
+        run = state["run"] if at_start else self.prefetcher.begin(set_name, background=background)
         self._nursery.start_soon(functools.partial(self.prefetcher.run, set_name, background=background))
-        return {"started": True}
-
-    def _running_state(self, background: bool | None = None) -> dict[str, Any]:
-        """A prefetch's state from its start; a background one says so (``status --ready`` lets it run)."""
-        state: dict[str, Any] = {"state": "running"}
-        if self.prefetch_background if background is None else background:
-            state["background"] = True
-        return state
+        return {"started": True, "run": run}
 
     def order_of(self, set_name: str) -> StartupOrder:
         """The mount's own set as it knows it (loaded once: the prefetch and the look-ahead share it), or a

@@ -97,7 +97,8 @@ class Tier(ABC):
 
     @abstractmethod
     async def start_prefetch(self, set_name: str | None) -> dict[str, Any]:
-        """Start fetching a startup set (None: everything) in the background: ``{"started": bool, ...}``."""
+        """Start fetching a startup set (None: everything) in the background, or join the same one running:
+        ``{"started": bool, ...}`` (``busy``: another one runs)."""
 
     @abstractmethod
     def snapshot(self) -> dict[str, Any]:

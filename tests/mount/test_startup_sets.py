@@ -9,6 +9,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from conftest import Mount, MountFactory, RedisServer, delay_proxy_module, run_cli, wait_for
 from test_prefetch import fill
 from test_shared_tier import _remote
@@ -195,3 +196,32 @@ def test_a_hostile_startup_set_is_refused_and_counted_never_fatal(mount_factory:
     assert s["prefetch"]["files"] == len(files) and s["remote_rejected"] >= 5, s
     for p, data in files.items():
         assert (b.mountpoint / p).read_bytes() == data
+
+
+@pytest.mark.timeout(300)
+def test_a_prefetch_asked_while_the_mounts_own_runs_joins_it(mount_factory: MountFactory, redis_server: RedisServer):
+    """A plain mount prefetches its set in the background; ``prefetch`` asked meanwhile (a startup script
+    written before that default) waits for it and prints its result, as ``mount --prefetch`` does, and so
+    does a second one; ``prefetch --all`` asked meanwhile runs once it ended.  Through a proxy that makes
+    every exchange with Redis cost 600 ms: the mount's prefetch still runs when they ask."""
+    a = mount_factory("a", *_remote(redis_server))
+    files = recorded_load(a, dirs=8, per_dir=40, size=200)
+    with delay_proxy_module().DelayProxy("127.0.0.1", redis_server.port, rtt_ms=600, protocol="redis",
+                                         connect_rtts=0) as proxy:
+        b = mount_factory("b", "--remote", f"redis://127.0.0.1:{proxy.port}/0", "--min-age", "0")
+        assert b.stats()["prefetch"]["state"] == "running"
+        with ThreadPoolExecutor(3) as pool:
+            asked = [pool.submit(run_cli, "prefetch", str(b.mountpoint), *extra) for extra in ([], [], ["--all"])]
+            joined, other, everything = (f.result() for f in asked)
+        s = b.stats()
+    for res in (joined, other, everything):
+        assert res.returncode == 0, res.stderr
+    # both report the mount's own prefetch, which fetched the whole set
+    assert joined.stdout.startswith(f"prefetched {len(files)} files,") and other.stdout == joined.stdout
+    assert "a prefetch of set default is already running" in everything.stderr
+    first, = s["prefetch"]["earlier"]
+    assert first["background"] and first["run"] == 1 and first["files"] == len(files), s["prefetch"]
+    # --all ran after it: everything was here already
+    assert (s["prefetch"]["set"], s["prefetch"]["run"], s["prefetch"]["state"]) == ("*", 2, "done"), s["prefetch"]
+    assert everything.stdout.startswith("prefetched 0 files,"), everything.stdout
+    assert s["physical_bytes"] == sum(len(v) for v in files.values())
