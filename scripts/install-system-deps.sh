@@ -6,6 +6,7 @@
 # The sidecar-image tests (tests/container) build and run the Dockerfile with podman
 # and runc (crun cannot start containers on hosts with hybrid cgroups), run the compose
 # file with podman-compose, and make their base image with debootstrap: no registry.
+# faketime (libfaketime) runs one node of the clock-skew tests with its wall clock moved.
 set -euo pipefail
 pkgs=(fuse3 g++ ninja-build openssl redis-server podman runc podman-compose debootstrap faketime)
 missing=()
