@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -72,9 +73,12 @@ PURGED_KEPT = PURGES_READ * RECORD_PATHS + 10_000
 class ChangeCodec:
     """Records to and from bytes for one namespace, signed with *key* when there is one."""
 
-    def __init__(self, namespace: str, key: bytes | None) -> None:
+    def __init__(self, namespace: str, key: bytes | None, *,
+                 horizon: Callable[[], int] = lambda: MAX_VERSION) -> None:
         self.namespace = namespace
         self.key = key
+        #: Versions past this are refused: dated ahead of the tier's time (``tier_clock``), as entries are.
+        self.horizon = horizon
 
     def _mac(self, node: str, changes: list[list[Any]]) -> str:
         assert self.key is not None
@@ -110,6 +114,8 @@ class ChangeCodec:
                     and type(item[1]) is int and 0 < item[1] < MAX_VERSION and item[2] in (0, 1)
                     and type(item[2]) is int):
                 raise ValueError("bad change (a path that cannot be one, or a version out of range)")
+            if item[1] > self.horizon():
+                raise ValueError("a change dated past the tier's time (its writer's clock runs ahead)")
             out.append((item[0], item[1], bool(item[2])))
         if self.key is not None:
             mac = doc.get("mac")
@@ -124,7 +130,7 @@ class Changes:
     def __init__(self, tier: ChangesTier, wire: FeedWire, key: bytes | None) -> None:
         self.tier = tier
         self.wire = wire
-        self.codec = ChangeCodec(tier.remote.namespace, key)
+        self.codec = ChangeCodec(tier.remote.namespace, key, horizon=tier.clock.horizon_us)
         #: Deletions this mount learned of (path -> the deletion), so a startup set recorded before one
         #: never brings its names back (``StartupOrder``); the newest ``PURGED_KEPT`` are kept.
         self.purged: dict[str, RemoteEntry] = {}
