@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 from mithrilfs.shared.entries import BlobBytes, RemoteEntry, RemoteError, newest
 from mithrilfs.shared.redis_wire import RedisStore
 from mithrilfs.shared.startup_sets import Record
+from mithrilfs.shared.tier_clock import TierClock
 from mithrilfs.shared.wire import Level, RemoteStore
 from mithrilfs.store.cas import hash_bytes
 
@@ -59,9 +60,10 @@ class LayeredStore(RemoteStore):
         self.use_flush_seconds = back.use_flush_seconds
         #: Directories whose writes Redis missed (it was away): read from the bucket until it has them.
         self._front_missed: set[str] = set()
-        #: Both levels date by Redis's clock (``TIME``: one request), the bucket's entries judged by it too.
-        self.clock = front.clock
-        back.date_by(front.clock)
+        #: Both levels date by one clock: Redis's (``TIME``: one request), the bucket's while Redis is away.
+        self.clock = TierClock(self.server_time)
+        front.date_by(self.clock)
+        back.date_by(self.clock)
 
     def levels(self) -> list[Level]:
         return self.front.levels() + self.back.levels()
@@ -92,6 +94,13 @@ class LayeredStore(RemoteStore):
             except RemoteError as e:
                 errors.append(f"{level.url}: {e}")
         raise RemoteError("; ".join(errors))
+
+    def server_time(self) -> float:
+        """Redis's clock; the bucket's when Redis does not answer (writes go on to the bucket then)."""
+        try:
+            return self.front.server_time()
+        except RemoteError:
+            return self.back.server_time()
 
     def epoch(self) -> tuple[str, bool]:
         """The bucket's; asked every few seconds by the uploader, which also mends Redis's marks here: a

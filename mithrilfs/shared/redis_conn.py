@@ -104,6 +104,10 @@ class RedisConnection:
         self.level.retry_now()
         self._call(lambda: self.client.ping())
 
+    def date_by(self, clock: TierClock) -> None:
+        self.clock = clock
+        self.codec.horizon = clock.horizon_us
+
     def server_time(self) -> float:
         """The server's clock (``TIME``; a cluster's first answer), unix seconds."""
         def ask() -> float:

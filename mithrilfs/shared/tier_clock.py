@@ -77,6 +77,10 @@ class TierClock:
             self.offset_us, self.known = offset, True
             return True
 
+    def postpone(self) -> None:
+        """A measurement failed: the next is due in ``RESAMPLE_SECONDS``, as after one that succeeded."""
+        self._measured_at = time.monotonic()
+
     def measure_if_due(self) -> bool:
         return self.measure() if self.due() else False
 

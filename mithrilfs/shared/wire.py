@@ -170,6 +170,10 @@ class RemoteStore(ABC):
         """Raise RemoteError naming the cause unless the store answers now (ignores the back-off)."""
 
     @abstractmethod
+    def server_time(self) -> float:
+        """The store's clock now, unix seconds (a request: in a thread), for ``clock`` to measure against."""
+
+    @abstractmethod
     def epoch(self) -> tuple[str, bool]:
         """(a token that changes when the store lost its data, True when it was just made)."""
 

@@ -166,10 +166,7 @@ class WriteBehind:
 
         The tier's clock is measured here first, and again when due (``tier_clock``): nothing is
         published before this node dates its versions by the tier's time."""
-        clock = self.tier.clock
-        if clock.due() and await self.tier.thread(clock.measure):
-            with self.tier.ns.txn():
-                self.tier.ns.set_meta(clock_meta(self.tier.remote), str(clock.offset_us))
+        await self._measure_clock()
         epoch, _ = await self.tier.thread(self.tier.remote.epoch)
         kept, self.tier.kept_places = self.tier.kept_places, None
         if epoch == self.tier._epoch:
@@ -190,6 +187,24 @@ class WriteBehind:
         with self.tier.ns.txn():
             self.tier.ns.set_meta(self.tier._epoch_meta(), epoch)
         self.tier._epoch = epoch
+
+    async def _measure_clock(self) -> None:
+        """Measure the tier's clock when due (``tier_clock``), keeping a new offset for the next mount.  A
+        tier that does not tell its time leaves the offset as it was (this node's clock, never measured),
+        said once an hour: uploads wait for no clock."""
+        clock = self.tier.clock
+        if not clock.due():
+            return
+        try:
+            moved = await self.tier.thread(clock.measure)
+        except RemoteError as e:
+            clock.postpone()
+            log.warning("the shared tier's clock could not be read (%s): dating by %s", e,
+                        "the offset measured before" if clock.known else "this node's clock")
+            return
+        if moved:
+            with self.tier.ns.txn():
+                self.tier.ns.set_meta(clock_meta(self.tier.remote), str(clock.offset_us))
 
     async def _send_due(self) -> int:
         """Send one batch of what waited UPLOAD_DELAY; how many queue rows it settled."""
