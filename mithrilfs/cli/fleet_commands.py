@@ -54,7 +54,9 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
           + ("" if report.dry_run else f"; {report.blobs} and {report.packs} packs left, "
              f"{format_size(report.kept_bytes)} of them unnamed but younger than the grace"
              f" ({format_duration_short(grace)})"))
-    print(f"  {report.requests} requests in {report.seconds:.1f} s")
+    print(f"  {report.requests} requests in {report.seconds:.1f} s"
+          + (f"; {report.rejected} refused as hostile (entries, manifests, use records)" if report.rejected
+             else ""))
     return 0
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mithrilfs.cli.client import tier_command
 from mithrilfs.errors import UsageError
-from mithrilfs.store.namespace import CONTROL_NAME, valid_name
+from mithrilfs.store.namespace import ROOT_INODE, servable, valid_name
 
 #: A command's request is one write to its control file: kept well below one FUSE write.
 MAX_REQUEST_BYTES = 60 << 10
@@ -30,7 +30,7 @@ def mount_relative(mp: Path, text: str) -> str:
     parts = rel.split(b"/")
     if not all(valid_name(p) for p in parts):
         raise UsageError(f"{text!r} is not a path a mount can hold")
-    if parts[0] == CONTROL_NAME:
+    if not servable(ROOT_INODE, parts[0]):
         raise UsageError(f"{text!r} is in the mount's control directory")
     return os.fsdecode(rel)
 

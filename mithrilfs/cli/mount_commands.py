@@ -57,9 +57,11 @@ def remote_key(args: argparse.Namespace) -> bytes | None:
 
 
 def check_namespace(args: argparse.Namespace) -> None:
-    """``--remote-namespace`` is a key prefix: letters, digits, - _ . only."""
-    if not args.remote_namespace or not all(c.isalnum() or c in "-_." for c in args.remote_namespace):
-        usage_error(f"invalid namespace {args.remote_namespace!r} (letters, digits, - _ .)")
+    """``--remote-namespace`` is a key prefix and a bucket's path component: letters, digits, - _ . only, and
+    neither ``.`` nor ``..``."""
+    ns = args.remote_namespace
+    if not ns or ns in (".", "..") or not all(c.isalnum() or c in "-_." for c in ns):
+        usage_error(f"invalid namespace {ns!r} (letters, digits, - _ .)")
 
 
 def _cmd_mount(args: argparse.Namespace) -> int:
@@ -121,7 +123,8 @@ def _remote_stores(args: argparse.Namespace) -> tuple[str | None, S3Settings | N
     its endpoint and credentials by the AWS conventions.
     """
     from mithrilfs.shared.connect import check_remotes, is_s3
-    from mithrilfs.shared.s3_settings import from_environment
+    from mithrilfs.shared.s3_layout import nested_in
+    from mithrilfs.shared.s3_settings import S3Location, from_environment
 
     urls = args.remote or []
     try:
@@ -138,6 +141,9 @@ def _remote_stores(args: argparse.Namespace) -> tuple[str | None, S3Settings | N
         for opt in ("remote_password_file", "remote_cluster"):
             if getattr(args, opt):
                 usage_error(f"--{opt.replace('_', '-')} needs a Redis --remote")
+    nested = nested_in(S3Location.parse(next(u for u in urls if is_s3(u))), args.remote_namespace)
+    if nested:  # that fleet's gc and pruning delete what they find there
+        usage_error(nested)
     try:
         return behind, from_environment(args.remote_endpoint)
     except ValueError as e:

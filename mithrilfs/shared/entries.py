@@ -197,21 +197,23 @@ class EntryCodec:
 
     def decode(self, path: str, raw: bytes) -> RemoteEntry | None:
         """The entry, or None (counted) when it is malformed, out of range, or not signed with our key."""
+        entry, why = self.check(path, raw)
+        if entry is None:
+            self.counters["remote_rejected"] += 1
+            log.warning("remote entry %r %s", path, why)
+        return entry
+
+    def check(self, path: str, raw: bytes) -> tuple[RemoteEntry | None, str]:
+        """``decode`` without counting or logging: (the entry, "") or (None, why it is refused)."""
         try:
             entry, mac = parse_entry(raw)
         except ValueError as e:
-            self.counters["remote_rejected"] += 1
-            log.warning("remote entry %r ignored: %s", path, e)
-            return None
+            return None, f"ignored: {e}"
         if self.key is not None and (mac is None or not hmac.compare_digest(mac, self._mac(path, entry.fields()))):
-            self.counters["remote_rejected"] += 1
-            log.warning("remote entry %r has no valid signature: ignored", path)
-            return None
+            return None, "has no valid signature: ignored"
         if entry.version > self.horizon():
-            self.counters["remote_rejected"] += 1
-            log.warning("remote entry %r ignored: dated past the tier's time (its writer's clock runs ahead)", path)
-            return None
-        return entry
+            return None, "ignored: dated past the tier's time (its writer's clock runs ahead)"
+        return entry, ""
 
     def entries(self, dir_path: str, raw: dict[bytes, bytes]) -> dict[bytes, RemoteEntry]:
         """The valid entries of one directory's raw name -> value map (the rest counted and dropped)."""

@@ -262,14 +262,16 @@ class S3Feed(FeedWire):
             self.store._call(self._prune)
 
     def _prune(self) -> None:
-        """Delete journal objects older than ``S3_KEEP_SECONDS`` (at most one page per announcement)."""
+        """Delete journal objects older than ``S3_KEEP_SECONDS`` (at most one page per announcement): only
+        keys that are journal keys (``_stamp``), never what else lies below ``changes/``."""
         from mithrilfs.shared.s3_wire import _obstore
 
         base = self.store.base + self.prefix
         old = self._now_ns() - S3_KEEP_SECONDS * 10**9
         batch: Any = next(iter(_obstore().list(self.store.names, prefix=base, chunk_size=1000)), [])
         self.store.level.moved()
-        stale = [meta["path"] for meta in batch if (_stamp(meta["path"][len(base):]) or old) < old]
+        stale = [meta["path"] for meta in batch if (stamp := _stamp(meta["path"][len(base):])) is not None
+                 and stamp < old]
         for path in stale:
             _obstore().delete(self.store.names, path)
         self.store.level.moved(requests=len(stale))

@@ -25,6 +25,10 @@ A run, on any store (``Collector``: ``redis_gc``, ``s3_gc``):
 
 Everything read is hostile: entries are validated (``parse_entry``, without
 their signature: an entry signed with another key still protects its blob).
+What the report counts as names is what nodes serve (``served``): files and
+symlinks whose entries nodes accept, signed with gc's key when it has one;
+tombstones and refused entries are no names (refused ones are counted in
+``rejected`` with the run's other refused data).
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mithrilfs.cache.writepath import crash_point
-from mithrilfs.shared.entries import RemoteEntry, RemoteError, parse_entry
+from mithrilfs.shared.entries import EntryCodec, RemoteEntry, RemoteError, parse_entry
 from mithrilfs.shared.gc_summary import make_summary
 from mithrilfs.shared.usage import younger
 from mithrilfs.shared.wire import RemoteStore
+from mithrilfs.store.namespace import join_path, valid_name
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +98,10 @@ def _entry(raw: bytes) -> RemoteEntry | None:
 class Collector(ABC):
     """The store-specific half of gc (requests are counted by the store's levels)."""
 
-    def __init__(self, store: RemoteStore) -> None:
+    def __init__(self, store: RemoteStore, codec: EntryCodec) -> None:
         self.store = store
+        #: Entries as nodes read them (with gc's key, when it has one): what the report counts as names.
+        self.codec = codec
 
     @abstractmethod
     def list_names(self) -> dict[str, dict[bytes, bytes]]:
@@ -157,6 +164,10 @@ class Collector(ABC):
     def requests(self) -> int:
         return sum(lv.requests for lv in self.store.levels())
 
+    def rejected(self) -> int:
+        """Refused data seen so far (entries, manifests, use records): ``remote_rejected``."""
+        return self.store.counters["remote_rejected"]
+
 
 def collector_for(store: RemoteStore) -> Collector:
     from mithrilfs.shared.layered import LayeredStore
@@ -203,6 +214,8 @@ class Report:
     packs: int = 0
     bytes: int = 0
     relinked: int = 0
+    #: Data refused as hostile during the run (entries, manifests, use records that are none).
+    rejected: int = 0
     requests: int = 0
     seconds: float = 0.0
     deleted: list[str] = field(default_factory=list)
@@ -224,6 +237,22 @@ def units_of(names: dict[str, dict[bytes, bytes]]) -> dict[str, Unit]:
                 unit.blobs[e.hash] = e.size
         out[d] = unit
     return out
+
+
+def served(collector: Collector, units: dict[str, Unit]) -> tuple[int, int]:
+    """(names, directories holding one) as nodes see them: files and symlinks whose entries nodes accept
+    (signed with gc's key, when it has one); the refused ones are counted in ``remote_rejected``."""
+    names, dirs, refused = 0, 0, 0
+    for d, u in units.items():
+        here = 0
+        for name, raw in u.files.items():
+            e = collector.codec.check(join_path(d, name), raw)[0] if valid_name(name) else None
+            refused += e is None
+            here += e is not None and e.type in ("f", "l")
+        names += here
+        dirs += here > 0
+    collector.store.counters["remote_rejected"] += refused
+    return names, dirs
 
 
 def referenced(names: dict[str, dict[bytes, bytes]]) -> dict[str, int]:
@@ -280,7 +309,7 @@ def run(collector: Collector, *, max_size: int | None, max_age: float | None, gr
         key_store: RemoteStore | None = None) -> Report:
     """One gc run (see the module doc); RemoteError when the tier fails (what was done stays done)."""
     started = time.monotonic()
-    requests0 = collector.requests()
+    requests0, rejected0 = collector.requests(), collector.rejected()
     clock = collector.store.clock
     clock.measure()  # every age is the tier's: use records, blob and pack times are dated by its clock
     now = clock.now()
@@ -310,14 +339,14 @@ def run(collector: Collector, *, max_size: int | None, max_age: float | None, gr
                 _count_deleted(report, c, c.size)
         report.deleted_dirs = len(p.victims)
         report.deleted_names = sum(len(u.files) for u in p.victims)
-        report.names = sum(len(u.files) for u in units.values()) - report.deleted_names
-        report.dirs = len(units) - report.deleted_dirs
+        report.names, report.dirs = served(collector, {d: u for d, u in units.items() if d not in victims})
         report.bytes = p.kept_bytes
     else:
         _delete_names(collector, p.victims, report)
         collector.forget_use([u.path for u in p.victims])
         _sweep(collector, now, grace, report, key_store)
     report.requests = collector.requests() - requests0
+    report.rejected = collector.rejected() - rejected0
     report.seconds = round(time.monotonic() - started, 3)
     if not dry_run:
         collector.write_summary(make_summary(
@@ -422,9 +451,7 @@ def _sweep(collector: Collector, now: float, grace: float, report: Report, key_s
         _unlink_empty(collector, names)
         refs = referenced(names)
         keep = live(names)
-        units = units_of(names)
-        report.dirs = len(units)
-        report.names = sum(len(u.files) for u in units.values())
+        report.names, report.dirs = served(collector, units_of(names))
         report.bytes = sum(refs.values())
         # relative to the listing: a name published after it was checked at most UPLOAD_LAG before, on a blob
         # written at most BLOB_TRUST before that (``usage``), so never before this, however long the run
@@ -476,17 +503,18 @@ def _unlink_empty(collector: Collector, names: dict[str, dict[bytes, bytes]]) ->
 
 
 def _relink(collector: Collector, names: dict[str, dict[bytes, bytes]], key_store: RemoteStore | None) -> int:
-    """Directories holding names whose parent has no entry for them (a killed run, a lost race): linked."""
+    """Directories holding entries nodes accept whose parent has no entry for them (a killed run, a lost race):
+    linked.  Entries nodes refuse (planted, unsigned in signed mode) never make gc link, and sign, a directory."""
     def linked(d: str) -> bool:
         parent, _, name = d.rpartition("/")
         return names.get(parent, {}).get(name.encode(errors="surrogateescape")) is not None
 
     missing: set[str] = set()
     for d, raw in names.items():
-        while d and raw and not linked(d) and d not in missing:
+        held = any(collector.codec.check(join_path(d, n), v)[0] is not None for n, v in raw.items())
+        while d and held and not linked(d) and d not in missing:
             missing.add(d)  # and its parent, if that one is not linked either (or holds nothing)
             d = d.rpartition("/")[0]
-            raw = {b"": b""}
     if not missing:
         return 0
     store = key_store or collector.store

@@ -34,7 +34,7 @@ from mithrilfs.shared.changes import Change, path_parts
 from mithrilfs.shared.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.tier_state import PurgeTier
 from mithrilfs.shared.wire import RemoteStore
-from mithrilfs.store.namespace import ROOT_INODE, join_path
+from mithrilfs.store.namespace import ROOT_INODE, join_path, servable
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,13 @@ def dirs_under(remote: RemoteStore, paths: list[str]) -> set[str]:
     return set().union(*s3._call(lambda: [scan(p) for p in paths]))
 
 
+def mount_path(path: str) -> bool:
+    """A path a purge may name: every component a name, the first not the control directory (``servable``,
+    the check the CLI makes too)."""
+    parts = path_parts(path)
+    return parts is not None and servable(ROOT_INODE, parts[0])
+
+
 def remote_names(tier: PurgeTier, paths: list[str]) -> set[str]:
     """Every live name at or under *paths* in the tier (blocking: run in a thread)."""
     remote = tier.remote
@@ -124,8 +131,8 @@ def local_names(tier: PurgeTier, path: str) -> set[str]:
 
 async def forget_fleet(tier: PurgeTier, paths: list[str]) -> dict[str, Any]:
     """Purge *paths* (relative to the mount root) from the fleet; ``{"error": ...}`` in one line on failure."""
-    if not paths or len(paths) > MAX_PATHS or any(path_parts(p) is None for p in paths):
-        return {"error": f"give 1 to {MAX_PATHS} paths inside the mount"}
+    if not paths or len(paths) > MAX_PATHS or not all(mount_path(p) for p in paths):
+        return {"error": f"give 1 to {MAX_PATHS} paths inside the mount, outside its control directory"}
     try:
         await tier.thread(tier.clock.measure_if_due)
         version = tier.clock.now_us()

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mithrilfs.shared import usage
+from mithrilfs.shared.entries import is_hex_digest
 from mithrilfs.shared.gc import Collector, Container
 from mithrilfs.shared.redis_wire import _BATCH, COMPLETE, RedisStore, _glob_escape
 
@@ -52,10 +54,12 @@ class RedisCollector(Collector):
     store: RedisStore
 
     def __init__(self, store: RedisStore) -> None:
-        super().__init__(store)
+        super().__init__(store, store.codec)
         self.r = store
         self._remove_if: Any = None
         self._delete_blob: Any = None
+        #: Directories whose recorded use is no time (``usage.use_time``): ``adopt`` writes over it.
+        self._refused: set[str] = set()
 
     def _script(self, name: str, text: str) -> Any:
         if getattr(self, name) is None:
@@ -112,9 +116,19 @@ class RedisCollector(Collector):
 
     # -- use records ------------------------------------------------------------
     def use_times(self) -> dict[str, float]:
+        """The recorded uses; a score that is no time (``inf``: nodes' ``ZADD GT`` could never lower it) is
+        refused, counted, and written over by ``adopt``."""
         def get() -> dict[str, float]:
-            return {k.decode(errors="surrogateescape"): float(v)
-                    for k, v in self.r.client.zscan_iter(self.r.used_key, count=1000)}
+            out, refused = {}, set()
+            for k, v in self.r.client.zscan_iter(self.r.used_key, count=1000):
+                d, t = k.decode(errors="surrogateescape"), usage.use_time(v)
+                if t is None:
+                    refused.add(d)
+                else:
+                    out[d] = t
+            self._refused = refused
+            self.r.counters["remote_rejected"] += len(refused)
+            return out
 
         return self.r._call(get)
 
@@ -122,9 +136,14 @@ class RedisCollector(Collector):
         def add() -> None:
             pipe = self.r.client.pipeline(transaction=False)
             for start in range(0, len(dirs), _BATCH):
-                # NX: only where none is; LT: lowered where one is dated later
-                pipe.zadd(self.r.used_key, dict.fromkeys(dirs[start:start + _BATCH], when), nx=not replace,
-                          lt=replace)
+                batch = dirs[start:start + _BATCH]
+                if replace:  # records dated past *when*: lowered to it (LT)
+                    pipe.zadd(self.r.used_key, dict.fromkeys(batch, when), lt=True)
+                    continue
+                pipe.zadd(self.r.used_key, dict.fromkeys(batch, when), nx=True)
+                over = [d for d in batch if d in self._refused]
+                if over:
+                    pipe.zadd(self.r.used_key, dict.fromkeys(over, when), xx=True)
             pipe.execute()
 
         if dirs:
@@ -151,7 +170,7 @@ class RedisCollector(Collector):
             hexes = []
             for k in self._scan(_glob_escape(prefix) + "{*}:0"):
                 h = k[len(prefix):].decode(errors="replace")[1:-3]
-                if len(h) == 64:
+                if is_hex_digest(h):
                     hexes.append(h)
             now = self.r.clock.now()
             untimed = [h for h in hexes if h not in times] if adopt else []

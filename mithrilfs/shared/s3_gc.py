@@ -6,27 +6,34 @@ published meanwhile stays.  Use records are small objects under ``usage/``,
 one per node flush, merged here (and compacted into one when there are
 many).  A blob object or a pack is deleted only when unreferenced (a pack:
 no entry locates a blob in it) and last written before the grace, checked
-again (HEAD) just before; and while the sweep runs a ``gc-sweep`` object
-tells writers to hold their names back (a writer that re-uploaded an old
-blob, or wrote an old pack's bytes again, checks its blobs again after the
-sweep: ``write_behind``, ``Packs.swept``).  S3 has no conditional DELETE
-that SeaweedFS and obstore both offer, hence the marker.
+again (HEAD) just before; and while the sweep runs a marker of its own,
+``gc-sweeps/T-R``, tells writers to hold their names back (a writer that
+re-uploaded an old blob, or wrote an old pack's bytes again, checks its
+blobs again after the sweep: ``write_behind``, ``Packs.swept``).  S3 has no
+conditional DELETE that SeaweedFS and obstore both offer, hence the marker;
+one per run, so a run that ends removes its own and never another's.
+
+Only keys that parse as this namespace's own (``s3_layout``) are read,
+merged or deleted: a listing of ``usage/``, ``blobs/`` or ``packs/`` also
+returns whatever lies below them (another fleet nested there, a planted
+object).
 """
 
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from typing import Any
 
 from mithrilfs.shared import usage
-from mithrilfs.shared.entries import RemoteError
+from mithrilfs.shared.entries import RemoteError, is_hex_digest, is_pack_id
 from mithrilfs.shared.gc import Collector, Container
 from mithrilfs.shared.layered import LayeredStore
 from mithrilfs.shared.redis_gc import RedisCollector
+from mithrilfs.shared.s3_blobs import object_age
+from mithrilfs.shared.s3_layout import SWEEPS, USAGE, is_record_key, record_key
 from mithrilfs.shared.s3_packs import pack_key
-from mithrilfs.shared.s3_wire import CAS_ATTEMPTS, SWEEP_KEY, S3Store, _component, _obstore
+from mithrilfs.shared.s3_wire import CAS_ATTEMPTS, S3Store, _component, _obstore
 from mithrilfs.shared.wire import RemoteStore
 
 #: A gc that finds more use-record objects than this merges them into one.
@@ -37,13 +44,15 @@ MAX_USAGE_BYTES = 32 << 20
 
 class S3Collector(Collector):
     def __init__(self, store: RemoteStore, bucket: S3Store | None = None) -> None:
-        super().__init__(store)
         s3 = bucket if bucket is not None else store
         assert isinstance(s3, S3Store)
+        super().__init__(store, s3.codec)
         self.s3: S3Store = s3
         self._usage_keys: list[str] = []
         self._usage: dict[str, float] = {}
         self._swept_at = 0.0
+        #: This run's sweep marker (``begin_sweep``), the only one it deletes.
+        self._sweep_key = ""
         #: Manifests read by this collector: directory -> (ETag, entries).
         self._manifests: dict[str, tuple[str, dict[bytes, bytes]]] = {}
 
@@ -123,8 +132,11 @@ class S3Collector(Collector):
         """Each directory's last use: the newest of its records, none later than the bucket's time of the
         object that holds it (``Last-Modified``): a writer's clock ahead never keeps a directory young."""
         def get() -> dict[str, float]:
-            metas = self._list("usage/")
-            keys = [m["path"][len(self.s3.base):] for m in metas]
+            listed = [(m["path"][len(self.s3.base):], m) for m in self._list(USAGE)]
+            records = [(k, m) for k, m in listed if is_record_key(USAGE, k) and int(m["size"]) <= MAX_USAGE_BYTES]
+            self.s3._count("remote_rejected", sum(1 for k, _ in listed if is_record_key(USAGE, k)) - len(records))
+            keys = [k for k, _ in records]
+            metas = [m for _, m in records]
             merged: dict[str, float] = {}
             for meta, chunk in zip(metas, self.s3._parallel(self._read_usage, keys)):
                 written = meta.get("last_modified")
@@ -137,14 +149,21 @@ class S3Collector(Collector):
         return self.s3._call(get)
 
     def _read_usage(self, key: str) -> dict[str, float]:
+        """One record object's directory -> time; what is not (not JSON, a time that is no time) is refused
+        and counted in ``remote_rejected``."""
         got = self.s3._get(self.s3.names, key, MAX_USAGE_BYTES)
+        if got is None:
+            return {}
         try:
-            d = json.loads(got[0]) if got is not None and got[0] is not None else {}
+            d = json.loads(got[0]) if got[0] is not None else None
         except (ValueError, RecursionError):
-            return {}
+            d = None
         if not isinstance(d, dict):
+            self.s3._count("remote_rejected")
             return {}
-        return {k: float(v) for k, v in d.items() if isinstance(k, str) and type(v) in (int, float)}
+        out = {k: t for k, v in d.items() if isinstance(k, str) and (t := usage.use_time(v)) is not None}
+        self.s3._count("remote_rejected", len(d) - len(out))
+        return out
 
     def adopt(self, dirs: list[str], when: float, *, replace: bool = False) -> None:
         self.s3.record_use(dict.fromkeys(dirs, when))  # a later one is bounded by its object's time (use_times)
@@ -157,8 +176,7 @@ class S3Collector(Collector):
 
         def compact() -> None:
             data = json.dumps(keep, sort_keys=True).encode(errors="surrogateescape")
-            self.s3._put(self.s3.names, f"usage/{time.time_ns():020d}-{secrets.token_hex(6)}", data, "create",
-                         len(data))
+            self.s3._put(self.s3.names, record_key(USAGE), data, "create", len(data))
             self.s3._parallel(lambda key: _obstore().delete(self.s3.names, self.s3.base + key), self._usage_keys)
             self.s3.level.moved(requests=len(self._usage_keys))
 
@@ -171,11 +189,11 @@ class S3Collector(Collector):
             out = []
             for meta in self._list("blobs/"):
                 h = meta["path"].rpartition("/")[2]
-                if len(h) == 64:
+                if is_hex_digest(h) and meta["path"] == self.s3.base + self.s3.blobs._blob_key(h):
                     out.append(Container(h, (h,), int(meta["size"]), meta["last_modified"].timestamp()))
             for meta in self._list("packs/"):
                 p = meta["path"].rpartition("/")[2]
-                if len(p) == 32:
+                if is_pack_id(p) and meta["path"] == self.s3.base + pack_key(p):
                     out.append(Container(p, (p,), int(meta["size"]), meta["last_modified"].timestamp(), "pack"))
             return out
 
@@ -197,15 +215,26 @@ class S3Collector(Collector):
         return self.s3._call(delete)
 
     def begin_sweep(self) -> None:
-        self.s3._call(lambda: self.s3._put(self.s3.names, SWEEP_KEY, b"gc", "overwrite", 2))
+        """Write this run's marker (again: renewed while the sweep lasts)."""
+        self._sweep_key = self._sweep_key or record_key(SWEEPS)
+        self.s3._call(lambda: self.s3._put(self.s3.names, self._sweep_key, b"gc", "overwrite", 2))
         self._swept_at = time.monotonic()
 
     def end_sweep(self) -> None:
-        def delete() -> None:
-            _obstore().delete(self.s3.names, self.s3.base + SWEEP_KEY)
-            self.s3.level.moved()
+        """Delete this run's marker, and those of dead runs (older than writers heed): a run still sweeping
+        keeps its own."""
+        key, self._sweep_key = self._sweep_key, ""
 
-        self.s3._call(delete)
+        def delete() -> None:
+            now = self.s3.clock.now()
+            dead = [m["path"] for m in self._list(SWEEPS) if is_record_key(SWEEPS, m["path"][len(self.s3.base):])
+                    and not usage.younger(object_age(m, now), usage.GC_RUN_SECONDS)]
+            for path in [self.s3.base + key, *dead]:
+                _obstore().delete(self.s3.names, path)
+            self.s3.level.moved(requests=1 + len(dead))
+
+        if key:
+            self.s3._call(delete)
 
     def write_summary(self, data: bytes) -> None:
         self.s3._call(lambda: self.s3._put(self.s3.names, "gc", data, "overwrite", len(data)))

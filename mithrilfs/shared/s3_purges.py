@@ -13,23 +13,23 @@ newest, so the reader can tell where its reading stopped (the floor).
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from mithrilfs.shared.entries import MAX_VERSION
 from mithrilfs.shared.feed_wire import MAX_RECORD_BYTES
 from mithrilfs.shared.s3_conn import _obstore
+from mithrilfs.shared.s3_layout import is_record_key, record_key
 from mithrilfs.shared.startup_sets import PURGES_KEPT, PURGES_READ
 
 PREFIX = "purges/"
 
 
 def _version(key: str) -> int | None:
-    """The purge version a key was written with; None for a key that is no purge record's (planted)."""
-    stamp = key[len(PREFIX):].partition("-")[0]
-    if len(stamp) != 20 or not stamp.isdigit():
+    """The purge version a key was written with; None for a key that is no purge record's (planted, or
+    another fleet's nested below ``purges/``: never read, never pruned)."""
+    if not is_record_key(PREFIX, key):
         return None
-    version = MAX_VERSION - int(stamp)
+    version = MAX_VERSION - int(key[len(PREFIX):len(PREFIX) + 20])
     return version if 0 < version < MAX_VERSION else None
 
 
@@ -46,7 +46,7 @@ class S3Purges:
 
     def keep(self, version: int, raw: bytes) -> None:
         def write() -> None:
-            key = f"{PREFIX}{MAX_VERSION - version:020d}-{secrets.token_hex(6)}"
+            key = record_key(PREFIX, MAX_VERSION - version)
             self.s3._put(self.s3.names, key, raw, "create", len(raw))
             old = [k for k, _ in self._keys()[PURGES_KEPT:]]
             self.s3._parallel(lambda k: _obstore().delete(self.s3.names, self.s3.base + k), old)

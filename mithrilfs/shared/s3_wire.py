@@ -15,8 +15,18 @@ Layout under ``s3://BUCKET/PREFIX/NAMESPACE/``
                         it absent
   ``startup/~NAME/ID``  a startup set: one record per mount that recorded one, written
                         over by that mount at most once a minute (``startup_sets``)
+  ``changes/``, ``purges/``  the change feed's journal and the purges kept
+                        (``feed_wire``, ``s3_purges``)
+  ``usage/T-R``         use records, one per node flush (``fleet gc`` merges them)
+  ``bad/HEX``           a blob a reader found corrupt (``s3_repair``)
+  ``gc-sweeps/T-R``     a running ``fleet gc``'s sweep marker, one per run (``s3_gc``)
   ``epoch``             a random token: gone means the bucket was emptied, and
-                        every node uploads what it has again
+                        every node uploads what it has again; ``gc``, the last
+                        ``fleet gc``'s summary
+
+These names are reserved (``s3_layout``): gc and the prunings take only the
+keys below them that parse as their own records, and a namespace inside
+another fleet's reserved directories is refused.
 
 Names converge by compare-and-swap: a writer reads a directory's manifest
 and its ETag, merges its entries in (per name the newest (version, node)
@@ -56,6 +66,7 @@ from mithrilfs.shared import usage
 from mithrilfs.shared.entries import MAX_DIR_NAMES, BlobBytes, EntryCodec, RemoteEntry, RemoteError
 from mithrilfs.shared.s3_blobs import S3Blobs, object_age
 from mithrilfs.shared.s3_conn import S3Connection, _obstore
+from mithrilfs.shared.s3_layout import SWEEPS, USAGE, is_record_key, record_key
 from mithrilfs.shared.s3_packs import RANGE_BYTES, Packs
 from mithrilfs.shared.s3_purges import S3Purges
 from mithrilfs.shared.s3_repair import BadBlobReports
@@ -84,8 +95,6 @@ MAX_MANIFEST_BYTES = 32 << 20
 SMALL_BLOB_BYTES = 8 << 20
 #: Attempts of one manifest update before the tier gives up for now (the queue retries later).
 CAS_ATTEMPTS = 25
-#: Present while a ``fleet gc`` deletes blobs (``s3_gc``): writers hold their names back meanwhile.
-SWEEP_KEY = "gc-sweep"
 
 
 def _quoted(text: str) -> str:
@@ -460,16 +469,20 @@ class S3Store(S3Connection, RemoteStore):
         """One new object of use records (directory -> when), never a rewrite; gc merges them."""
         def add() -> None:
             data = json.dumps(records, sort_keys=True).encode(errors="surrogateescape")
-            self._put(self.names, f"usage/{time.time_ns():020d}-{secrets.token_hex(6)}", data, "create", len(data))
+            self._put(self.names, record_key(USAGE), data, "create", len(data))
 
         if records:
             self._call(add)
 
     def sweeping(self) -> bool:
-        """A ``gc-sweep`` object younger than a gc run's limit: a gc deletes blobs and packs now (``s3_gc``)."""
+        """A sweep marker younger than a gc run's limit (one LIST of ``gc-sweeps/``, a marker per run): a gc
+        deletes blobs and packs now (``s3_gc``)."""
         def get() -> bool:
-            meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + SWEEP_KEY))
-            return meta is not None and usage.younger(object_age(meta, self.clock.now()), usage.GC_RUN_SECONDS)
+            batch: Any = next(iter(_obstore().list(self.quick, prefix=self.base + SWEEPS, chunk_size=100)), [])
+            self.level.moved()
+            now = self.clock.now()
+            return any(is_record_key(SWEEPS, m["path"][len(self.base):])
+                       and usage.younger(object_age(m, now), usage.GC_RUN_SECONDS) for m in batch)
 
         if not self._call(get):
             return False

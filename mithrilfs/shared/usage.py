@@ -25,15 +25,17 @@ The times here also order gc against writers (docs/design.md, *Fleet gc*):
   written before that listing less its grace, which must be at least the
   sum of both (``min_grace``): a blob a writer relied on is never deleted
   before the name that references it is published and seen by the next gc;
-- a bucket's gc marks its sweep (``gc-sweep``, renewed every half of
-  ``GC_RUN_SECONDS``, ignored by writers once older), so a writer that
-  uploaded again a blob gc listed as old publishes its names only after.
+- a bucket's gc marks its sweep (a marker per run, ``gc-sweeps/T-R``,
+  renewed every half of ``GC_RUN_SECONDS``, ignored by writers once older),
+  so a writer that uploaded again a blob gc listed as old publishes its
+  names only after.
 
 Each can be lowered through the environment for tests (``MITHRILFS_*``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -70,6 +72,19 @@ def younger(age: float, limit: float) -> bool:
 def min_grace() -> float:
     """The shortest grace that keeps every upload safe (see the module doc)."""
     return BLOB_TRUST_SECONDS + UPLOAD_LAG_SECONDS
+
+
+def use_time(value: object) -> float | None:
+    """A use record's time as read from the tier, or None when it is none: a number (no bool), finite (JSON
+    readers take ``NaN`` and ``Infinity``, which merged by ``max`` would keep a directory from ever aging)
+    and not negative."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        t = float(value)
+    except OverflowError:  # an integer past any float
+        return None
+    return t if math.isfinite(t) and t >= 0 else None
 
 
 def dir_of(path: str) -> str:

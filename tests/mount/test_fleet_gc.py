@@ -484,6 +484,7 @@ def test_gc_deletes_a_pack_nothing_names_keeps_a_partly_named_one_and_a_writer_n
 @pytest.mark.parametrize("point", ["gc_names_removed:3", "gc_sweep:2"])
 def test_gc_killed_half_way_and_run_again_leaves_nothing_dangling(mount_factory: MountFactory, tier: Tier,
                                                                   point: str):
+    tier.env["MITHRILFS_GC_RUN_SECONDS"] = "10"  # a killed run's sweep marker is a dead gc's after 10 s
     a = _node(mount_factory, tier, "a")
     files = _entries(a, 8)
     _settled(a, 8)
@@ -495,7 +496,7 @@ def test_gc_killed_half_way_and_run_again_leaves_nothing_dangling(mount_factory:
     assert killed.returncode == -signal.SIGKILL
     tier.assert_nothing_dangles()  # even half-way
     b = _node(mount_factory, tier, "b")  # a writer goes on meanwhile (a bucket's sweep marker, left behind,
-    write_committed(b.mountpoint / "after", b"written after the kill")  # holds names back only until gc ends)
+    write_committed(b.mountpoint / "after", b"written after the kill")  # holds names back until it is 10 s old)
     done = tier.gc_json("--max-age", "1d")
     assert done["names"] + (len(done["deleted"]) * 2 if point.startswith("gc_sweep") else 0) >= 4
     wait_uploaded(b, 60)

@@ -9,6 +9,7 @@ a real redis-server and a real SeaweedFS bucket (issue 34).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -239,6 +240,24 @@ def test_forget_errors_are_one_line(mount_factory: MountFactory, redis_server: R
     res = run_cli("forget", "--fleet", str(shared.mountpoint), "x")
     assert res.returncode == 1 and "nothing was forgotten" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_the_daemon_refuses_to_forget_its_control_directory(mount_factory: MountFactory, redis_server: RedisServer):
+    """The CLI refuses it; a request written to the control file directly is refused the same way, and no
+    tombstone for ``.mithrilfs`` reaches the tier."""
+    import redis
+
+    m = mount_factory("m", "--remote", redis_server.url, "--min-age", "0")
+    for paths in ([".mithrilfs"], [".mithrilfs/stats.json"], ["kern", ".mithrilfs"]):
+        fd = os.open(m.mountpoint / ".mithrilfs" / "forget", os.O_RDWR)
+        try:
+            os.write(fd, json.dumps(paths).encode())
+            answer = json.loads(os.pread(fd, 1 << 16, 0))
+        finally:
+            os.close(fd)
+        assert "control directory" in answer.get("error", ""), (paths, answer)
+    assert redis.Redis.from_url(redis_server.url).hgetall("mfs:default:d:") == {}
+    assert m.stats()["remote_tombstones"] == 0
 
 
 def test_an_upload_queued_before_the_purge_never_brings_the_name_back(mount_factory: MountFactory,
