@@ -190,13 +190,14 @@ class S3Connection:
 
     def server_time(self) -> float:
         """The bucket's clock, unix seconds: the ``Last-Modified`` of an object written now (``clock``, one
-        per namespace, a few bytes; a PUT and a HEAD).  Whole seconds: ``tier_clock`` allows for it."""
+        per namespace, a few bytes; a PUT and a HEAD), plus half a second: it has whole seconds, cut down,
+        so the middle of its second is the best guess (``tier_clock`` allows for the error)."""
         def ask() -> float:
             self._put(self.quick, "clock", b"t", "overwrite", 1)
             meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + "clock"))
             if meta is None:
                 raise FileNotFoundError("the clock object vanished as it was written")
-            return float(meta["last_modified"].timestamp())
+            return float(meta["last_modified"].timestamp()) + 0.5
 
         return float(self._call(ask))
 
