@@ -1,5 +1,5 @@
-"""A bucket that misbehaves under a node: packs corrupted, cut or deleted while it prefetches, and S3's
-``503 SlowDown`` under a burst.
+"""A bucket that misbehaves under a node: packs corrupted, cut or deleted while it prefetches, startup sets
+of hostile or absurd size, and S3's ``503 SlowDown`` under a burst.
 
 A real SeaweedFS, real mounts.  Objects are rewritten with an ordinary S3 client, as anyone with write
 access to the bucket could; the SlowDown answers come from the project's delay proxy
@@ -7,12 +7,16 @@ access to the bucket could; the SlowDown answers come from the project's delay p
 the writer's bytes or fails EIO), nothing hangs, bad data is counted, and a throttled bucket slows a node
 down without failing its reads.
 """
+
 from __future__ import annotations
 
 import errno
+import json
+import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import obstore
@@ -21,6 +25,8 @@ from conftest import Mount, MountFactory, SeaweedFS, delay_proxy_module, run_cli
 from test_shared_packs import workload, write_kernel
 from test_shared_s3 import BASE, _s3, errno_of_read, get, keys, manifest, pack_key, put
 
+from mithrilfs.shared.startup_order import UNRESOLVED_DIRS
+from mithrilfs.shared.startup_sets import new_record_id, record_time
 from mithrilfs.store.cas import hash_bytes
 
 
@@ -221,3 +227,123 @@ def test_a_bucket_answering_slow_down_slows_a_node_but_fails_nothing(
         said = log_lines(m, "SlowDown", "503", "slow down")
         assert len(said) <= 1 and (said or not level["slowdowns"]), said
     assert keys(shared_seaweedfs, bucket, BASE + "bad/") == []
+
+
+def plant_record(weed: SeaweedFS, bucket: str, order: list[list[str]], name: str = "default") -> str:
+    """A startup set record, planted as the set's newest (as anyone with write access could); its id."""
+    rid = new_record_id()
+    put(weed, bucket, f"{BASE}startup/~{name}/{rid}", json.dumps({"mithrilfs": 1, "order": order}).encode())
+    return rid
+
+
+def entry_text(weed: SeaweedFS, bucket: str, path: str) -> str:
+    """A file's entry as the bucket holds it, as a record carries it."""
+    d, _, name = path.rpartition("/")
+    return json.dumps(manifest(weed, bucket, d)[name])
+
+
+@pytest.mark.timeout(180)
+def test_a_startup_set_of_100000_paths_is_refused_whole_and_the_mount_stays_responsive(
+        mount_factory: MountFactory, shared_seaweedfs: SeaweedFS, bucket: str):
+    """A record naming 100,000 paths, planted as the set's newest beside A's (no writer records more than
+    ``MAX_RECORD_PATHS``, 50,000; this one is 25 MB, under ``MAX_RECORD_BYTES``): refused whole and counted,
+    so none of its names is created, while A's record is loaded and prefetched as always; a ``stat``
+    answers at once throughout.  Before, its first 50,000 paths were decoded and created as names (a
+    10 s prefetch), and nothing was counted."""
+    weed, env = shared_seaweedfs, shared_seaweedfs.env()
+    a = mount_factory("a", *_s3(bucket), env=env)
+    files = published_and_recorded(a, workload(3, seed=23))
+    file_entry = entry_text(weed, bucket, next(iter(files)))  # a real file's entry: its blob is there
+    dir_entry = json.dumps({"t": "d", "v": json.loads(file_entry)["v"], "n": "flood", "m": 0o755, "mt": 1})
+    order = [["flood", dir_entry]]
+    for d in range(100):
+        order.append([f"flood/d{d:03d}", dir_entry])
+        order += [[f"flood/d{d:03d}/f{i:04d}.so", file_entry] for i in range(1000)]
+    plant_record(weed, bucket, order)
+    b = mount_factory("b", *_s3(bucket), env=env)
+    worst = 0.0
+    deadline = time.monotonic() + 60
+    while b.stats()["prefetch"]["state"] not in ("done", "failed") and time.monotonic() < deadline:
+        t = time.monotonic()
+        os.stat(b.mountpoint / "triton")
+        worst = max(worst, time.monotonic() - t)
+        time.sleep(0.05)
+    assert worst < 2, f"a stat waited {worst:.1f} s while the set loaded"
+    state = prefetched(b)
+    assert state["state"] == "done" and state["files"] == len(files), state
+    s = b.stats()
+    assert s["remote_rejected"] >= 1 and s["startup_set_paths"] < 100, s
+    assert not (b.mountpoint / "flood").exists()
+    for p, data in files.items():
+        assert (b.mountpoint / p).read_bytes() == data, p
+
+
+def hostile_items(files: dict[str, bytes], entry: str) -> tuple[list[Any], list[list[str]], str]:
+    """Items no set may hold (each refused and counted); paths deep under directories that are nowhere (valid
+    paths, listed from the tier at a request per level: bounded by ``UNRESOLVED_DIRS`` in all); and a name
+    of control characters (a name, like any a user could create: taken where its directory is, its entry
+    checked), with its path."""
+    kernel = next(iter(files)).rpartition("/")[0]
+    controls = f"{kernel}/ctl\x1b[31m\r\nname\x07.so"
+    refused = [["../escape.so", entry], ["/etc/passwd", entry], [f"{kernel}/../../../escape.so", entry],
+               [f"{kernel}//empty.so", entry], ["", entry], [f"{kernel}/{'n' * 4096}", entry], [f"{kernel}/", entry],
+               [f"{kernel}/nul\0.so", entry], [kernel + "/d" * 2100 + "/over-path-max.so", entry],
+               [f"{kernel}/x.so", '{"t": "f"}'], [f"{kernel}/y.so", "not json"], ["z.so"], 7]
+    placeless = [[f"nowhere{j}" + "/d" * 1500 + "/deep.so", entry] for j in range(3)]
+    return refused, placeless, controls
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("store", ["s3", "redis"])
+def test_a_startup_set_naming_hostile_paths_serves_the_good_ones_and_counts_the_rest(
+        mount_factory: MountFactory, shared_seaweedfs: SeaweedFS, bucket: str, store: str, request: Any,
+        tmp_path: Path):
+    """A record planted as the set's newest, naming A's files and beside them ``..``, absolute paths, empty
+    components, a 4 KiB name, a NUL, a path over ``PATH_MAX``, entries that are none, items that are no item:
+    each is refused and counted, nothing is created outside the mount nor anywhere the set does not place
+    it, and every file of A reads right.  Deep paths whose directories are nowhere cost a listing each level
+    (a manifest GET in a bucket), at most ``UNRESOLVED_DIRS`` in all: before, three such paths of 1,500
+    levels cost 4,500 GETs.  A name of control characters is a name (POSIX allows it, and so does a
+    manifest): taken in its directory, its bytes verified like any."""
+    weed, env = shared_seaweedfs, shared_seaweedfs.env()
+    if store == "s3":
+        remote: tuple[str, ...] = _s3(bucket)
+    else:
+        from test_shared_tier import _remote
+
+        redis_server = request.getfixturevalue("redis_server")
+        remote = _remote(redis_server)
+    a = mount_factory("a", *remote, env=env)
+    files = published_and_recorded(a, workload(3, seed=24))
+    first = next(iter(files))
+    index = "mfs:default:startup:{default}"
+    if store == "s3":
+        entry = entry_text(weed, bucket, first)
+        good = json.loads(get(weed, bucket, keys(weed, bucket, BASE + "startup/")[0]) or b"{}")["order"]
+    else:
+        (rid,) = redis_server.cli("ZRANGE", index, "0", "-1").stdout.split()
+        good = json.loads(redis_server.cli("GET", f"{index}:{rid}").stdout)["order"]
+        entry = next(text for path, text in good if path == first)
+    refused, placeless, controls = hostile_items(files, entry)
+    order = [*good, *refused, *placeless, [controls, entry]]
+    if store == "s3":
+        plant_record(weed, bucket, order)
+    else:
+        rid = new_record_id()
+        redis_server.cli("SET", f"{index}:{rid}", json.dumps({"mithrilfs": 1, "order": order}))
+        redis_server.cli("ZADD", index, str(record_time(rid)), rid)
+    b = mount_factory("b", *remote, env=env)
+    state = prefetched(b)
+    assert state["state"] == "done" and state["files"] == len(files), state
+    s = b.stats()
+    assert s["remote_rejected"] >= len(refused), s
+    if store == "s3":  # a listing of the unplaced paths' directories costs a GET each, bounded
+        assert s["remote_levels"][0]["requests"] < UNRESOLVED_DIRS + 100, s["remote_levels"]
+    for p, data in files.items():
+        assert (b.mountpoint / p).read_bytes() == data, p
+    assert (b.mountpoint / controls).read_bytes() == files[first]
+    names = {os.path.relpath(os.path.join(d, n), b.mountpoint) for d, dirs, fs in os.walk(b.mountpoint)
+             for n in dirs + fs}
+    wanted = set(files) | {p.rpartition("/")[0] for p in files} | {"triton", controls}
+    assert names - {".mithrilfs"} == wanted, names ^ wanted
+    assert not list(tmp_path.rglob("escape*")) and not list(tmp_path.parent.glob("escape*"))
