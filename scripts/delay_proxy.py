@@ -36,6 +36,18 @@ held that long.
   and ``bytes_down``, and ``unparsed`` (connections whose bytes stopped
   parsing; they still pass, uncounted).
 
+**SlowDown, as S3 answers a burst** (``slowdown_every``, ``slowdown_rate``;
+``--slowdown-every N``, ``--slowdown-rate R``).  S3 answers ``503 Slow
+Down`` (an XML error body, code ``SlowDown``) when requests to one key
+prefix come faster than it has partitioned for, as under a burst of new
+nodes.  The proxy answers so itself to every Nth HTTP request, and to the
+requests past R in one second under one key prefix (the target's path up to
+its last ``/``), with ``Retry-After`` when told to (``retry_after``; S3
+sends none): the request's bytes never reach the server, the answer goes
+back a round trip after its last byte came, and the connection stays open
+for the next request.  Each such request is counted as a request and in
+``slowdowns``.
+
 Library (a thread runs the proxy; ``.port``, ``.counts()``, ``.reset()``; ``.hold(match)`` holds the
 requests *match* picks on their way to the server until ``.release()``, for a test to act while one waits)::
 
@@ -45,7 +57,8 @@ requests *match* picks on their way to the server until ``.release()``, for a te
 
 Command line (prints the port, then the counts as JSON at Ctrl-C)::
 
-    .venv/bin/python scripts/delay_proxy.py 127.0.0.1:8333 --rtt-ms 20 --protocol http [--port 9333]
+    .venv/bin/python scripts/delay_proxy.py 127.0.0.1:8333 --rtt-ms 20 --protocol http [--port 9333] \\
+        [--slowdown-every 3] [--slowdown-rate 100] [--retry-after 1]
 """
 
 from __future__ import annotations
@@ -53,7 +66,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import html
 import json
+import secrets
 import signal
 import sys
 import threading
@@ -86,15 +101,22 @@ class HttpRequests:
     with its trailers).  Bodies are skipped without being copied.
     """
 
-    def __init__(self, on_request: Callable[[str, str], None]) -> None:
+    def __init__(self, on_request: Callable[[str, str, int], None],
+                 on_end: Callable[[int], None] = lambda _end: None) -> None:
         self._on_request = on_request
+        self._on_end = on_end
         self._line = bytearray()
+        self._line_at = 0  # where the line being read began in the stream
+        self._fed = 0  # bytes of the stream fed before this piece
         self._state = "request"
         self._left = 0  # body bytes still to skip, in state "body" / "chunk"
         self._chunked = False
         self._length = 0
 
     def feed(self, data: bytes) -> None:
+        """Parse the next piece of the stream: ``on_request(method, target, at)`` at each request line (*at*:
+        where the request begins in the stream), ``on_end(at)`` once its last byte is in (*at*: just after it)."""
+        base, self._fed = self._fed, self._fed + len(data)
         i, n = 0, len(data)
         while i < n:
             if self._state in ("body", "chunk"):
@@ -102,8 +124,13 @@ class HttpRequests:
                 self._left -= take
                 i += take
                 if self._left == 0:
-                    self._state = "chunk_end" if self._state == "chunk" else "request"
+                    if self._state == "chunk":
+                        self._state = "chunk_end"
+                    else:
+                        self._ended(base + i)
                 continue
+            if not self._line:
+                self._line_at = base + i
             j = data.find(b"\n", i)
             if j < 0:
                 self._line += data[i:]
@@ -114,16 +141,20 @@ class HttpRequests:
             i = j + 1
             line = bytes(self._line).rstrip(b"\r")
             self._line.clear()
-            self._on_line(line)
+            self._on_line(line, base + i)
 
-    def _on_line(self, line: bytes) -> None:
+    def _ended(self, at: int) -> None:
+        self._state = "request"
+        self._on_end(at)
+
+    def _on_line(self, line: bytes, end: int) -> None:
         if self._state == "request":
             if not line:
                 return  # RFC 9112: a server ignores empty lines before a request line
             parts = line.split(b" ")
             if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
                 raise Unparsable(f"not a request line: {line[:80]!r}")
-            self._on_request(parts[0].decode("latin-1"), parts[1].decode("latin-1"))
+            self._on_request(parts[0].decode("latin-1"), parts[1].decode("latin-1"), self._line_at)
             self._state, self._chunked, self._length = "headers", False, 0
         elif self._state == "headers":
             if line:
@@ -141,7 +172,7 @@ class HttpRequests:
             elif self._length > 0:
                 self._state, self._left = "body", self._length
             else:
-                self._state = "request"
+                self._ended(end)
         elif self._state == "chunk_size":
             try:
                 size = int(line.split(b";", 1)[0].strip(), 16)
@@ -156,7 +187,7 @@ class HttpRequests:
                 raise Unparsable("chunk data longer than its size")
             self._state = "chunk_size"
         elif self._state == "trailers" and not line:
-            self._state = "request"
+            self._ended(end)
 
 
 class RedisCommands:
@@ -244,13 +275,24 @@ class DelayProxy:
     round trip added to every exchange; ``protocol``: "http", "redis" or
     "raw" (count connections and bytes only); ``port``: 0 for a free one;
     ``label``: for HTTP, maps (method key, target) to a group ``labels()``
-    counts.
+    counts; ``slowdown_every`` N: every Nth HTTP request is answered
+    ``503 Slow Down`` by the proxy itself, ``slowdown_rate`` R: so is every
+    request past R in one second under one key prefix (both 0: none),
+    with ``Retry-After: retry_after`` (None: no such header).
     """
 
     def __init__(self, target_host: str, target_port: int, rtt_ms: float = 0.0, protocol: str = "http",
-                 port: int = 0, connect_rtts: int = 1, label: Callable[[str, str], str] | None = None) -> None:
+                 port: int = 0, connect_rtts: int = 1, label: Callable[[str, str], str] | None = None, *,
+                 slowdown_every: int = 0, slowdown_rate: float = 0.0, retry_after: int | None = None) -> None:
         if protocol not in ("http", "redis", "raw"):
             raise ValueError(f"unknown protocol {protocol!r} (http, redis or raw)")
+        if slowdown_every < 0 or slowdown_rate < 0 or (retry_after is not None and retry_after < 0):
+            raise ValueError("slowdown_every, slowdown_rate and retry_after cannot be negative")
+        self.slowdown_every = slowdown_every
+        self.slowdown_rate = slowdown_rate
+        self.retry_after = retry_after
+        self._arrived = 0
+        self._rates: dict[str, tuple[int, int]] = {}
         self.target = (target_host, target_port)
         self.rtt = rtt_ms / 1000
         self.protocol = protocol
@@ -381,32 +423,42 @@ class DelayProxy:
         # (the client's connect() returned at once, so its first request waits here instead)
         ready = accepted_at + self.connect_rtts * self.rtt
         state = {"answered": True, "held": False}
-        parse = self._parser(state)
+        refusals = Refusals()
+        parse = self._parser(state, refusals)
 
-        def upstream(data: bytes) -> None:
+        def upstream(data: bytes) -> tuple[bytes, list[bytes]]:
             self._count("bytes_up", len(data))
             if state["answered"]:
                 self._count("round_trips")
                 state["answered"] = False
             nonlocal parse
+            refusals.next_piece(len(data))
             if parse is not None:
                 try:
                     parse(data)
                 except Exception:  # Unparsable, or a label function's error: the bytes still pass, uncounted
                     self._count("unparsed")
                     parse = None
+            passed, answers = refusals.take(data)
+            if answers:
+                state["answered"] = True
+            return passed, answers
 
-        def downstream(data: bytes) -> None:
+        def downstream(data: bytes) -> tuple[bytes, list[bytes]]:
             self._count("bytes_down", len(data))
             state["answered"] = True
+            return data, []
 
         def held() -> bool:
             """Whether the chunk just seen holds a request ``hold()`` picked (reset for the next one)."""
             picked, state["held"] = state["held"], False
             return picked
 
-        pumps = [asyncio.ensure_future(self._pump(c_reader, s_writer, upstream, ready, held)),
-                 asyncio.ensure_future(self._pump(s_reader, c_writer, downstream, ready, lambda: False))]
+        to_server: asyncio.Queue[tuple[float, bytes, bool]] = asyncio.Queue(IN_FLIGHT)
+        to_client: asyncio.Queue[tuple[float, bytes, bool]] = asyncio.Queue(IN_FLIGHT)
+        pumps = [asyncio.ensure_future(self._pump(c_reader, s_writer, upstream, ready, held, to_server, to_client)),
+                 asyncio.ensure_future(self._pump(s_reader, c_writer, downstream, ready, lambda: False, to_client,
+                                                  to_server))]
         try:
             await asyncio.gather(*pumps)
         except (OSError, asyncio.IncompleteReadError):
@@ -421,11 +473,14 @@ class DelayProxy:
                 with contextlib.suppress(OSError, asyncio.CancelledError):
                     await w.wait_closed()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: Callable[[bytes], None],
-                    ready: float, held: Callable[[], bool]) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    seen: Callable[[bytes], tuple[bytes, list[bytes]]], ready: float, held: Callable[[], bool],
+                    line: asyncio.Queue[tuple[float, bytes, bool]],
+                    back: asyncio.Queue[tuple[float, bytes, bool]]) -> None:
         """One direction: each chunk goes on RTT/2 after it arrived (or after *ready*, the connection's
-        handshake done, if that is later), one *held* (``hold()``) once released; EOF goes on likewise."""
-        line: asyncio.Queue[tuple[float, bytes, bool]] = asyncio.Queue(IN_FLIGHT)
+        handshake done, if that is later), one *held* (``hold()``) once released; EOF goes on likewise.
+        *seen* says what of a chunk goes on, and the answers the proxy gives itself, which go *back* a whole
+        round trip after the request's last byte arrived (half to the server's place, half back)."""
         half = self.rtt / 2
 
         async def send() -> None:
@@ -446,9 +501,12 @@ class DelayProxy:
         async def receive() -> None:
             while True:
                 data = await reader.read(READ_SIZE)
-                if data:
-                    seen(data)
-                await line.put((max(time.monotonic(), ready) + half, data, held()))
+                passed, answers = seen(data) if data else (data, [])
+                due = max(time.monotonic(), ready) + half
+                if passed or not data:  # b"" is the end of the stream: a chunk refused whole is not one
+                    await line.put((due, passed, held()))
+                for answer in answers:
+                    await back.put((due + half, answer, False))
                 if not data:
                     return
 
@@ -465,17 +523,40 @@ class DelayProxy:
                 task.cancel()
             await asyncio.gather(*halves, return_exceptions=True)
 
-    def _parser(self, state: dict[str, bool]) -> Callable[[bytes], None] | None:
-        """A connection's parser; a request ``hold()`` picks sets *state*["held"]."""
+    def _parser(self, state: dict[str, bool], refusals: Refusals) -> Callable[[bytes], None] | None:
+        """A connection's parser; a request ``hold()`` picks sets *state*["held"], one the proxy answers
+        itself (``slowdown_every``, ``slowdown_rate``) goes to *refusals*."""
         def pick(name: str) -> None:
             if self._holding is not None and self._holding(name):
                 state["held"] = True
 
+        def request(method: str, target: str, at: int) -> None:
+            pick(self._http_request(method, target))
+            if (self.slowdown_every or self.slowdown_rate) and refusals.can_refuse(at) and self._slow_down(target):
+                refusals.refuse(at, slow_down(method, target, self.retry_after))
+
         if self.protocol == "http":
-            return HttpRequests(lambda method, target: pick(self._http_request(method, target))).feed
+            return HttpRequests(request, refusals.ended).feed
         if self.protocol == "redis":
             return RedisCommands(lambda name: pick(self._redis_command(name))).feed
         return None
+
+    def _slow_down(self, target: str) -> bool:
+        """Whether to answer this request 503 SlowDown: it is the Nth since the last one so answered, or its
+        key prefix is over the rate this second.  Counted (``slowdowns``)."""
+        now = int(time.monotonic())
+        prefix = urlsplit(target).path.rpartition("/")[0] + "/"
+        with self._lock:
+            self._arrived += 1
+            refuse = bool(self.slowdown_every) and self._arrived % self.slowdown_every == 0
+            if self.slowdown_rate:
+                second, n = self._rates.get(prefix, (now, 0))
+                n = n + 1 if second == now else 1
+                self._rates[prefix] = (now, n)
+                refuse = refuse or n > self.slowdown_rate
+            if refuse:
+                self._counts["slowdowns"] += 1
+        return refuse
 
     def _http_request(self, method: str, target: str) -> str:
         """Count a request; its label (else its method key)."""
@@ -496,6 +577,71 @@ class DelayProxy:
         return name
 
 
+class Refusals:
+    """The requests of one connection's client stream the proxy answers itself: their bytes never reach the
+    server, and their answers go back in their place.
+
+    Clients send a request once the answer to the previous one came (HTTP/1.1 clients do not pipeline),
+    so an answer put back when its request's last byte is in lands in order.  A request whose first bytes
+    already went on in an earlier piece (its request line cut across two reads) is passed on whole.
+    """
+
+    def __init__(self) -> None:
+        self._piece = self._piece_end = 0  # where the piece being parsed begins and ends in the stream
+        self._from: int | None = None  # where the refused request in progress began
+        self._answer = b""
+        self._spans: list[tuple[int, int]] = []
+        self._answers: list[bytes] = []
+
+    def next_piece(self, size: int) -> None:
+        self._piece_end = self._piece + size
+
+    def can_refuse(self, at: int) -> bool:
+        return at >= self._piece
+
+    def refuse(self, at: int, answer: bytes) -> None:
+        self._from, self._answer = at, answer
+
+    def ended(self, at: int) -> None:
+        if self._from is not None:
+            self._spans.append((self._from, at))
+            self._answers.append(self._answer)
+            self._from = None
+
+    def take(self, data: bytes) -> tuple[bytes, list[bytes]]:
+        """What of the piece just parsed goes on, and the answers of the refused requests it ended."""
+        start, end = self._piece, self._piece_end
+        spans = self._spans + ([(self._from, end)] if self._from is not None else [])
+        if not spans:
+            passed = data
+        else:
+            parts, at = [], start
+            for a, b in spans:
+                a, b = max(a, start), min(b, end)
+                parts.append(data[at - start:a - start])
+                at = b
+            parts.append(data[at - start:])
+            passed = b"".join(parts)
+        if self._from is not None:
+            self._from = end  # the refused request goes on in the next piece
+        answers, self._spans, self._answers = self._answers, [], []
+        self._piece = end
+        return passed, answers
+
+
+def slow_down(method: str, target: str, retry_after: int | None) -> bytes:
+    """S3's answer to a request rate it will not take: ``503 Slow Down`` with its XML error body."""
+    body = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
+            "<Message>Please reduce your request rate.</Message>"
+            f"<Resource>{html.escape(urlsplit(target).path)}</Resource>"
+            f"<RequestId>{secrets.token_hex(8).upper()}</RequestId></Error>").encode()
+    head = ["HTTP/1.1 503 Slow Down", "Content-Type: application/xml", f"x-amz-request-id: {secrets.token_hex(8)}",
+            f"Content-Length: {0 if method == 'HEAD' else len(body)}"]
+    if retry_after is not None:
+        head.append(f"Retry-After: {retry_after}")
+    return "\r\n".join(head).encode() + b"\r\n\r\n" + (b"" if method == "HEAD" else body)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("target", metavar="HOST:PORT", help="where the connections go")
@@ -503,12 +649,24 @@ def main() -> int:
     ap.add_argument("--protocol", choices=("http", "redis", "raw"), default="http", help="what to count")
     ap.add_argument("--port", type=int, default=0, help="the loopback port to listen on (default: a free one)")
     ap.add_argument("--connect-rtts", type=int, default=1, help="round trips a new connection costs (default 1)")
+    ap.add_argument("--slowdown-every", type=int, default=0, metavar="N",
+                    help="answer every Nth HTTP request 503 SlowDown, as S3 does under a burst (default: none)")
+    ap.add_argument("--slowdown-rate", type=float, default=0.0, metavar="R",
+                    help="answer 503 SlowDown to requests past R a second under one key prefix (default: none)")
+    ap.add_argument("--retry-after", type=int, default=None, metavar="S",
+                    help="the Retry-After header (seconds) of a SlowDown answer (default: none, as S3)")
     args = ap.parse_args()
     host, _, port = args.target.rpartition(":")
     if not host or not port.isdigit():
         ap.error(f"the target must be HOST:PORT, not {args.target!r}")
+    if (args.slowdown_every or args.slowdown_rate) and args.protocol != "http":
+        ap.error("--slowdown-every and --slowdown-rate need --protocol http")
     try:
-        proxy = DelayProxy(host, int(port), args.rtt_ms, args.protocol, args.port, args.connect_rtts).start()
+        proxy = DelayProxy(host, int(port), args.rtt_ms, args.protocol, args.port, args.connect_rtts,
+                           slowdown_every=args.slowdown_every, slowdown_rate=args.slowdown_rate,
+                           retry_after=args.retry_after).start()
+    except ValueError as e:
+        ap.error(str(e))
     except OSError as e:
         print(f"delay_proxy: cannot listen on port {args.port}: {e.strerror}", file=sys.stderr)
         return 1

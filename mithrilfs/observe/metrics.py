@@ -40,6 +40,7 @@ _LEVEL_METRICS = (
     ("reachable", "reachable", "gauge", "1 when the level answered its last request"),
     ("requests_total", "requests", "counter", "Requests sent to the level"),
     ("errors_total", "errors", "counter", "Requests to the level that failed"),
+    ("slowdowns_total", "slowdowns", "counter", "Answers asking for fewer requests (503 SlowDown), each sent again"),
     ("received_bytes_total", "bytes_in", "counter", "Bytes read from the level"),
     ("sent_bytes_total", "bytes_out", "counter", "Bytes written to the level"),
 )

@@ -234,7 +234,8 @@ def format_levels(snap: dict[str, Any]) -> list[str]:
         state = "reachable" if lv["reachable"] else f"unreachable: {lv['last_error']}"
         if lv["reachable"] and lv.get("refuses_writes"):
             state = f"reachable, refuses writes: {lv['last_error']}"
-        lines.append(f"  {lv['kind']:<6} {lv['url']}: {state}; {lv['requests']} requests, {lv['errors']} errors,"
+        slowed = f", {lv['slowdowns']} asked to slow down" if lv.get("slowdowns") else ""
+        lines.append(f"  {lv['kind']:<6} {lv['url']}: {state}; {lv['requests']} requests, {lv['errors']} errors{slowed},"
                      f" {format_size(lv['bytes_in'])} in, {format_size(lv['bytes_out'])} out")
     return lines
 

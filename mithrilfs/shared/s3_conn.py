@@ -11,12 +11,16 @@ what moved.  Errors name the cause in one line and never carry a secret.
 from __future__ import annotations
 
 import logging
+import random
+import re
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from mithrilfs.shared.bounded import REMOTE_WAIT
 from mithrilfs.shared.s3_settings import S3Location, S3Settings
 from mithrilfs.shared.tier_clock import TierClock
 from mithrilfs.shared.wire import Level, new_counters
@@ -41,6 +45,25 @@ NAMES_TIMEOUT = timedelta(seconds=10)
 BULK_TIMEOUT = timedelta(seconds=120)
 #: Blobs up to this size go through the quick client.
 QUICK_BLOB_BYTES = 1 << 20
+#: The first pause before a request the bucket asked to slow down for is sent again (the client's own two
+#: quick retries spent); it doubles up to ``SLOWED_PAUSE_MAX``, each drawn at random below it (full jitter:
+#: the nodes of a burst do not come back together).  Retried for ``bounded.REMOTE_WAIT`` at most.
+SLOWED_PAUSE = 0.1
+SLOWED_PAUSE_MAX = 1.0
+#: An answer asking for fewer requests, not a failure of the bucket: S3's ``503 Slow Down`` (a HEAD's has no
+#: body, only the status), a gateway's 503 or 429, the throttling codes of S3-compatible stores.
+_SLOWED = re.compile(r"status code: (?:503|429)\b|<Code>(?:SlowDown|Throttling|ThrottlingException|"
+                     r"RequestLimitExceeded|TooManyRequests|RequestThrottled)</Code>")
+
+
+class Throttled(OSError):
+    """The bucket kept asking for fewer requests for ``REMOTE_WAIT``: the request gave up (``_call`` makes it a
+    failure of the level, which backs off)."""
+
+
+def slowed(e: BaseException) -> bool:
+    """Whether a client error is the bucket asking for fewer requests (``_SLOWED``)."""
+    return _SLOWED.search(str(e)) is not None
 
 
 class S3Connection:
@@ -133,13 +156,17 @@ class S3Connection:
 
         Data the bucket holds is never a failure of the bucket: every parser
         here handles what it cannot read itself (counted in ``remote_rejected``).
+        Nor is the bucket asking for fewer requests: the requests that carry
+        a node's work (GETs, HEADs, PUTs: ``_unless_absent``, ``_put``) are sent
+        again one by one (``patiently``); *fn* as a whole is run again when one
+        of its other requests (a listing, a delete) was answered so.
         """
         if not self.level.available():
             raise self.level.refuse()
         import obstore.exceptions
 
         try:
-            result = fn(*args)
+            result = self.patiently(lambda: fn(*args))
         except (obstore.exceptions.BaseError, OSError) as e:
             raise self.level.failed(self._why(e), log) from None
         except BaseException as e:
@@ -149,11 +176,37 @@ class S3Connection:
         self.level.succeeded()
         return result
 
+    def patiently(self, call: Callable[[], Any]) -> Any:
+        """``call()``, sent again while the bucket answers that it wants fewer requests (``slowed``: S3's
+        ``503 SlowDown`` under a burst), after a jittered pause that doubles (``SLOWED_PAUSE``), for at most
+        ``REMOTE_WAIT`` from the first such answer; then ``Throttled``.  The level counts and logs it
+        (``Level.slowed``: a line a minute, not one per request), and does not back off for it.
+
+        The client cannot show the answer's ``Retry-After`` (S3 sends none with SlowDown): the pauses are
+        ours.  Other errors propagate unchanged."""
+        import obstore.exceptions
+
+        deadline = 0.0
+        pause = SLOWED_PAUSE
+        while True:
+            try:
+                return call()
+            except obstore.exceptions.BaseError as e:
+                if not slowed(e):
+                    raise
+                now = time.monotonic()
+                deadline = deadline or now + REMOTE_WAIT
+                self.level.slowed(log)
+                if now >= deadline:
+                    raise Throttled(f"asked to slow down for {REMOTE_WAIT:g} s: {self._why(e)}") from None
+                time.sleep(min(random.uniform(0, pause), deadline - now))
+                pause = min(2 * pause, SLOWED_PAUSE_MAX)
+
     def _unless_absent(self, call: Callable[[], Any]) -> Any:
         """*call*'s answer (a GET or HEAD, counted as one request), None when the object does not exist;
         a missing bucket is no missing object, but an error."""
         try:
-            result = call()
+            result = self.patiently(call)
         except FileNotFoundError as e:
             if "NoSuchBucket" in str(e):
                 raise
@@ -181,7 +234,7 @@ class S3Connection:
         import obstore.exceptions
 
         try:
-            _obstore().put(client, self.base + key, data, mode=mode, chunk_size=PART_BYTES)
+            self.patiently(lambda: _obstore().put(client, self.base + key, data, mode=mode, chunk_size=PART_BYTES))
         except (obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
             self.level.moved()
             return False

@@ -228,7 +228,8 @@ class S3Store(S3Connection, RemoteStore):
         data = self._manifest(raw)
         mode: Any = "create" if etag is None else {"e_tag": etag}
         try:
-            result = _obstore().put(self.names, self.base + self._manifest_key(dir_path), data, mode=mode)
+            result = self.patiently(
+                lambda: _obstore().put(self.names, self.base + self._manifest_key(dir_path), data, mode=mode))
         except (obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
             self.level.moved()
             self.seen.forget(dir_path)

@@ -56,6 +56,10 @@ MATERIALIZE_SLICE_SECONDS = 0.002
 #: Names created in one batch of statements (``Reconciler.merge_paths``): a kernel directory and its files
 #: in about five statements for a few directories, where one directory at a time cost about twelve.
 MATERIALIZE_STEP = 64
+#: Directories (ancestors included) a prefetch lists for the paths a set could not place (``unresolved``: a
+#: torn set, names older than the purges read), a request each in a bucket; the paths past it are left to
+#: their lookups.  A set naming deep paths that no directory holds would cost a request per level each.
+UNRESOLVED_DIRS = 4096
 
 
 class StartupOrder:
@@ -106,6 +110,7 @@ class StartupOrder:
             self.tier.changes.learn_kept(kept)
             self.items = self._checked(merged(records), floor)
             await self._materialize(self.items, materialized)
+            self.unresolved = self._to_list(self.unresolved)
             for path, entry in self.items:
                 if entry.type == "f":
                     d, _, name = path.rpartition("/")
@@ -134,6 +139,19 @@ class StartupOrder:
                 continue
             out.append((path, entry))
         return out
+
+    def _to_list(self, paths: list[str]) -> list[str]:
+        """The first of *paths* whose directories, ancestors included, number at most ``UNRESOLVED_DIRS``."""
+        dirs: set[str] = {""}
+        for i, path in enumerate(paths):
+            parts = path.split("/")[:-1]
+            new = {"/".join(parts[:n]) for n in range(1, len(parts) + 1)} - dirs
+            if len(dirs) + len(new) > UNRESOLVED_DIRS:
+                log.warning("startup set %s: %d paths it cannot place are left to their lookups (their directories"
+                            " are more than %d to list)", self.name, len(paths) - i, UNRESOLVED_DIRS)
+                return paths[:i]
+            dirs |= new
+        return paths
 
     async def _materialize(self, items: list[tuple[str, RemoteEntry]],
                            materialized: Callable[[list[Inode]], None] | None) -> None:

@@ -20,7 +20,8 @@ the records past the ``RECORDS_KEPT`` newest when it writes its last.
 
 *Hostile until checked.*  A record is read from a store anyone with access
 can write: one larger than ``MAX_RECORD_BYTES`` is never read, one that is
-not a record is refused whole, and each path and entry is checked like a
+not a record or names more than ``MAX_RECORD_PATHS`` paths (no writer
+records more) is refused whole, and each path and entry is checked like a
 manifest's (``valid_name`` for every component, ``EntryCodec.decode``:
 ``parse_entry`` and the signature over namespace and path).  What fails is
 dropped and counted in ``remote_rejected``; nothing here raises.
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: Paths one record holds at most (a Triton load of 1,500 kernels reads 10,500 files).
 MAX_RECORD_PATHS = 50_000
+#: A path a set names is at most this long (``PATH_MAX`` less its NUL: what a program can open in one call).
+MAX_PATH_BYTES = 4095
 #: The purge records (``forget --fleet``) a loaded set is checked against: a new node never read the change
 #: feed.  A set's entry older than the newest record left unread is not taken from the set (its directory
 #: is listed instead).
@@ -75,12 +78,13 @@ def valid_record_id(text: str) -> bool:
 
 
 def valid_path(path: str) -> bool:
-    """A path a set may name: relative, every component a name (no "", ".", "..", NUL or over 255 bytes)."""
+    """A path a set may name: relative, every component a name (no "", ".", "..", NUL or over 255 bytes),
+    at most ``MAX_PATH_BYTES`` in all."""
     try:
-        parts = path.encode(errors="surrogateescape").split(b"/")
+        raw = path.encode(errors="surrogateescape")
     except UnicodeError:  # a lone surrogate JSON allows, no name can hold
         return False
-    return all(valid_name(p) for p in parts)
+    return len(raw) <= MAX_PATH_BYTES and all(valid_name(p) for p in raw.split(b"/"))
 
 
 @dataclass(frozen=True)
@@ -131,10 +135,15 @@ def decode_record(codec: EntryCodec, record_id: str, data: bytes | None,
         counters["remote_rejected"] += 1
         log.warning("startup set record %s ignored: %s", record_id, str(e)[:100])
         return None
+    if len(doc["order"]) > MAX_RECORD_PATHS:  # no writer records more: planted
+        counters["remote_rejected"] += 1
+        log.warning("startup set record %s ignored: %d paths, more than a record holds (%d)", record_id,
+                    len(doc["order"]), MAX_RECORD_PATHS)
+        return None
     items: list[tuple[str, RemoteEntry]] = []
     bad = 0
     known = set() if known is None else known
-    for item in doc["order"][:MAX_RECORD_PATHS]:
+    for item in doc["order"]:
         if not isinstance(item, list) or len(item) != 2 or not all(isinstance(x, str) for x in item):
             bad += 1
             continue

@@ -29,6 +29,8 @@ from mithrilfs.shared.tier_clock import TierClock
 log = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 30.0
+#: A level asked to slow down says so in the log at most this often (``Level.slowed``).
+SLOWED_LOG_SECONDS = 60.0
 
 #: The counters every store adds to (one dict per mount, shared by the levels of a layered store).
 COUNTERS = ("remote_hits", "remote_misses", "remote_fetched_bytes", "remote_uploaded_bytes",
@@ -65,6 +67,10 @@ class Level:
         #: Why the server refuses writes while it serves reads (Redis at ``maxmemory``); "" once a write
         #: succeeds again (``wrote``).
         self.refused = ""
+        #: Answers asking for fewer requests (a bucket's 503 SlowDown), each request sent again after a pause.
+        self.slowdowns = 0
+        self._slowed_logged = -SLOWED_LOG_SECONDS
+        self._slowed_since_log = 0
 
     def available(self) -> bool:
         return time.monotonic() >= self._down_until
@@ -98,6 +104,20 @@ class Level:
             log.warning("remote tier %s: %s", self.url, why)
         return RemoteError(why)
 
+    def slowed(self, log: Any) -> None:
+        """The server answered that it wants fewer requests (S3's ``503 SlowDown`` under a burst): the request
+        is sent again after a pause (``s3_conn.S3Connection.patiently``).  No failure, no back-off; counted
+        (``slowdowns``), and logged in one line a minute at most, however many requests it slows."""
+        now = time.monotonic()
+        with self._lock:
+            self.slowdowns += 1
+            self._slowed_since_log += 1
+            if now - self._slowed_logged < SLOWED_LOG_SECONDS:
+                return
+            self._slowed_logged, n, self._slowed_since_log = now, self._slowed_since_log, 0
+        log.warning("remote tier %s asks for fewer requests (503 SlowDown): each is sent again after a pause"
+                    " (%d such answers since this was last said, %d in all)", self.url, n, self.slowdowns)
+
     def succeeded(self) -> None:
         with self._lock:
             self._backoff = 0.0
@@ -117,8 +137,8 @@ class Level:
     def state(self) -> dict[str, Any]:
         return {"kind": self.kind, "url": self.url, "reachable": not self.last_error,
                 "last_error": self.last_error or self.refused, "refuses_writes": bool(self.refused),
-                "requests": self.requests, "errors": self.errors, "bytes_in": self.bytes_in,
-                "bytes_out": self.bytes_out}
+                "requests": self.requests, "errors": self.errors, "slowdowns": self.slowdowns,
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
 
 
 class RemoteStore(ABC):

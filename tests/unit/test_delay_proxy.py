@@ -176,6 +176,48 @@ def test_held_requests_are_counted_and_reach_the_server_only_when_released(http_
         other.close()
 
 
+def test_every_nth_request_is_answered_slow_down_and_never_reaches_the_server(http_server: int) -> None:
+    """``slowdown_every=3``: the 3rd, 6th ... request is answered ``503 Slow Down`` with S3's XML body and
+    ``Retry-After`` by the proxy (a PUT's body swallowed, chunked or not; a HEAD's answer without one), the
+    keep-alive connection carries on, and the server never sees those requests."""
+    sent = [("PUT", "/b/k0", os.urandom(300_000), False), ("PUT", "/b/k1", b"small", False),
+            ("PUT", "/b/k2", os.urandom(100_000), True), ("GET", "/b/none", None, False),
+            ("PUT", "/b/k4", b"p", False), ("HEAD", "/b/k4", None, False), ("GET", "/b/k0", None, False)]
+    with dp.DelayProxy("127.0.0.1", http_server, protocol="http", slowdown_every=3, retry_after=1) as proxy:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        answers = []
+        for method, path, body, chunked in sent:  # one connection
+            conn.request(method, path, body=iter([body]) if chunked else body, encode_chunked=chunked)
+            res = conn.getresponse()
+            answers.append((res.status, res.getheader("Retry-After"), res.read()))
+        conn.close()
+        counts = proxy.counts()
+    assert [status for status, _, _ in answers] == [200, 200, 503, 404, 200, 503, 200]
+    _, retry_after, body = answers[2]
+    assert retry_after == "1" and b"<Code>SlowDown</Code>" in body and b"<Resource>/b/k2</Resource>" in body
+    assert answers[5][2] == b""  # a HEAD's answer has no body (else it would be read as the next answer)
+    assert answers[6][2] == sent[0][2]
+    assert (counts["requests"], counts["slowdowns"], counts["connections"]) == (7, 2, 1)
+    assert set(Objects.store) == {"/b/k0", "/b/k1", "/b/k4"}  # the refused PUT never got there
+
+
+def test_requests_past_a_rate_under_one_prefix_are_answered_slow_down(http_server: int) -> None:
+    """``slowdown_rate=5``: within one second, the requests past 5 under one key prefix get 503; another
+    prefix has its own count."""
+    with dp.DelayProxy("127.0.0.1", http_server, protocol="http", slowdown_rate=5) as proxy:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        for attempt in range(10):  # within one second of the proxy's clock (a loaded machine may cross one)
+            proxy.reset()
+            t = time.monotonic()
+            hot = [request(conn, "GET", f"/b/hot{attempt}/k{i}")[0] for i in range(8)]
+            cold = [request(conn, "GET", f"/b/cold{attempt}/k{i}")[0] for i in range(3)]
+            if int(time.monotonic()) == int(t):
+                break
+        conn.close()
+        assert hot == [404] * 5 + [503] * 3 and cold == [404] * 3
+        assert proxy.counts()["slowdowns"] == 3
+
+
 def test_http_bytes_that_do_not_parse_still_pass(http_server: int) -> None:
     with dp.DelayProxy("127.0.0.1", http_server, protocol="http") as proxy, \
             socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:

@@ -399,3 +399,44 @@ def test_a_pack_is_read_by_its_upload_parts(stores: list[S3Store], tmp_path: Pat
     before = b.level.requests
     assert b.fetch_small_blobs([(h, len(d)) for h, d in zip(hashes, blobs)]) == blobs
     assert b.level.requests - before == 2  # a GET a part, the blob that begins at a part's end with it
+
+
+def test_a_bucket_asking_to_slow_down_is_waited_for_within_the_bound_then_backed_off(
+        shared_seaweedfs: SeaweedFS, caplog: pytest.LogCaptureFixture):
+    """503 SlowDown past 10 requests a second under a prefix (S3's way): every request gets through, sent
+    again after pauses (the client's own two quick retries are not enough: its second is refused too), the
+    level has no error and says so in one log line.  503 to every request: a call gives up after
+    ``REMOTE_WAIT`` of it, a failure of the level, which backs off."""
+    import logging
+    import time
+
+    from conftest import delay_proxy_module
+
+    from mithrilfs.shared.bounded import REMOTE_WAIT
+    from mithrilfs.shared.s3_settings import S3Settings
+
+    shared_seaweedfs.create_bucket("u-slowdown")
+    entry = RemoteEntry("d", 1_700_000_000_000_000, "node-a", mode=0o755)
+    for how in ({"slowdown_rate": 10}, {"slowdown_every": 1}):
+        with delay_proxy_module().DelayProxy("127.0.0.1", shared_seaweedfs.ports["s3"], protocol="http",
+                                             **how) as proxy, caplog.at_level(logging.WARNING):
+            caplog.clear()
+            settings = S3Settings(endpoint=f"http://127.0.0.1:{proxy.port}", access_key_id=shared_seaweedfs.access_key,
+                                  secret_access_key=shared_seaweedfs.secret_key)
+            store = S3Store(S3Location("u-slowdown", "p"), "ns", None, settings)
+            try:
+                if "slowdown_rate" in how:
+                    for i in range(15):
+                        assert store.publish_entries([(f"d{i}", entry)])[0][0]
+                        assert store.list_dir("")[f"d{i}".encode()] == entry
+                    assert store.level.errors == 0 and store.level.slowdowns > 0, proxy.counts()
+                    assert len([r for r in caplog.records if "fewer requests" in r.message]) == 1
+                    continue
+                t = time.monotonic()
+                with pytest.raises(RemoteError, match="slow down"):
+                    store.list_dir("")
+                assert REMOTE_WAIT <= time.monotonic() - t < REMOTE_WAIT + 3
+                assert not store.level.available() and store.level.errors == 1
+                assert proxy.counts()["slowdowns"] == proxy.counts()["requests"]
+            finally:
+                store.close()

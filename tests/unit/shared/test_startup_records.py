@@ -47,3 +47,20 @@ def test_an_item_equal_to_a_newer_one_in_path_only_is_still_checked():
     records = decode_records(codec, [(_record_id(1), newest), (_record_id(2), json.dumps(forged).encode())])
     assert [len(r.items) for r in records] == [1, 0] and counters["remote_rejected"] == 4
     assert merged(records) == [("a/b", _file(1))]
+
+
+def test_a_record_of_more_paths_than_a_writer_records_is_refused_whole():
+    """No writer records more than ``MAX_RECORD_PATHS``: a record naming more is planted, refused unread past
+    its shape (counted once), and a record at the limit is read; a path over ``MAX_PATH_BYTES`` is no path."""
+    from mithrilfs.shared.startup_sets import MAX_PATH_BYTES, MAX_RECORD_PATHS, valid_path
+
+    counters = collections.Counter()
+    codec = EntryCodec("default", None, counters)
+    entry = codec.encode("d/f", _file(1)).decode()
+    full = [[f"d/f{i}", entry] for i in range(MAX_RECORD_PATHS)]
+    over = json.dumps({"mithrilfs": 1, "order": [*full, ["d/one-more", entry]]}).encode()
+    assert decode_record(codec, _record_id(1), over) is None and counters["remote_rejected"] == 1
+    at_limit = decode_record(codec, _record_id(2), json.dumps({"mithrilfs": 1, "order": full}).encode())
+    assert at_limit is not None and len(at_limit.items) == MAX_RECORD_PATHS and counters["remote_rejected"] == 1
+    deepest = "/".join(["d"] * (MAX_PATH_BYTES // 2)) + "/x"
+    assert valid_path(deepest[:MAX_PATH_BYTES]) and not valid_path(deepest[:MAX_PATH_BYTES] + "x")
