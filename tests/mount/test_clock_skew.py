@@ -25,14 +25,13 @@ import obstore
 import pytest
 import redis
 from conftest import MountFactory, RedisServer, SeaweedFS, run_cli, wait_for, wait_uploaded, write_committed
+from test_fleet_gc import TIMES
+from test_fleet_gc import Tier as GcTier
 
 from mithrilfs.store.cas import hash_bytes
 
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 DAY = 86400.0
-#: Writers' trust of blobs and their upload lag as ``test_fleet_gc`` shortens them, so a 3 s grace is safe.
-TIMES = {"MITHRILFS_BLOB_TRUST_SECONDS": "0.5", "MITHRILFS_UPLOAD_LAG_SECONDS": "2.5",
-         "MITHRILFS_USE_FLUSH_SECONDS": "0"}
 
 def skewed(offset: str) -> dict[str, str]:
     """The environment that runs a process with its wall clock moved by *offset* (libfaketime's "+1d").  Its
@@ -42,50 +41,27 @@ def skewed(offset: str) -> dict[str, str]:
 
 
 @dataclass
-class Tier:
-    kind: str
-    remote: tuple[str, ...]
-    env: dict[str, str]
-    #: How far the skewed node's clock runs ahead and behind, and a ``--max-age`` it would fall foul of.
+class Tier(GcTier):
+    """``test_fleet_gc``'s look inside the tier, with how far the skewed node's clock runs ahead and behind and a
+    ``--max-age`` it would fall foul of."""
+
     ahead: str = "+1d"
     behind: str = "-30d"
     max_age: str = "7d"
-    redis_url: str = ""
-    weed: SeaweedFS | None = None
-    bucket: str = ""
-
-    BASE = "cache/default/"
 
     def node(self, mount_factory: MountFactory, name: str, clock: str | None = None):
         env = {**self.env, **(skewed(clock) if clock else {})}
         return mount_factory(name, *self.remote, "--min-age", "0", env=env)
 
-    def gc(self, *args: str) -> dict:
-        res = run_cli("fleet", "gc", *self.remote, "--json", *args, env=dict(os.environ, **self.env))
-        assert res.returncode == 0, res.stderr
-        return json.loads(res.stdout)
-
-    def _s3(self):
-        assert self.weed is not None
-        return self.weed.client(self.bucket)
+    def entry(self, path: str) -> dict | None:
+        """The tier's entry for *path*, as any node would read it."""
+        d, _, name = path.rpartition("/")
+        return self.names().get(d, {}).get(name)
 
     def _manifest_key(self, d: str) -> str:
         from urllib.parse import quote
 
         return self.BASE + "names/" + "".join(f"~{quote(p, safe='')}/" for p in d.split("/")) + "#"
-
-    def entry(self, path: str) -> dict | None:
-        """The tier's raw entry for *path*, as any node would read it."""
-        d, _, name = path.rpartition("/")
-        if self.kind == "redis":
-            raw = redis.Redis.from_url(self.redis_url).hget(f"mfs:default:d:{d}", name)
-            return json.loads(raw) if raw is not None else None
-        try:
-            doc = json.loads(bytes(obstore.get(self._s3(), self._manifest_key(d)).bytes()))
-        except FileNotFoundError:
-            return None
-        raw = doc["entries"].get(name)
-        return json.loads(raw) if raw is not None else None
 
     def plant(self, path: str, **changes) -> None:
         """Rewrite *path*'s entry in the tier as a writer with another clock (an older release) left it."""
@@ -99,24 +75,6 @@ class Tier:
         doc = json.loads(bytes(obstore.get(self._s3(), key).bytes()))
         doc["entries"][name] = json.dumps({**json.loads(doc["entries"][name]), **changes}, sort_keys=True)
         obstore.put(self._s3(), key, json.dumps(doc).encode())
-
-    def plant_use(self, d: str, when: float) -> None:
-        """A use record of directory *d* dated *when*, as a node with another clock writes one."""
-        if self.kind == "redis":
-            redis.Redis.from_url(self.redis_url).zadd("mfs:default:used", {d: when})
-        else:
-            obstore.put(self._s3(), f"{self.BASE}usage/{time.time_ns():020d}-planted", json.dumps({d: when}).encode())
-
-    def has_blob(self, data: bytes) -> bool:
-        h = hash_bytes(data).hex()
-        if self.kind == "redis":
-            return bool(redis.Redis.from_url(self.redis_url).exists(f"mfs:default:b:{{{h}}}:0"))
-        for batch in obstore.list(self._s3(), prefix=self.BASE):
-            for meta in batch:
-                if "/packs/" in meta["path"] or "/blobs/" in meta["path"]:
-                    if data in bytes(obstore.get(self._s3(), meta["path"]).bytes()):
-                        return True
-        return False
 
 
 @pytest.fixture(params=["redis", "s3"])
@@ -246,7 +204,7 @@ def test_gc_never_collects_what_a_node_whose_clock_runs_behind_just_published(mo
     write_committed(s.mountpoint / "triton/behind/k.bin", data)
     wait_uploaded(s, 60)
     wait_for(lambda: s.stats()["remote_use_records"] >= 1, what="S's use record")
-    res = tier.gc("--max-age", tier.max_age, "--grace", "7h")
+    res = tier.gc_json("--max-age", tier.max_age, "--grace", "7h")
     assert res["deleted_dirs"] == 0, res
     assert tier.entry("triton/behind/k.bin")["t"] == "f"
     assert tier.has_blob(data)
@@ -264,10 +222,10 @@ def test_a_use_record_dated_ahead_ages_like_any_other(mount_factory: MountFactor
     wait_uploaded(a, 60)
     wait_for(lambda: a.stats()["remote_use_records"] >= 1, what="A's use record")
     a.umount()
-    tier.plant_use("triton/old", time.time() + DAY)
+    tier.plant_use({"triton/old": time.time() + DAY})
 
     def collected() -> bool:
-        tier.gc("--max-age", "2s", "--grace", "3s")
+        tier.gc_json("--max-age", "2s")
         e = tier.entry("triton/old/k.bin")
         return e is None or e["t"] == "x"
 
