@@ -45,8 +45,10 @@ class StartupRecorder:
     def __init__(self, tier: RecorderTier, name: str) -> None:
         self.tier = tier
         self.name = name
-        #: This mount's record: sorts newest first among the set's (``startup_sets.new_record_id``).
-        self.record_id = new_record_id()
+        #: This mount's record: sorts newest first among the set's (``startup_sets.new_record_id``), dated by
+        #: the tier's clock when first written (measured by then: the uploader's first look at the epoch),
+        #: back to the mount's start.
+        self.record_id = ""
         self._started = time.monotonic()
         #: Inodes in first-read order.
         self._order: list[int] = []
@@ -72,6 +74,9 @@ class StartupRecorder:
         if not self._dirty:
             return
         items = self.items()
+        if not self.record_id:
+            started_us = self.tier.clock.now_us() - round((time.monotonic() - self._started) * 1e6)
+            self.record_id = new_record_id(started_us * 1000)
         self._dirty = False
         self._written_at = time.monotonic()
         try:

@@ -62,9 +62,10 @@ MAX_SET_PATHS = 100_000
 FORMAT = 1
 
 
-def new_record_id() -> str:
-    """A record's id: sorts newest first as text (the bucket lists keys in that order), unique per mount."""
-    return f"{(1 << 63) - time.time_ns():019d}-{secrets.token_hex(4)}"
+def new_record_id(started_ns: int | None = None) -> str:
+    """A record's id: sorts newest first as text (the bucket lists keys in that order), unique per mount;
+    *started_ns*: when the mount began, on the tier's clock (``tier_clock``; default: this machine's)."""
+    return f"{(1 << 63) - (time.time_ns() if started_ns is None else started_ns):019d}-{secrets.token_hex(4)}"
 
 
 def record_time(record_id: str) -> float:
