@@ -13,6 +13,7 @@ otherwise.  With
 passing SIGTERM/SIGINT to whichever daemon serves then: so a container or
 a systemd unit sees one process whatever the daemons underneath do.
 
+The child starts with no signal blocked, whatever its parent blocks.
 The daemon the child becomes is ``daemon.serve``; the checks on the mount
 point, made before forking, are ``daemon.mountpoint``'s.
 """
@@ -54,6 +55,8 @@ def mount(opts: MountOptions) -> int:
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the daemon
+        # a daemon hears SIGTERM whatever its parent held blocked (``run`` holds it while it mounts)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
         os.close(r)
         if opts.foreground:
             setup_logging(None, opts.debug)  # stderr stays the terminal's (or the container's)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.daemon.owner import Owner
 from mithrilfs.shared.connect import RemoteSpec
 from mithrilfs.shared.s3_settings import S3Settings
 
@@ -50,6 +51,8 @@ class MountOptions:
     fixed_settings: frozenset[str] = frozenset()
     #: What the supervisor does when the daemon dies: start a successor ("takeover") or detach ("detach").
     on_crash: str = "takeover"
+    #: The process the mount is for (``run``): when it is gone, the supervisor takes the mount down.
+    owner: Owner | None = None
 
     def remote_spec(self) -> RemoteSpec:
         """The shared store these options name (``remote`` must be set)."""
@@ -60,10 +63,11 @@ class MountOptions:
 
     def as_json(self) -> dict[str, Any]:
         """Everything a successor needs to serve like this daemon (secrets included: see ``daemon.channel``)."""
-        d = {k: v for k, v in vars(self).items() if k not in ("policy", "fixed_settings", "remote_key")}
+        d = {k: v for k, v in vars(self).items() if k not in ("policy", "fixed_settings", "remote_key", "owner")}
         d.update(mountpoint=str(self.mountpoint), store=str(self.store), policy=dataclasses.asdict(self.policy),
                  fixed_settings=sorted(self.fixed_settings),
-                 remote_key=self.remote_key.hex() if self.remote_key is not None else None)
+                 remote_key=self.remote_key.hex() if self.remote_key is not None else None,
+                 owner=self.owner.as_json() if self.owner is not None else None)
         return d
 
     @classmethod
@@ -72,5 +76,6 @@ class MountOptions:
         d.update(mountpoint=Path(d["mountpoint"]), store=Path(d["store"]), policy=EvictionPolicy(**d["policy"]),
                  fixed_settings=frozenset(d["fixed_settings"]),
                  remote_key=bytes.fromhex(d["remote_key"]) if d["remote_key"] is not None else None,
-                 remote_owner=tuple(d["remote_owner"]) if d["remote_owner"] is not None else None)
+                 remote_owner=tuple(d["remote_owner"]) if d["remote_owner"] is not None else None,
+                 owner=Owner.from_json(d.get("owner")))
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})

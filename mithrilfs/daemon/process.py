@@ -37,6 +37,16 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def start_time(pid: int) -> int | None:
+    """When *pid* started (clock ticks since boot, ``/proc/PID/stat``), None when there is no such process:
+    with the pid, it names one process, never a later one given the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def call_within(call: Callable[[], Any], seconds: float) -> Any:
     """*call*'s result, or None when it takes longer than *seconds*: for anything that may wait on a mount
     whose daemon does not answer (the thread is then left to itself)."""

@@ -157,7 +157,9 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
                                  notifier=notifier, request_times=mounted.request_times,
                                  after_reply=mounted.after_reply, polls=lambda: not mounted.tier.streaming)
         if not store.read_only:  # named in the error a second mount of this store gets
-            (store.root / HOLDER_FILE).write_text(json.dumps({"pid": os.getpid(), "mountpoint": str(opts.mountpoint)}))
+            (store.root / HOLDER_FILE).write_text(json.dumps({
+                "pid": os.getpid(), "mountpoint": str(opts.mountpoint),
+                "owner": opts.owner.as_json() if opts.owner is not None else None}))
         log.info("serving %s (store %s%s, pid %d, budget %d bytes%s)", opts.mountpoint, opts.store,
                  ", read-only" if store.read_only else "", os.getpid(), opts.policy.max_bytes,
                  f", taking over after a {handover.restarts.cause}" if handover is not None else "")

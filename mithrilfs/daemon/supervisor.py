@@ -32,6 +32,11 @@ notification the kernel applies under a directory lock, say) cannot
 finish exiting until someone answers that request, which only the
 successor can do; so the supervisor does not wait for the whole process.
 
+A mount made for one process (``run``'s: ``daemon.owner``) goes when that
+process is gone: the supervisor watches it through a pidfd beside the
+channel, sends the daemon SIGTERM (the clean unmount), starts no successor,
+and puts right what the process left (``Owner.clean_up``) before it exits.
+
 The mount to detach is matched by mount id and device, so a later mount at
 the same path is never touched.  A successor is the supervisor's child;
 its exit status names the cause of its death in the log, and its stdout
@@ -55,6 +60,7 @@ from typing import Any
 
 from mithrilfs.daemon import ended
 from mithrilfs.daemon.channel import Handover, Restarts
+from mithrilfs.daemon.owner import Owner
 from mithrilfs.daemon.process import pid_alive, raise_fd_limit
 from mithrilfs.kernel import SessionParameters
 from mithrilfs.kernel.mount import FSTYPE, detach, mount_entries
@@ -98,6 +104,10 @@ class Supervisor:
         self.serving_since: float | None = None
         self.child: subprocess.Popen | None = None
         self.events = EventLog(None)
+        #: The process the mount is for (``daemon.owner``), watched through ``owner_fd`` until it ends.
+        self.owner: Owner | None = None
+        self.owner_fd = -1
+        self.owner_gone = False
 
     # -- the channel ---------------------------------------------------------
     def _keep(self, ino: int, fd: int, path: str | None) -> None:
@@ -122,7 +132,11 @@ class Supervisor:
         """Read the daemon's messages until it closes the socket or dies; True if it asked for a handoff."""
         handoff = False
         while True:
-            if not select.select([channel], [], [], 0.5)[0]:
+            ready = select.select([channel.fileno(), *([self.owner_fd] if self.owner_fd >= 0 else [])], [], [],
+                                  0.5)[0]
+            if self.owner_fd in ready:
+                self._owner_ended()
+            if channel.fileno() not in ready:
                 self.dying = [p for p in self.dying if p.poll() is None]
                 if not not pid_alive(self.daemon):
                     continue
@@ -172,6 +186,14 @@ class Supervisor:
 
     def _configure(self, text: str) -> None:
         self.options = json.loads(text)
+        if self.owner is None:
+            self.owner = Owner.from_json(self.options.get("owner"))
+            if self.owner is not None:
+                fd = self.owner.watch()
+                if fd is None:
+                    self._owner_ended()
+                else:
+                    self.owner_fd = fd
         store = Path(self.options["store"])
         self.events = EventLog(None if self.options.get("read_only") else store / "events.jsonl")
         if not self.options.get("foreground") and not logging.getLogger().handlers:
@@ -185,6 +207,20 @@ class Supervisor:
         elif not logging.getLogger().handlers:
             logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                                 format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def _owner_ended(self) -> None:
+        """The process the mount is for is gone without taking it down (SIGKILL): the daemon unmounts, as
+        at SIGTERM; ``run`` then starts no successor, and ``main`` cleans up after the owner."""
+        if self.owner_fd >= 0:
+            os.close(self.owner_fd)
+            self.owner_fd = -1
+        self.owner_gone = True
+        assert self.owner is not None
+        log.warning("process %d, which %s was mounted for, is gone: unmounting", self.owner.pid, self.mountpoint)
+        try:
+            os.kill(self.daemon, signal.SIGTERM)
+        except OSError:
+            pass
 
     # -- after the daemon ----------------------------------------------------
     def mounted(self) -> bool:
@@ -299,6 +335,10 @@ class Supervisor:
             how = self.how_it_ended()
             if not self.mounted():
                 return 0
+            if self.owner_gone:  # the mount was for a process that is gone: no successor
+                log.warning("%s; the process the mount was for is gone: detaching %s", how, self.mountpoint)
+                detach(self.mountpoint, via_fusermount=self.via_fusermount)
+                return 0
             if lost_line:
                 return self.give_up(f"{how}, after it had lost its line to the supervisor")
             if handoff:
@@ -329,7 +369,11 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     raise_fd_limit()  # one descriptor per file being written: thousands while a compile writes its cache
-    return Supervisor(mountpoint, mount_id, dev, how, fuse_fd, lock_fd, daemon).run(socket.socket(fileno=0))
+    supervisor = Supervisor(mountpoint, mount_id, dev, how, fuse_fd, lock_fd, daemon)
+    code = supervisor.run(socket.socket(fileno=0))
+    if supervisor.owner_gone and supervisor.owner is not None and supervisor.options is not None:
+        supervisor.owner.clean_up(Path(supervisor.options["mountpoint"]))  # before the store's lock goes
+    return code
 
 
 

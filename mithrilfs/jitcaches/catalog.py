@@ -29,8 +29,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CATALOG", "HEADERS", "JitCache", "drop_headers_link", "headers_link", "link_headers", "make_dirs",
-           "shell_env", "unlink_headers", "variables"]
+__all__ = ["CATALOG", "HEADERS", "JitCache", "drop_headers_link", "headers_before", "headers_link", "link_headers",
+           "make_dirs", "shell_env", "unlink_headers", "variables"]
 
 
 @dataclass(frozen=True)
@@ -163,19 +163,30 @@ def headers_link(env: dict[str, str]) -> Path:
     return expand(HEADERS.defaults[0], env)
 
 
+def headers_before(env: dict[str, str]) -> tuple[Path, str | None] | None:
+    """What ``link_headers`` would replace in a process given *env*: (the link's path, what a link there
+    points to now, or None); None when a real directory is there (a machine that compiled before: its
+    headers stay where they are)."""
+    link = headers_link(env)
+    before = os.readlink(link) if link.is_symlink() else None
+    if before is None and os.path.lexists(link):
+        return None
+    return link, before
+
+
 def link_headers(mountpoint: Path, env: dict[str, str]) -> tuple[Path, str | None] | None:
     """Make torch's precompiled-header directory a link into the mount.
 
     Returns (link, what it pointed to before) when a link was made, for
-    ``unlink_headers``; None when a real directory is there (a machine
-    that compiled before: its headers stay where they are).
+    ``unlink_headers``; None when a real directory is there (``headers_before``).
     """
-    link, target = headers_link(env), mountpoint / HEADERS.subdir
     make_dirs(mountpoint)  # the target too: a dangling link fails torch.compile (FileExistsError)
-    link.parent.mkdir(parents=True, exist_ok=True)
-    before = os.readlink(link) if link.is_symlink() else None
-    if before is None and os.path.lexists(link):
+    headers_link(env).parent.mkdir(parents=True, exist_ok=True)
+    made = headers_before(env)
+    if made is None:
         return None
+    link, before = made
+    target = mountpoint / HEADERS.subdir
     tmp = link.with_name(f".{link.name}.{os.getpid()}")
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(target)

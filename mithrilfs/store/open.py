@@ -172,14 +172,15 @@ HOLDER_FILE = "mounted.json"
 
 
 def holder_record(root: Path) -> dict | None:
-    """{'pid': N, 'mountpoint': MP} of the daemon that mounted the store, while it runs; else None."""
+    """{'pid': N, 'mountpoint': MP, 'owner': ...} of the daemon that mounted the store, while it runs; else
+    None.  'owner' is the process the mount is for, as the daemon was given it (``run``'s; else None)."""
     try:
         held = json.loads((root / HOLDER_FILE).read_text())
         pid, mountpoint = int(held["pid"]), str(held["mountpoint"])
         os.kill(pid, 0)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return {"pid": pid, "mountpoint": mountpoint}
+    return {"pid": pid, "mountpoint": mountpoint, "owner": held.get("owner")}
 
 
 def _holder(root: Path) -> str:
