@@ -44,7 +44,6 @@ from typing import Any
 from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared.entries import EntryCodec, RemoteEntry, RemoteError, parse_entry
 from mithrilfs.shared.gc_summary import make_summary
-from mithrilfs.shared.usage import younger
 from mithrilfs.shared.wire import RemoteStore
 from mithrilfs.store.namespace import join_path, valid_name
 
@@ -316,7 +315,7 @@ def run(collector: Collector, *, max_size: int | None, max_age: float | None, gr
     report = Report(dry_run)
     names = collector.list_names()
     uses = collector.use_times()
-    ahead = [d for d, t in uses.items() if not younger(now - t, float("inf"))]
+    ahead = [d for d, t in uses.items() if t > clock.horizon()]
     if ahead:  # dated past the tier's time (a writer's clock): used now, aging from now on, never pinned
         log.warning("%d use records dated past the tier's time: taken as used now", len(ahead))
         uses.update(dict.fromkeys(ahead, now))
@@ -518,7 +517,7 @@ def _relink(collector: Collector, names: dict[str, dict[bytes, bytes]], key_stor
     if not missing:
         return 0
     store = key_store or collector.store
-    version = store.clock.now_us()
+    version = collector.store.clock.now_us()  # the clock this run measured (a key store's never is)
     items = [(d, RemoteEntry("d", version, GC_NODE, mode=0o755, mtime_ns=version * 1000)) for d in missing]
     # ancestors too, shallowest last (a directory's names before its entry in its parent)
     store.publish_entries(sorted(items, key=lambda it: -it[0].count("/")))

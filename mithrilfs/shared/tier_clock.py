@@ -9,8 +9,8 @@ day ahead or a month behind dates its writes as every other node does.
 
 Measured when first needed and again at most every ``RESAMPLE_SECONDS``
 while the tier is used (an idle node asks nothing); the offset moves only
-when a measurement differs from it by more than ``STEP_US`` (the
-measurement's own error is a second: ``Last-Modified`` has whole seconds),
+when a measurement differs from it by more than ``STEP_US`` (well above
+the measurement's own error: ``Last-Modified`` has whole seconds),
 so a version computed from a local ctime (``version_of``) is the same every
 time it is computed, and a name materialized with the tier's version
 (``local_ns``) gives that version back exactly.
@@ -108,4 +108,3 @@ class TierClock:
     def local_ns(self, version: int) -> int:
         """The local ctime of a name materialized at the tier's *version* (``version_of``'s inverse)."""
         return (version - self.offset_us) * 1000
-
