@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _benchlib import redis_server, seaweedfs_s3
 
-from mithrilfs.shared import gc
-from mithrilfs.shared.connect import RemoteSpec, open_remote
-from mithrilfs.shared.entries import RemoteEntry, RemoteError
-from mithrilfs.shared.s3_settings import from_environment
-from mithrilfs.shared.wire import RemoteStore
+from mithrilfs.shared.fleet import gc
+from mithrilfs.shared.stores.base import RemoteStore
+from mithrilfs.shared.stores.connect import RemoteSpec, open_remote
+from mithrilfs.shared.stores.entries import RemoteEntry, RemoteError
+from mithrilfs.shared.stores.s3.settings import from_environment
 from mithrilfs.store.cas import hash_bytes
 
 BATCH = 1000

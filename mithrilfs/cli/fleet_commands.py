@@ -13,13 +13,13 @@ import sys
 
 from mithrilfs.cli.client import usage_error
 from mithrilfs.cli.mount_commands import _remote_password, _remote_stores, check_namespace, remote_key
-from mithrilfs.shared.redis_url import without_password
+from mithrilfs.shared.stores.redis.url import without_password
 from mithrilfs.units import format_duration_short, format_size
 
 
 def _cmd_fleet(args: argparse.Namespace) -> int:
-    from mithrilfs.shared import gc, usage
-    from mithrilfs.shared.connect import RemoteError, RemoteSpec, open_remote
+    from mithrilfs.shared.fleet import gc, usage
+    from mithrilfs.shared.stores.connect import RemoteError, RemoteSpec, open_remote
 
     args.remote_owner = None  # what ``_remote_password`` checks for mount
     behind, s3 = _remote_stores(args)

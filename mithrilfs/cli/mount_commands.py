@@ -34,12 +34,12 @@ from mithrilfs.daemon.process import call_within, in_child
 from mithrilfs.daemon.umount import pending_uploads, umount
 from mithrilfs.errors import MountError, UsageError
 from mithrilfs.jitcaches import catalog, leaks
-from mithrilfs.shared.redis_url import url_password, without_password
+from mithrilfs.shared.stores.redis.url import url_password, without_password
 from mithrilfs.store.open import default_store
 from mithrilfs.units import format_size
 
 if TYPE_CHECKING:  # imported where used: a CLI command without a remote starts without them
-    from mithrilfs.shared.s3_settings import S3Settings
+    from mithrilfs.shared.stores.s3.settings import S3Settings
 
 
 def remote_key(args: argparse.Namespace) -> bytes | None:
@@ -122,9 +122,9 @@ def _remote_stores(args: argparse.Namespace) -> tuple[str | None, S3Settings | N
     Returns the bucket behind Redis (or None) and, when a bucket is named,
     its endpoint and credentials by the AWS conventions.
     """
-    from mithrilfs.shared.connect import check_remotes, is_s3
-    from mithrilfs.shared.s3_layout import nested_in
-    from mithrilfs.shared.s3_settings import S3Location, from_environment
+    from mithrilfs.shared.stores.connect import check_remotes, is_s3
+    from mithrilfs.shared.stores.s3.layout import nested_in
+    from mithrilfs.shared.stores.s3.settings import S3Location, from_environment
 
     urls = args.remote or []
     try:
@@ -157,7 +157,7 @@ def _refuse_misconfigured_bucket(opts: MountOptions) -> None:
     sends its queue later): ``_warn_if_unreachable`` says so after mounting.
     """
     def probe() -> str:
-        from mithrilfs.shared.connect import RemoteError, open_bucket
+        from mithrilfs.shared.stores.connect import RemoteError, open_bucket
 
         bucket = open_bucket(opts.remote_spec())
         try:
@@ -175,7 +175,7 @@ def _refuse_misconfigured_bucket(opts: MountOptions) -> None:
 def _warn_if_unreachable(opts: MountOptions) -> None:
     """The mount works as a local cache without its shared store, but the user should know it is alone."""
     def probe() -> str:
-        from mithrilfs.shared.connect import RemoteError, open_remote
+        from mithrilfs.shared.stores.connect import RemoteError, open_remote
 
         store = open_remote(opts.remote_spec())
         try:

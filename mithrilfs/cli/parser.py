@@ -80,7 +80,7 @@ def _port(text: str) -> int:
 
 
 def _remote_url(text: str) -> str:
-    from mithrilfs.shared.connect import check_url
+    from mithrilfs.shared.stores.connect import check_url
 
     try:
         check_url(text)

@@ -13,8 +13,8 @@ from typing import Any
 
 from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.daemon.owner import Owner
-from mithrilfs.shared.connect import RemoteSpec
-from mithrilfs.shared.s3_settings import S3Settings
+from mithrilfs.shared.stores.connect import RemoteSpec
+from mithrilfs.shared.stores.s3.settings import S3Settings
 
 
 @dataclass

@@ -47,7 +47,7 @@ from mithrilfs.daemon.repair import repair_at_startup, take_over
 from mithrilfs.daemon.wiring import TierOptions
 from mithrilfs.jitcaches import catalog
 from mithrilfs.observe.metrics import MetricsServer
-from mithrilfs.shared.connect import open_remote
+from mithrilfs.shared.stores.connect import open_remote
 from mithrilfs.store.open import HOLDER_FILE, Store, StoreError, open_store
 
 log = logging.getLogger(__name__)

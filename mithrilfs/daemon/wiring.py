@@ -34,10 +34,10 @@ from mithrilfs.kernel import AfterReply, RequestTimes
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import KeptCounters
 from mithrilfs.observe.tops import TopDirs
-from mithrilfs.shared.feed_wire import open_feed
 from mithrilfs.shared.remote_tier import RemoteTier
+from mithrilfs.shared.stores.base import RemoteStore
+from mithrilfs.shared.stores.feed import open_feed
 from mithrilfs.shared.tier import NullTier, Tier
-from mithrilfs.shared.wire import RemoteStore
 from mithrilfs.store.namespace import DirPaths
 from mithrilfs.store.open import Store
 

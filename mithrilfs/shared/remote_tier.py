@@ -44,21 +44,21 @@ from mithrilfs.cache.integrity import Fetched
 from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
-from mithrilfs.shared.bounded import in_thread
-from mithrilfs.shared.changes import Changes
-from mithrilfs.shared.entries import MAX_DIR_NAMES, RemoteEntry, RemoteError
-from mithrilfs.shared.feed_wire import FeedWire, NullFeed
-from mithrilfs.shared.fleet_state import FleetState
-from mithrilfs.shared.in_flight import InFlight
-from mithrilfs.shared.prefetch import Prefetcher
-from mithrilfs.shared.purge import forget_fleet
-from mithrilfs.shared.reconcile import Reconciler
-from mithrilfs.shared.remote_fetch import RemoteFetch
-from mithrilfs.shared.startup_order import StartupOrder
-from mithrilfs.shared.startup_recorder import StartupRecorder
+from mithrilfs.shared.fleet.state import FleetState
+from mithrilfs.shared.stores.base import RemoteStore
+from mithrilfs.shared.stores.entries import MAX_DIR_NAMES, RemoteEntry, RemoteError
+from mithrilfs.shared.stores.feed import FeedWire, NullFeed
+from mithrilfs.shared.sync.bounded import in_thread
+from mithrilfs.shared.sync.changes import Changes
+from mithrilfs.shared.sync.fetch import RemoteFetch
+from mithrilfs.shared.sync.forget import forget_fleet
+from mithrilfs.shared.sync.in_flight import InFlight
+from mithrilfs.shared.sync.reconcile import Reconciler
+from mithrilfs.shared.sync.write_behind import EPOCH_META_PREFIX, PLACES_META_PREFIX, WriteBehind, clock_meta
 from mithrilfs.shared.tier import Tier
-from mithrilfs.shared.wire import RemoteStore
-from mithrilfs.shared.write_behind import EPOCH_META_PREFIX, PLACES_META_PREFIX, WriteBehind, clock_meta
+from mithrilfs.shared.warm.order import StartupOrder
+from mithrilfs.shared.warm.prefetch import Prefetcher
+from mithrilfs.shared.warm.recorder import StartupRecorder
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, join_path
 from mithrilfs.store.tier_queue import TierQueue

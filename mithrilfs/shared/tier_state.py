@@ -37,10 +37,10 @@ from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
-from mithrilfs.shared.entries import RemoteEntry
-from mithrilfs.shared.fleet_state import FleetState
-from mithrilfs.shared.tier_clock import TierClock
-from mithrilfs.shared.wire import RemoteStore
+from mithrilfs.shared.fleet.state import FleetState
+from mithrilfs.shared.stores.base import RemoteStore
+from mithrilfs.shared.stores.clock import TierClock
+from mithrilfs.shared.stores.entries import RemoteEntry
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.namespace import DirPaths, Inode, Namespace
 from mithrilfs.store.tier_queue import TierQueue

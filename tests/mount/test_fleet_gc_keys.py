@@ -210,8 +210,8 @@ def test_in_signed_mode_gc_counts_only_names_nodes_serve(mount_factory: MountFac
 def test_overlapping_gc_runs_each_remove_only_their_own_sweep_marker(shared_seaweedfs: SeaweedFS, tmp_path: Path):
     """Two runs sweep at once; the first to end leaves the second's marker, so writers still hold their names
     back (``S3Store.sweeping``, what a writer asks after uploading) until the second ends too."""
-    from mithrilfs.shared.connect import RemoteSpec, open_remote
-    from mithrilfs.shared.s3_settings import S3Settings
+    from mithrilfs.shared.stores.connect import RemoteSpec, open_remote
+    from mithrilfs.shared.stores.s3.settings import S3Settings
 
     weed = shared_seaweedfs
     weed.create_bucket("gc-overlap")

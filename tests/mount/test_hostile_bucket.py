@@ -25,8 +25,8 @@ from conftest import Mount, MountFactory, SeaweedFS, delay_proxy_module, run_cli
 from test_shared_packs import workload, write_kernel
 from test_shared_s3 import BASE, _s3, errno_of_read, get, keys, manifest, pack_key, put
 
-from mithrilfs.shared.startup_order import UNRESOLVED_DIRS
-from mithrilfs.shared.startup_sets import new_record_id, record_time
+from mithrilfs.shared.stores.records import new_record_id, record_time
+from mithrilfs.shared.warm.order import UNRESOLVED_DIRS
 from mithrilfs.store.cas import hash_bytes
 
 

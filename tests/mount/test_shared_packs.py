@@ -21,7 +21,7 @@ import pytest
 from conftest import Mount, MountFactory, RedisServer, SeaweedFS, delay_proxy_module, run_cli, wait_for, wait_uploaded
 from test_shared_s3 import BASE, _s3, errno_of_read, get, keys, manifest, pack_key, put, stored_blob
 
-from mithrilfs.shared.startup_order import LOOK_AHEAD_BATCH
+from mithrilfs.shared.warm.order import LOOK_AHEAD_BATCH
 
 AREAS = ("blobs", "packs", "names", "sets", "epoch", "bad")
 
@@ -447,7 +447,7 @@ def test_a_prefetch_named_a_batch_at_a_time_reads_each_pack_once(mount_factory: 
     from the first batch on (``prefetch.Todo``), and a batch of blobs left open at the end of a batch of
     names waits for the next, so a pack is still one range GET, never one per batch of names; every byte
     is node A's."""
-    from mithrilfs.shared.startup_order import MATERIALIZE_BATCH
+    from mithrilfs.shared.warm.order import MATERIALIZE_BATCH
 
     env = shared_seaweedfs.env(AWS_ENDPOINT_URL=f"http://127.0.0.1:{proxy.port}")
     kernels = workload(100, seed=5)

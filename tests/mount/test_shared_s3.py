@@ -729,7 +729,7 @@ def test_a_stalled_endpoint_costs_one_bound_for_large_reads_and_creates(mount_fa
     lookup in a directory not yet synced (it waited for the names client's 10 s) answers within it, then at
     once while backed off; a 20 MB blob not yet fetched fails with EIO within it (it waited for the large-blob
     client's 120 s).  Two stalls, so that each starts on a level that answered last."""
-    from mithrilfs.shared.bounded import REMOTE_WAIT
+    from mithrilfs.shared.sync.bounded import REMOTE_WAIT
 
     seaweedfs.create_bucket("fleet")
     a = mount_factory("a", *_s3("fleet"), env=seaweedfs.env())

@@ -169,7 +169,7 @@ def test_a_lazy_node_looks_ahead_in_the_recorded_order(mount_factory: MountFacto
 
 def test_a_hostile_startup_set_is_refused_and_counted_never_fatal(mount_factory: MountFactory,
                                                                   redis_server: RedisServer, tmp_path: Path):
-    from mithrilfs.shared.startup_sets import new_record_id, record_time
+    from mithrilfs.shared.stores.records import new_record_id, record_time
 
     key = tmp_path / "key"
     key.write_bytes(b"k" * 32)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mithrilfs.shared.changes import RECORD_PATHS, ChangeCodec, path_parts
+from mithrilfs.shared.sync.changes import RECORD_PATHS, ChangeCodec, path_parts
 
 
 def test_a_record_reads_back_as_written_and_signed_ones_must_match_the_key():

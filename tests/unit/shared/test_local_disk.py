@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 import trio
 
-from mithrilfs.shared.entries import RemoteError
-from mithrilfs.shared.local_disk import LocalWriteError, StoreFile, cause, disk_full_message
+from mithrilfs.shared.stores.entries import RemoteError
+from mithrilfs.shared.sync.local_disk import LocalWriteError, StoreFile, cause, disk_full_message
 
 
 def test_a_write_the_disk_refuses_is_no_oserror_for_the_wires():

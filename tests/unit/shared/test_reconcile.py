@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mithrilfs.shared.entries import RemoteEntry
-from mithrilfs.shared.reconcile import Reconciler
-from mithrilfs.shared.tier_clock import TierClock
+from mithrilfs.shared.stores.clock import TierClock
+from mithrilfs.shared.stores.entries import RemoteEntry
+from mithrilfs.shared.sync.reconcile import Reconciler
 from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Namespace
 
 

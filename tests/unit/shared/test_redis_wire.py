@@ -17,8 +17,15 @@ from typing import Any
 import pytest
 from conftest import RedisServer
 
-from mithrilfs.shared.entries import MAX_ENTRY_BYTES, MAX_PACK_BYTES, MAX_SIZE, MAX_VERSION, RemoteEntry, parse_entry
-from mithrilfs.shared.redis_wire import RedisStore
+from mithrilfs.shared.stores.entries import (
+    MAX_ENTRY_BYTES,
+    MAX_PACK_BYTES,
+    MAX_SIZE,
+    MAX_VERSION,
+    RemoteEntry,
+    parse_entry,
+)
+from mithrilfs.shared.stores.redis.store import RedisStore
 
 HASH = "ab" * 32
 OTHER_HASH = "cd" * 32
@@ -222,7 +229,7 @@ def test_the_signature_covers_the_path(redis_server: RedisServer, tiers: Callabl
 
 def test_a_complete_mark_is_trusted_only_while_fresh(redis_server: RedisServer):
     """Redis in front of a bucket: a stale mark (a missed write, an old snapshot) sends readers to the bucket."""
-    from mithrilfs.shared import redis_wire
+    from mithrilfs.shared.stores.redis import store as redis_wire
 
     store = RedisStore(redis_server.url, "ns")
     store.publish_entries([("d/a", RemoteEntry("f", 5, "n", HASH, 1))])
@@ -279,8 +286,9 @@ def test_startup_set_records_are_newest_first_bounded_and_hostile_ones_refused(
     """A reader gets the RECORDS_READ newest records in two requests and writes nothing; a record that is
     no record, too large, or holds entries signed with another key or impossible paths is refused or
     stripped, counted, and never raises."""
-    from mithrilfs.shared import redis_records, startup_sets
-    from mithrilfs.shared.startup_sets import merged, new_record_id
+    from mithrilfs.shared.stores import records as startup_sets
+    from mithrilfs.shared.stores.records import merged, new_record_id
+    from mithrilfs.shared.stores.redis import records as redis_records
 
     key = b"k" * 16
     ours, theirs = tiers("t", key), tiers("t", b"x" * 16)
@@ -350,7 +358,7 @@ def test_purge_records_are_kept_newest_first_bounded_with_the_floor(redis_server
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """``forget --fleet``'s records kept for startup sets: the newest PURGES_READ read in one request, the
     next one's version the floor (a set's entry older than it is not trusted), none past PURGES_KEPT."""
-    from mithrilfs.shared import redis_records
+    from mithrilfs.shared.stores.redis import records as redis_records
 
     monkeypatch.setattr(redis_records, "PURGES_READ", 2)
     monkeypatch.setattr(redis_records, "PURGES_KEPT", 3)
@@ -362,6 +370,6 @@ def test_purge_records_are_kept_newest_first_bounded_with_the_floor(redis_server
     assert redis_server.cli("ZCARD", "mfs:t:purges").stdout.strip() == "3"  # r100 dropped
     # planted scores out of range: read (and refused by the codec) first; one as the floor trusts nothing
     redis_server.cli("ZADD", "mfs:t:purges", "inf", "p1", "inf", "p2", "inf", "p3")
-    from mithrilfs.shared.entries import MAX_VERSION
+    from mithrilfs.shared.stores.entries import MAX_VERSION
 
     assert reader.kept_purges()[1] == MAX_VERSION

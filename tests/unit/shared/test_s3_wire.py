@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from conftest import SeaweedFS
 
-from mithrilfs.shared.entries import RemoteEntry, RemoteError
-from mithrilfs.shared.s3_settings import S3Location, settings_from
-from mithrilfs.shared.s3_wire import S3Store
-from mithrilfs.shared.startup_sets import new_record_id
+from mithrilfs.shared.stores.entries import RemoteEntry, RemoteError
+from mithrilfs.shared.stores.records import new_record_id
+from mithrilfs.shared.stores.s3.settings import S3Location, settings_from
+from mithrilfs.shared.stores.s3.store import S3Store
 
 HASH = "ab" * 32
 
@@ -63,7 +63,7 @@ def test_settings_follow_the_aws_conventions(tmp_path: Path):
 def stores(shared_seaweedfs: SeaweedFS, request: pytest.FixtureRequest):
     bucket = "u-" + request.node.name.replace("_", "-")[:40].rstrip("-").lower()
     shared_seaweedfs.create_bucket(bucket)
-    from mithrilfs.shared.s3_settings import S3Settings
+    from mithrilfs.shared.stores.s3.settings import S3Settings
 
     settings = S3Settings(endpoint=shared_seaweedfs.endpoint, access_key_id=shared_seaweedfs.access_key,
                           secret_access_key=shared_seaweedfs.secret_key)
@@ -154,7 +154,7 @@ def test_a_manifest_too_large_to_read_is_still_replaced_only_if_unchanged(stores
     """Its ETag guards the put: a second writer that read the same junk cannot overwrite the first's entry."""
     import obstore
 
-    from mithrilfs.shared import s3_wire
+    from mithrilfs.shared.stores.s3 import store as s3_wire
 
     monkeypatch.setattr(s3_wire, "MAX_MANIFEST_BYTES", 1000)
     a, b = stores[0], stores[1]
@@ -209,7 +209,7 @@ def test_startup_set_records_are_written_over_read_newest_first_and_never_by_a_r
     few GETs), writes and deletes nothing; a mount's last write prunes past RECORDS_KEPT."""
     import obstore
 
-    from mithrilfs.shared import startup_sets
+    from mithrilfs.shared.stores import records as startup_sets
 
     def entry(i: int) -> RemoteEntry:
         return RemoteEntry("f", 10 + i, "n", HASH, i)
@@ -230,7 +230,7 @@ def test_startup_set_records_are_written_over_read_newest_first_and_never_by_a_r
     assert [r.id for r in records] == ids[::-1][:startup_sets.RECORDS_READ]  # newest first
     assert [p for p, _ in startup_sets.merged(records)] == [f"k{i}/{n}" for i in (5, 4, 3, 2) for n in "ab"]
     assert len(listed()) == 6  # the reader wrote and deleted nothing
-    from mithrilfs.shared import s3_wire
+    from mithrilfs.shared.stores.s3 import store as s3_wire
 
     monkeypatch.setattr(s3_wire, "RECORDS_KEPT", 3)
     last = new_record_id()
@@ -247,7 +247,7 @@ def test_a_directory_with_too_many_names_is_refused_and_never_grown_past_the_lim
 
     import obstore
 
-    from mithrilfs.shared import s3_wire
+    from mithrilfs.shared.stores.s3 import store as s3_wire
 
     monkeypatch.setattr(s3_wire, "MAX_DIR_NAMES", 50)
     a, b = stores[0], stores[1]
@@ -291,8 +291,8 @@ def test_a_publish_refuses_a_place_it_adds_in_a_pack_old_enough_for_gc_to_delete
     import time
     from dataclasses import replace
 
-    from mithrilfs.shared import usage
-    from mithrilfs.shared.s3_packs import Packs
+    from mithrilfs.shared.fleet import usage
+    from mithrilfs.shared.stores.s3.packs import Packs
 
     now = int(time.time())
     bare = RemoteEntry("f", 1, "a", "ab" * 32, 10)
@@ -331,7 +331,7 @@ def test_purge_records_are_kept_newest_first_bounded_with_the_floor(stores: list
     PURGES_READ), the next one's version the floor, none past PURGES_KEPT; a planted key is left out."""
     import obstore
 
-    from mithrilfs.shared import s3_purges
+    from mithrilfs.shared.stores.s3 import purges as s3_purges
 
     monkeypatch.setattr(s3_purges, "PURGES_READ", 2)
     monkeypatch.setattr(s3_purges, "PURGES_KEPT", 3)
@@ -381,7 +381,7 @@ def test_a_pack_is_read_by_its_upload_parts(stores: list[S3Store], tmp_path: Pat
     pack of 12 blobs of 900 KiB (10.5 MiB) is two GETs, one per part, every blob verified."""
     import os
 
-    from mithrilfs.shared.s3_conn import PART_BYTES
+    from mithrilfs.shared.stores.s3.conn import PART_BYTES
     from mithrilfs.store.cas import hash_bytes
 
     a, b, _ = stores
@@ -412,8 +412,8 @@ def test_a_bucket_asking_to_slow_down_is_waited_for_within_the_bound_then_backed
 
     from conftest import delay_proxy_module
 
-    from mithrilfs.shared.bounded import REMOTE_WAIT
-    from mithrilfs.shared.s3_settings import S3Settings
+    from mithrilfs.shared.stores.s3.settings import S3Settings
+    from mithrilfs.shared.sync.bounded import REMOTE_WAIT
 
     shared_seaweedfs.create_bucket("u-slowdown")
     entry = RemoteEntry("d", 1_700_000_000_000_000, "node-a", mode=0o755)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import collections
 import json
 
-from mithrilfs.shared.entries import EntryCodec, RemoteEntry
-from mithrilfs.shared.startup_sets import decode_record, decode_records, encode_record, merged
+from mithrilfs.shared.stores.entries import EntryCodec, RemoteEntry
+from mithrilfs.shared.stores.records import decode_record, decode_records, encode_record, merged
 
 KEY = b"k" * 32
 
@@ -52,7 +52,7 @@ def test_an_item_equal_to_a_newer_one_in_path_only_is_still_checked():
 def test_a_record_of_more_paths_than_a_writer_records_is_refused_whole():
     """No writer records more than ``MAX_RECORD_PATHS``: a record naming more is planted, refused unread past
     its shape (counted once), and a record at the limit is read; a path over ``MAX_PATH_BYTES`` is no path."""
-    from mithrilfs.shared.startup_sets import MAX_PATH_BYTES, MAX_RECORD_PATHS, valid_path
+    from mithrilfs.shared.stores.records import MAX_PATH_BYTES, MAX_RECORD_PATHS, valid_path
 
     counters = collections.Counter()
     codec = EntryCodec("default", None, counters)

@@ -8,10 +8,10 @@ from collections import Counter
 
 import pytest
 
-from mithrilfs.shared.changes import ChangeCodec
-from mithrilfs.shared.entries import EntryCodec, RemoteEntry
-from mithrilfs.shared.tier_clock import FUTURE_SLACK_US, STEP_US, TierClock
-from mithrilfs.shared.usage import younger
+from mithrilfs.shared.fleet.usage import younger
+from mithrilfs.shared.stores.clock import FUTURE_SLACK_US, STEP_US, TierClock
+from mithrilfs.shared.stores.entries import EntryCodec, RemoteEntry
+from mithrilfs.shared.sync.changes import ChangeCodec
 
 DAY_US = 86_400 * 10**6
 

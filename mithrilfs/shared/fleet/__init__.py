@@ -1,0 +1,1 @@
+"""Keeping the fleet within budget: fleet gc, use records, the last gc's summary."""

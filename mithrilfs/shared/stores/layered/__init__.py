@@ -1,0 +1,1 @@
+"""Redis in front of a bucket: one store, read front first, written to both."""

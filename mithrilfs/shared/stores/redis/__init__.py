@@ -1,0 +1,1 @@
+"""The shared tier in Redis or a Redis Cluster."""

@@ -1,0 +1,1 @@
+"""The shared tier in an S3-compatible bucket."""

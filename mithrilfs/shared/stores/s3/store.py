@@ -1,0 +1,501 @@
+"""The shared tier in an S3-compatible bucket (AWS S3, SeaweedFS, MinIO, Ceph RGW, R2, GCS's XML API).
+
+Layout under ``s3://BUCKET/PREFIX/NAMESPACE/``
+  ``names/~C1/~C2/#``   one manifest per directory (components percent-quoted,
+                        each after a ``~``, so no directory's manifest is another's
+                        directory): JSON ``{"mithrilfs": 1, "entries": {name: entry}}``,
+                        each entry the same signed JSON as in Redis (``entries``)
+  ``packs/HH/ID``       small blobs (up to 1 MiB), many to an object of up to
+                        32 MiB, written once; each file's entry names its blob's
+                        pack and offset (``s3_packs``)
+  ``blobs/HH/HEX``      a larger blob (or one repaired), one immutable object per
+                        blake3 hash, written only if absent (``If-None-Match: *``);
+                        a large one (a conditional put is one request, buffered
+                        whole by the client) goes in 8 MiB parts once a HEAD found
+                        it absent
+  ``startup/~NAME/ID``  a startup set: one record per mount that recorded one, written
+                        over by that mount at most once a minute (``startup_sets``)
+  ``changes/``, ``purges/``  the change feed's journal and the purges kept
+                        (``feed_wire``, ``s3_purges``)
+  ``usage/T-R``         use records, one per node flush (``fleet gc`` merges them)
+  ``bad/HEX``           a blob a reader found corrupt (``s3_repair``)
+  ``gc-sweeps/T-R``     a running ``fleet gc``'s sweep marker, one per run (``s3_gc``)
+  ``epoch``             a random token: gone means the bucket was emptied, and
+                        every node uploads what it has again; ``gc``, the last
+                        ``fleet gc``'s summary
+
+These names are reserved (``s3_layout``): gc and the prunings take only the
+keys below them that parse as their own records, and a namespace inside
+another fleet's reserved directories is refused.
+
+Names converge by compare-and-swap: a writer reads a directory's manifest
+and its ETag, merges its entries in (per name the newest (version, node)
+stays: a maximum, so the order writers merge in does not matter), and puts
+it back ``If-Match`` that ETag (``If-None-Match: *`` for a new one).  A 412
+means another writer got there first: read again, merge again.  Every
+successful put is a merge of the previous state, so no writer's entry is
+ever lost, and every reader sees one manifest, so a directory's names come
+in one request.  A writer merges into the manifest as it last read or
+wrote it and puts at once (``s3_seen``): a 412 makes it read first.
+Small blobs travel in packs that the entries locate (``s3_packs``), the
+blob requests are ``s3_blobs``'s.  Startup sets are one record per mount,
+the newest few read and merged in memory, never rewritten by a reader.
+
+Everything read from the bucket is hostile: a manifest larger than
+``MAX_MANIFEST_BYTES`` or not JSON is ignored (and replaced by the next
+writer), entries are validated and verified like Redis's, blobs are
+streamed, never allocated by a claimed size, and must come to exactly the
+entry's size and hash.  Credentials and region come from the AWS
+conventions (``s3_settings``); errors name the cause in one line and never
+carry a secret.  The client is obstore (Rust's object_store): measured in
+docs/design.md against boto3 and opendal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import secrets
+import time
+from dataclasses import replace
+from typing import Any, BinaryIO
+from urllib.parse import quote, unquote_to_bytes
+
+from mithrilfs.shared.fleet import usage
+from mithrilfs.shared.stores.base import RemoteStore
+from mithrilfs.shared.stores.clock import TierClock
+from mithrilfs.shared.stores.entries import MAX_DIR_NAMES, BlobBytes, EntryCodec, RemoteEntry, RemoteError
+from mithrilfs.shared.stores.records import (
+    MAX_RECORD_BYTES,
+    RECORDS_KEPT,
+    RECORDS_READ,
+    Record,
+    decode_records,
+    encode_record,
+    valid_record_id,
+)
+from mithrilfs.shared.stores.s3.blobs import S3Blobs, object_age
+from mithrilfs.shared.stores.s3.conn import S3Connection, _obstore
+from mithrilfs.shared.stores.s3.layout import SWEEPS, USAGE, is_record_key, record_key
+from mithrilfs.shared.stores.s3.packs import RANGE_BYTES, Packs
+from mithrilfs.shared.stores.s3.purges import S3Purges
+from mithrilfs.shared.stores.s3.repair import BadBlobReports
+from mithrilfs.shared.stores.s3.seen import SeenManifests
+from mithrilfs.shared.stores.s3.settings import S3Location, S3Settings
+from mithrilfs.store.namespace import valid_name
+
+log = logging.getLogger(__name__)
+
+#: A startup record's write reads at most this many manifests to learn where its blobs are (``_learn_places``).
+RELEARN_DIRS = 4096
+#: A manifest larger than this is refused as hostile, never read (``MAX_DIR_NAMES`` signed entries fit in it).
+MAX_MANIFEST_BYTES = 32 << 20
+#: Blobs up to this size are fetched by the prefetcher in concurrent batches.
+SMALL_BLOB_BYTES = 8 << 20
+#: Attempts of one manifest update before the tier gives up for now (the queue retries later).
+CAS_ATTEMPTS = 25
+
+
+def _quoted(text: str) -> str:
+    return quote(text.encode(errors="surrogateescape"), safe="")
+
+
+def _component(part: str) -> str:
+    return unquote_to_bytes(part[1:]).decode(errors="surrogateescape")
+
+
+class S3Store(S3Connection, RemoteStore):
+    """One namespace in one bucket (see the module doc); every method may raise RemoteError.
+
+    The connection (clients, errors, basic requests) is its base (``s3_conn``);
+    blobs, packs, reports and manifests as last seen are parts of their own;
+    the names (manifests and their compare-and-swap), the epoch and the
+    records are here.
+    """
+
+    small_blob_bytes = SMALL_BLOB_BYTES
+    packs_by_directory = True
+    use_flush_seconds = usage.USE_FLUSH_SECONDS
+    def __init__(self, location: S3Location, namespace: str, key: bytes | None, settings: S3Settings, *,
+                 counters: dict[str, int] | None = None) -> None:
+        super().__init__(location, namespace, settings, counters=counters)
+        self.codec = EntryCodec(namespace, key, self.counters, horizon=self.clock.horizon_us)
+        self.reports = BadBlobReports(self)
+        self.packs = Packs(self)
+        self.blobs = S3Blobs(self, self.packs, self.reports)
+        #: Each manifest as last read or written: a publish merges into it without reading (``s3_seen``).
+        self.seen = SeenManifests()
+        self.purges = S3Purges(self)
+        #: The epoch token last seen: another one means the bucket was emptied (its packs are gone).
+        self._epoch_seen: str | None = None
+    def date_by(self, clock: TierClock) -> None:
+        self.clock = clock
+        self.codec.horizon = clock.horizon_us
+
+    # -- availability and epoch -------------------------------------------------
+    def ping(self) -> None:
+        """The bucket answers a listing with these credentials (a missing bucket or bad key names itself).
+
+        A user asks now (``push``, ``prefetch``): the next upload batch lists the bad-blob reports again."""
+        self.level.retry_now()
+        self.reports.refresh()
+
+        def probe() -> None:
+            stream = _obstore().list(self.quick, prefix=self.base + "epoch", chunk_size=1)
+            next(iter(stream), None)
+            self.level.moved()
+
+        self._call(probe)
+
+    def epoch(self) -> tuple[str, bool]:
+        token, made = self._call(self._check_epoch)
+        if made or (self._epoch_seen is not None and token != self._epoch_seen):
+            self.packs.forget_all()  # emptied: no pack this node knew of is there any more, no manifest
+            self.seen.forget_all()
+        self._epoch_seen = token
+        return token, made
+
+    def _check_epoch(self) -> tuple[str, bool]:
+        for _ in range(3):
+            got = self._get(self.names, "epoch", 64)
+            if got is not None and got[0] is not None and got[0].isascii() and got[0].isalnum():
+                return got[0].decode(), False
+            # none: the bucket was emptied; not a token: planted or broken, replaced (nodes upload again)
+            token = secrets.token_hex(8)
+            mode: Any = "create" if got is None else ({"e_tag": got[1]} if got[1] else "overwrite")
+            if self._put(self.names, "epoch", token.encode(), mode, len(token)):
+                return token, True
+        raise RemoteError("the epoch object keeps changing")
+
+    # -- names ------------------------------------------------------------------
+    def _manifest_key(self, dir_path: str) -> str:
+        parts = dir_path.split("/") if dir_path else []
+        return "names/" + "".join(f"~{_quoted(p)}/" for p in parts) + "#"
+
+    def _read_manifest(self, dir_path: str) -> tuple[dict[bytes, bytes], str | None]:
+        """(name -> raw entry, the manifest's ETag; None when it does not exist).
+
+        A manifest too large or not a manifest reads empty (counted), and
+        its ETag still guards the next writer's put; so does every entry
+        this node cannot read (it is dropped, and counted).
+        """
+        raw, etag = self._parse_manifest(dir_path)
+        self.seen.saw(dir_path, raw, etag)  # the next publish to it merges into this without reading
+        return raw, etag
+
+    def _parse_manifest(self, dir_path: str) -> tuple[dict[bytes, bytes], str | None]:
+        got = self._get(self.names, self._manifest_key(dir_path), MAX_MANIFEST_BYTES)
+        if got is None:
+            return {}, None
+        data, etag = got
+        if etag is None:
+            raise RemoteError(f"{self.url} gives objects no ETag: names cannot be merged safely")
+        if data is None:
+            self._count("remote_rejected")
+            log.warning("manifest of %r ignored: larger than %d bytes", dir_path, MAX_MANIFEST_BYTES)
+            return {}, etag
+        try:
+            doc = json.loads(data)
+            entries = doc["entries"]
+            if not isinstance(entries, dict):
+                raise ValueError("entries are not an object")
+            if len(entries) > MAX_DIR_NAMES:
+                raise ValueError(f"{len(entries)} names, more than {MAX_DIR_NAMES}")
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            self._count("remote_rejected")
+            log.warning("manifest of %r ignored: not a manifest (%s)", dir_path, e)
+            return {}, etag
+        out: dict[bytes, bytes] = {}
+        for name, raw in entries.items():
+            try:
+                if not isinstance(raw, str):
+                    raise ValueError("not a string")
+                out[name.encode(errors="surrogateescape")] = raw.encode(errors="surrogateescape")
+            except (ValueError, UnicodeError):  # a lone surrogate JSON allows, no name can hold
+                self._count("remote_rejected")
+        return out, etag
+
+    @staticmethod
+    def _manifest(raw: dict[bytes, bytes]) -> bytes:
+        return json.dumps({"mithrilfs": 1, "entries": {n.decode(errors="surrogateescape"): v.decode(
+            errors="surrogateescape") for n, v in raw.items()}}, sort_keys=True).encode(errors="surrogateescape")
+
+    def _write_manifest(self, dir_path: str, raw: dict[bytes, bytes], etag: str | None) -> bool:
+        """Put If-Match *etag* (None: only if absent); False when another writer got there first."""
+        import obstore.exceptions
+
+        data = self._manifest(raw)
+        mode: Any = "create" if etag is None else {"e_tag": etag}
+        try:
+            result = self.patiently(
+                lambda: _obstore().put(self.names, self.base + self._manifest_key(dir_path), data, mode=mode))
+        except (obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
+            self.level.moved()
+            self.seen.forget(dir_path)
+            return False
+        self.level.moved(up=len(data))
+        self.seen.saw(dir_path, raw, result.get("e_tag") if isinstance(result, dict) else None)
+        return True
+
+    def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
+        return self.list_dirs([dir_path])[dir_path]
+
+    def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
+        def one(d: str) -> dict[bytes, RemoteEntry]:
+            entries = self.codec.entries(d, self._read_manifest(d)[0])
+            self.packs.learn(entries.values())  # where their blobs are: the names say
+            return entries
+
+        return self._call(lambda: dict(zip(dir_paths, self._parallel(one, dir_paths))))
+
+    def all_dirs(self) -> list[str]:
+        def scan() -> list[str]:
+            prefix = self.base + "names/"
+            out = []
+            for batch in _obstore().list(self.names, prefix=prefix, chunk_size=1000):
+                self.level.moved()
+                for meta in batch:
+                    rest = meta["path"][len(prefix):]
+                    if not rest.endswith("#"):
+                        continue
+                    parts = [p for p in rest[:-1].split("/") if p]
+                    try:
+                        names = [_component(p) for p in parts if p.startswith("~")]
+                        if len(names) == len(parts) and all(valid_name(n.encode(errors="surrogateescape"))
+                                                            for n in names):
+                            out.append("/".join(names))
+                    except UnicodeError:
+                        self._count("remote_rejected")
+            return sorted(out)
+
+        return self._call(scan)
+
+    # -- where blobs are (``s3_packs``) ----------------------------------------------
+    def container_of(self, hex_digest: str) -> str | None:
+        """The part of its pack a blob begins in (``s3_packs.RANGE_BYTES``): a batch that follows the parts
+        is one range GET of one part."""
+        place = self.packs.location(hex_digest)
+        return f"{place[0]}/{place[1] // RANGE_BYTES}" if place is not None else None
+
+    def knows_where(self, hex_digest: str) -> bool:
+        return self.packs.knows(hex_digest)
+
+    def learn(self, dir_path: str, entries: dict[bytes, RemoteEntry]) -> None:
+        self.packs.learn(entries.values())
+
+    def with_locations(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
+        return self.packs.locate(items)
+
+    def known_places(self) -> list[list[Any]]:
+        return self.packs.export()
+
+    def learn_places(self, places: list[Any]) -> int:
+        return self.packs.take(places)
+
+    def locate_for_publish(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
+        """``with_locations`` for names about to be published: RemoteError (nothing published; the batch is
+        sent again, its blobs checked and packed again) when a place added is in a pack old enough for
+        ``fleet gc`` to delete (``Packs.stale``)."""
+        located = self.packs.locate(items)
+        stale = self.packs.stale(items, located, self.clock.now())
+        if stale:
+            raise RemoteError(f"{len(stale)} names would locate their blobs in packs old enough for fleet gc "
+                              f"to delete (e.g. {stale[0]!r}): checking them again")
+        return located
+
+    def will_publish(self, paths: list[str]) -> None:
+        """Read the manifests the publish will merge into that this node has not seen: their entries say
+        which blobs the bucket holds (no HEAD per blob), and the publish merges into what was read."""
+        dirs = sorted(d for d in {p.rpartition("/")[0] for p in paths} if self.seen.get(d) is None)
+        if dirs:
+            self._call(self._read_places, dirs)
+
+    def _read_places(self, dirs: list[str]) -> None:
+        """Read these directories' manifests (in parallel) for where their blobs are (``Packs.learn``)."""
+        for d, (raw, _) in zip(dirs, self._parallel(self._read_manifest, dirs)):
+            self.packs.learn(self.codec.entries(d, raw).values())
+
+    def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
+        if not items:
+            return []
+        items = self.locate_for_publish(items)
+        by_dir: dict[str, list[int]] = {}
+        for i, (path, _) in enumerate(items):
+            by_dir.setdefault(path.rpartition("/")[0], []).append(i)
+        results: list[tuple[bool, RemoteEntry | None]] = [(False, None)] * len(items)
+
+        def one(d: str) -> None:
+            for i, r in zip(by_dir[d], self._merge_into(d, [items[i] for i in by_dir[d]])):
+                results[i] = r
+
+        def deepest_first() -> None:
+            """A directory's names before its entry in its parent: ``fleet gc`` removes a directory's entry
+            only once the directory is empty, and checks again after (docs/design.md, *Fleet gc*)."""
+            for depth in sorted({_depth(d) for d in by_dir}, reverse=True):
+                self._parallel(one, [d for d in by_dir if _depth(d) == depth])
+
+        self._call(deepest_first)
+        self._count("remote_uploaded_entries", sum(1 for w, _ in results if w))
+        return results
+
+    def _merge_into(self, dir_path: str, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
+        """One directory's compare-and-swap: merge *items* newest-wins, put If-Match, retry on a 412.
+
+        The first attempt merges into the manifest as this node last saw it
+        (``s3_seen``; never seen: absent), without reading it: a 412 says
+        another writer came in between, and the next attempts read first.
+        """
+        seen = self.seen.get(dir_path)
+        for attempt in range(CAS_ATTEMPTS):
+            if attempt == 0:
+                raw, etag = seen if seen is not None else ({}, None)
+            else:
+                raw, etag = self._read_manifest(dir_path)
+            out: list[tuple[bool, RemoteEntry | None]] = []
+            changed = False
+            for path, entry in items:
+                name = path.rpartition("/")[2].encode(errors="surrogateescape")
+                held = raw.get(name)
+                cur = self.codec.decode(path, held) if held is not None else None
+                if cur is not None and cur.newer_than(entry.version, entry.node):
+                    out.append((False, cur))
+                    continue
+                if (cur is not None and cur.pack is not None and entry.type == "f" and entry.pack is None
+                        and cur.hash == entry.hash):
+                    # where the bucket has it (the place, with its pack's time, is a live name's)
+                    entry = replace(entry, pack=cur.pack, offset=cur.offset, packed=cur.packed)
+
+                if held is None and len(raw) >= MAX_DIR_NAMES:  # readers would refuse the manifest whole
+                    self._count("remote_rejected")
+                    log.warning("%r not published: directory %r holds %d names already", path, dir_path, len(raw))
+                    out.append((False, None))
+                    continue
+                new = self.codec.encode(path, entry)
+                if held != new:
+                    raw[name] = new
+                    changed = True
+                out.append((True, cur))
+            if attempt == 0 and seen is not None and not all(w for w, _ in out):
+                continue  # lost to what this node saw: the newest that stayed is read, not remembered
+            if not changed or self._write_manifest(dir_path, raw, etag):
+                return out
+            if attempt:  # the first try merged into what this node saw last: read it at once
+                time.sleep(random.uniform(0, min(0.5, 0.01 * (2 ** attempt))))  # another writer won: merge again
+        raise RemoteError(f"directory {dir_path!r}: {CAS_ATTEMPTS} writers in a row got there first")
+
+    # -- blobs (``s3_blobs``) ------------------------------------------------------
+    def fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
+        return self._call(self.blobs.fetch_blob, hex_digest, size, out)
+
+    def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[BlobBytes | None]:
+        return self._call(self.blobs.fetch_small, blobs)
+
+    def missing_blobs(self, blobs: dict[str, int]) -> list[str]:
+        return self._call(self.blobs.missing, blobs) if blobs else []
+
+    def upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
+        return self._call(self.blobs.upload, files)
+
+    # -- startup sets -----------------------------------------------------------
+    def _set_prefix(self, name: str) -> str:
+        return f"startup/~{_quoted(name)}/"
+
+    def _record_keys(self, name: str) -> list[str]:
+        """The set's record keys, newest first (one LIST: writers keep it to ``RECORDS_KEPT``); a key that is
+        no record id is left out (planted, or another writer's leftovers)."""
+        prefix = self._set_prefix(name)
+        return sorted(k for k in self._first_page(prefix) if valid_record_id(k[len(prefix):]))
+
+    def _first_page(self, prefix: str) -> list[str]:
+        """The keys under *prefix* (relative to the namespace), one LIST page: a few records are listed there,
+        and a flood of planted keys costs one request."""
+        keys = []
+        for batch in _obstore().list(self.names, prefix=self.base + prefix, chunk_size=1000):
+            keys += [meta["path"][len(self.base):] for meta in batch]
+            break
+        self.level.moved()
+        return keys
+
+    def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
+                             last: bool = False) -> None:
+        """One object per mount, written over at each of its (rare) writes: no read, no merge; the last
+        also deletes the records past the ``RECORDS_KEPT`` newest (``startup_sets``)."""
+        def write() -> None:
+            self._learn_places(items)
+            data = encode_record(self.codec, self.with_locations(items))  # a reader fetches from the packs at once
+            self._put(self.names, self._set_prefix(name) + record_id, data, "overwrite", len(data))
+            if last:
+                old = self._record_keys(name)[RECORDS_KEPT:]
+                self._parallel(lambda key: _obstore().delete(self.names, self.base + key), old)
+                self.level.moved(requests=len(old))
+
+        self._call(write)
+
+    def _learn_places(self, items: list[tuple[str, RemoteEntry]]) -> None:
+        """Read the manifests of the set's directories whose blobs' places this mount does not know (at
+        most ``RELEARN_DIRS``, in parallel), so the record carries them: a node that wrote its kernels, was
+        remounted and loaded them knows none (it read nothing from the bucket), and every new node reading
+        its record would read each directory's manifest before its blobs (measured at 20 ms, 1,500 kernels:
+        a lazy node's 1,502 manifest GETs, 2 round trips a kernel).  Paid once by the recording node."""
+        dirs = sorted({path.rpartition("/")[0] for path, e in items
+                       if e.type == "f" and e.hash and e.size and not self.packs.knows(e.hash)})[:RELEARN_DIRS]
+        self._read_places(dirs)
+
+    def startup_records(self, name: str) -> list[Record]:
+        """The newest records: one LIST, then ``RECORDS_READ`` GETs in parallel; never a write."""
+        def read() -> list[Record]:
+            prefix = self._set_prefix(name)
+            keys = self._record_keys(name)[:RECORDS_READ]
+
+            def one(key: str) -> tuple[str, bytes | None] | None:
+                got = self._get(self.names, key, MAX_RECORD_BYTES)
+                return None if got is None else (key[len(prefix):], got[0])
+
+            records = decode_records(self.codec, [r for r in self._parallel(one, keys) if r is not None])
+            for r in records:  # where their blobs are, where the recording node knew (else their manifests say)
+                self.packs.learn(entry for _, entry in r.items if entry.pack is not None)
+            return records
+
+        return self._call(read)
+
+    def keep_purge(self, version: int, raw: bytes) -> None:
+        self.purges.keep(version, raw)
+
+    def kept_purges(self) -> tuple[list[bytes], int]:
+        return self.purges.kept()
+
+    # -- fleet gc (``shared.gc``) ----------------------------------------------
+    def record_use(self, records: dict[str, float]) -> None:
+        """One new object of use records (directory -> when), never a rewrite; gc merges them."""
+        def add() -> None:
+            data = json.dumps(records, sort_keys=True).encode(errors="surrogateescape")
+            self._put(self.names, record_key(USAGE), data, "create", len(data))
+
+        if records:
+            self._call(add)
+
+    def sweeping(self) -> bool:
+        """A sweep marker younger than a gc run's limit (one LIST of ``gc-sweeps/``, a marker per run): a gc
+        deletes blobs and packs now (``s3_gc``)."""
+        def get() -> bool:
+            batch: Any = next(iter(_obstore().list(self.quick, prefix=self.base + SWEEPS, chunk_size=100)), [])
+            self.level.moved()
+            now = self.clock.now()
+            return any(is_record_key(SWEEPS, m["path"][len(self.base):])
+                       and usage.younger(object_age(m, now), usage.GC_RUN_SECONDS) for m in batch)
+
+        if not self._call(get):
+            return False
+        self.packs.swept()  # the names wait for the sweep: packs gc may be deleting are not trusted after it
+        return True
+
+    def tier_summary(self) -> dict[str, Any] | None:
+        from mithrilfs.shared.stores.summary import MAX_SUMMARY_BYTES, parse_summary
+
+        got = self._call(lambda: self._get(self.names, "gc", MAX_SUMMARY_BYTES))
+        return parse_summary(got[0]) if got is not None else None
+
+
+def _depth(dir_path: str) -> int:
+    return dir_path.count("/") + 1 if dir_path else 0

@@ -1,0 +1,1 @@
+"""Keeping names and content in sync with the shared tier: read-through, write-behind, the change feed, forget."""

@@ -1,0 +1,1 @@
+"""Warming a node from the shared tier: its startup set recorded, ordered and prefetched."""
