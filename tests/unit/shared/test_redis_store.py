@@ -1,10 +1,7 @@
-"""The shared tier's wire layer against a real redis-server: hostile entries, convergence, tombstones, HMAC.
+"""The Redis store's own: the complete marks of Redis in front of a bucket, one client shared by threads, and
+what its records cost and refuse in Redis's keys (what every store does is tests/contract's).
 
-``parse_entry`` is fed what an attacker with write access to Redis could
-store; the conditional write (the Lua script behind
-``RedisStore.publish_entries``) is exercised by two writers publishing the
-same path in both orders on a real server (the ``redis_server`` fixture of
-tests/conftest.py, stopped by PID).
+Against a real redis-server (the ``redis_server`` fixture of tests/conftest.py, stopped by PID).
 """
 
 from __future__ import annotations
@@ -12,39 +9,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 from conftest import RedisServer
 
-from mithrilfs.shared.stores.entries import (
-    MAX_ENTRY_BYTES,
-    MAX_PACK_BYTES,
-    MAX_SIZE,
-    MAX_VERSION,
-    RemoteEntry,
-    parse_entry,
-)
+from mithrilfs.shared.stores.entries import RemoteEntry
 from mithrilfs.shared.stores.redis.store import RedisStore
 
 HASH = "ab" * 32
-OTHER_HASH = "cd" * 32
-
-
-def good_file(**changes: Any) -> dict[str, Any]:
-    """A valid file entry's fields, with *changes* applied (None removes a field)."""
-    d: dict[str, Any] = {"t": "f", "v": 1_700_000_000_000_000, "n": "node-a", "h": HASH, "s": 123,
-                         "m": 0o644, "mt": 1_700_000_000_000_000_000}
-    for k, v in changes.items():
-        if v is None:
-            d.pop(k, None)
-        else:
-            d[k] = v
-    return d
-
-
-def raw(d: dict[str, Any]) -> bytes:
-    return json.dumps(d).encode()
 
 
 def file_entry(version: int, node: str, digest: str = HASH, size: int = 10) -> RemoteEntry:
@@ -66,165 +38,6 @@ def tiers(redis_server: RedisServer) -> Iterator[Callable[..., RedisStore]]:
     finally:
         for tier in made:
             tier.close()
-
-
-# -- parse_entry: everything read from Redis is hostile ------------------------------------------
-
-@pytest.mark.parametrize("value,why", [
-    (b'{"t":"d","v":1,"n":"a","m":0,"mt":0,"pad":"' + b"x" * MAX_ENTRY_BYTES + b'"}', "too large"),
-    (b"[" * 4000 + b"]" * 4000, "not JSON"),  # deep nesting under the size limit: no RecursionError escapes
-    (b'{"t":"f"', "not JSON"),
-    (b"[1, 2]", "not an entry object"),
-    (raw(good_file(extra="field")), "not an entry object"),
-    (raw(good_file(t="q")), "unknown type"),
-    (raw(good_file(n="has space")), "bad node"),
-    (raw(good_file(n="")), "bad node"),
-    (raw(good_file(n="x" * 65)), "bad node"),
-    (raw(good_file(n=7)), "bad node"),
-    (raw(good_file(v=True)), "'v' out of range"),
-    (raw(good_file(v=1.0)), "'v' out of range"),
-    (raw(good_file(v=0)), "'v' out of range"),
-    (raw(good_file(v=MAX_VERSION)), "'v' out of range"),
-    (raw(good_file(s=True)), "'s' out of range"),
-    (raw(good_file(s=-1)), "'s' out of range"),
-    (raw(good_file(s=MAX_SIZE)), "'s' out of range"),
-    (raw(good_file(s="123")), "'s' out of range"),
-    (raw(good_file(m=False)), "'m' out of range"),
-    (raw(good_file(m=0o10000)), "'m' out of range"),
-    (raw(good_file(mt=-1)), "'mt' out of range"),
-    (raw(good_file(h=HASH.upper())), "bad hash"),
-    (raw(good_file(h=HASH[:-1])), "bad hash"),
-    (raw(good_file(h=HASH[:-1] + "g")), "bad hash"),
-    (raw(good_file(h=None)), "bad hash"),
-    (raw(good_file(mac=5)), "bad mac"),
-    (raw({"t": "l", "v": 1, "n": "a", "m": 0o777, "mt": 0, "tg": ""}), "bad symlink target"),
-    (raw({"t": "l", "v": 1, "n": "a", "m": 0o777, "mt": 0, "tg": "a\0b"}), "bad symlink target"),
-    (raw({"t": "l", "v": 1, "n": "a", "m": 0o777, "mt": 0, "tg": "x" * 4096}), "bad symlink target"),
-    # a blob's place in a pack: both fields or neither, a pack id, inside one pack, only on files
-    (raw(good_file(pk="ab" * 16)), "'po' out of range"),
-    (raw(good_file(po=0)), "bad pack id"),
-    (raw(good_file(pk="AB" * 16, po=0)), "bad pack id"),
-    (raw(good_file(pk="ab" * 15, po=0)), "bad pack id"),
-    (raw(good_file(pk=7, po=0)), "bad pack id"),
-    (raw(good_file(pk="ab" * 16, po=-1)), "'po' out of range"),
-    (raw(good_file(pk="ab" * 16, po=True)), "'po' out of range"),
-    (raw(good_file(pk="ab" * 16, po=MAX_PACK_BYTES)), "'po' out of range"),
-    (raw(good_file(pk="ab" * 16, po=MAX_PACK_BYTES - 100, s=101)), "past the end of any pack"),
-    (raw({"t": "d", "v": 1, "n": "a", "m": 0o755, "mt": 0, "pk": "ab" * 16, "po": 0}), "no file"),
-    (raw({"t": "x", "v": 1, "n": "a", "po": 0}), "no file"),
-    # the pack's write time: optional, only with a place, a positive whole number of seconds
-    (raw(good_file(pt=1_700_000_000)), "pack time without a pack"),
-    (raw(good_file(pk="ab" * 16, po=0, pt=0)), "'pt' out of range"),
-    (raw(good_file(pk="ab" * 16, po=0, pt=1.5)), "'pt' out of range"),
-    (raw(good_file(pk="ab" * 16, po=0, pt=True)), "'pt' out of range"),
-    (raw(good_file(pk="ab" * 16, po=0, pt=10**10)), "'pt' out of range"),
-    (raw({"t": "d", "v": 1, "n": "a", "m": 0o755, "mt": 0, "pt": 5}), "no file"),
-])
-def test_parse_entry_rejects_hostile_entries(value: bytes, why: str) -> None:
-    """Each way an entry can be wrong is refused with a reason (and never raises anything but ValueError)."""
-    with pytest.raises(ValueError, match=why):
-        parse_entry(value)
-
-
-def test_parse_entry_accepts_good_entries() -> None:
-    """Valid entries of every type come back field for field, with their mac."""
-    entry, mac = parse_entry(raw(good_file(mac="m" * 64, s=MAX_SIZE - 1)))
-    assert entry == RemoteEntry("f", 1_700_000_000_000_000, "node-a", HASH, MAX_SIZE - 1, 0o644,
-                                1_700_000_000_000_000_000)
-    assert mac == "m" * 64
-    tomb, mac = parse_entry(b'{"t":"x","v":5,"n":"b"}')
-    assert tomb.is_tombstone and (tomb.version, tomb.node, mac) == (5, "b", None)
-    link, _ = parse_entry(raw({"t": "l", "v": 2, "n": "c", "m": 0o777, "mt": 3, "tg": "../lib.so"}))
-    assert (link.type, link.target) == ("l", "../lib.so")
-    d, _ = parse_entry(raw({"t": "d", "v": MAX_VERSION - 1, "n": "d", "m": 0o755, "mt": 0}))
-    assert (d.type, d.version) == ("d", MAX_VERSION - 1)
-    located, _ = parse_entry(raw(good_file(pk="0f" * 16, po=MAX_PACK_BYTES - 123)))
-    assert (located.pack, located.offset) == ("0f" * 16, MAX_PACK_BYTES - 123)
-    assert parse_entry(raw(located.fields()))[0] == located  # the place survives a round trip
-    assert located.packed == 0 and "pt" not in located.fields()  # an entry from before pack times: unchanged
-    timed, _ = parse_entry(raw(good_file(pk="0f" * 16, po=0, pt=1_700_000_000)))
-    assert timed.packed == 1_700_000_000 and parse_entry(raw(timed.fields()))[0] == timed
-
-
-def test_hostile_entries_in_redis_are_ignored_and_counted(redis_server: RedisServer,
-                                                          tiers: Callable[..., RedisStore]) -> None:
-    """What ``list_dir`` reads goes through the same checks: bad entries (and bad names) vanish, counted."""
-    tier = tiers()
-    tier.publish_entries([("dir/good.so", file_entry(10, "node-a"))])
-    key = f"{tier.prefix}d:dir"
-    assert redis_server.cli("HSET", key, "bool.so", raw(good_file(s=True)).decode()).returncode == 0
-    assert redis_server.cli("HSET", key, "deep.so", "[" * 4000 + "]" * 4000).returncode == 0
-    assert redis_server.cli("HSET", key, "..", raw(good_file()).decode()).returncode == 0
-    before = tier.counters["remote_rejected"]
-    assert tier.list_dir("dir") == {b"good.so": file_entry(10, "node-a")}
-    assert tier.counters["remote_rejected"] == before + 3
-
-
-# -- the conditional write: every node converges on the newest (version, node) ------------------
-
-@pytest.mark.parametrize("first,second,winner", [
-    (file_entry(100, "node-a", HASH), file_entry(100, "node-b", OTHER_HASH), "node-b"),  # tie: node decides
-    (file_entry(100, "node-b", OTHER_HASH), file_entry(100, "node-a", HASH), "node-b"),
-    (file_entry(200, "node-a", HASH), file_entry(100, "node-z", OTHER_HASH), "node-a"),  # newer version wins
-    (file_entry(100, "node-z", OTHER_HASH), file_entry(200, "node-a", HASH), "node-a"),
-])
-def test_two_writers_converge_on_the_newest_version_in_either_order(
-        tiers: Callable[..., RedisStore], first: RemoteEntry, second: RemoteEntry, winner: str) -> None:
-    """Whatever order two nodes publish the same path in, Redis ends with the newest (version, node)."""
-    a, b = tiers(), tiers()
-    assert a.publish_entries([("lib/k.so", first)]) == [(True, None)]
-    written, other = b.publish_entries([("lib/k.so", second)])[0]
-    expected = first if first.node == winner else second
-    assert written == (expected is second)
-    assert other == first  # the entry replaced, or the newer one that stayed
-    for reader in (a, b):
-        assert reader.list_dir("lib") == {b"k.so": expected}
-
-
-def test_a_newer_tombstone_deletes_and_an_older_one_does_not(tiers: Callable[..., RedisStore]) -> None:
-    """Deletion is a versioned write too: it wins only when it is newer than the entry it meets."""
-    tier = tiers()
-    tier.publish_entries([("d/gone.so", file_entry(100, "node-a")), ("d/kept.so", file_entry(300, "node-a"))])
-    results = tier.publish_entries([("d/gone.so", RemoteEntry("x", 200, "node-b")),
-                                    ("d/kept.so", RemoteEntry("x", 200, "node-b"))])
-    assert results[0] == (True, file_entry(100, "node-a"))
-    assert results[1] == (False, file_entry(300, "node-a"))
-    listed = tier.list_dir("d")
-    assert listed[b"gone.so"].is_tombstone and listed[b"gone.so"].version == 200
-    assert listed[b"kept.so"] == file_entry(300, "node-a")
-    # an entry older than the tombstone does not bring the name back
-    assert tier.publish_entries([("d/gone.so", file_entry(150, "node-c"))])[0][0] is False
-    assert tier.list_dir("d")[b"gone.so"].is_tombstone
-
-
-# -- HMAC ----------------------------------------------------------------------------------------
-
-def test_entries_signed_with_another_key_are_ignored(redis_server: RedisServer,
-                                                     tiers: Callable[..., RedisStore]) -> None:
-    """With a key, only entries carrying our HMAC count: another key's, or none, are rejected."""
-    ours, theirs = tiers(key=b"our key"), tiers(key=b"their key")
-    theirs.publish_entries([("d/theirs.so", file_entry(100, "node-t"))])
-    ours.publish_entries([("d/ours.so", file_entry(100, "node-o"))])
-    redis_server.cli("HSET", f"{ours.prefix}d:d", "unsigned.so", raw(good_file()).decode())
-    assert ours.list_dir("d") == {b"ours.so": file_entry(100, "node-o")}
-    assert ours.counters["remote_rejected"] == 2
-    assert theirs.list_dir("d") == {b"theirs.so": file_entry(100, "node-t")}
-    # an unsigned or foreign entry does not get to stay by claiming a newer version
-    written, other = ours.publish_entries([("d/theirs.so", file_entry(50, "node-o"))])[0]
-    assert written and other is None
-    assert ours.list_dir("d")[b"theirs.so"] == file_entry(50, "node-o")
-
-
-def test_the_signature_covers_the_path(redis_server: RedisServer, tiers: Callable[..., RedisStore]) -> None:
-    """A validly signed entry copied to another name is rejected: the HMAC binds namespace and path."""
-    tier = tiers(key=b"k")
-    tier.publish_entries([("d/a.so", file_entry(100, "node-a"))])
-    value = redis_server.cli("HGET", f"{tier.prefix}d:d", "a.so").stdout.strip()
-    redis_server.cli("HSET", f"{tier.prefix}d:d", "b.so", value)
-    assert set(tier.list_dir("d")) == {b"a.so"}
-    other_ns = tiers(namespace="other", key=b"k")
-    redis_server.cli("HSET", f"{other_ns.prefix}d:d", "a.so", value)
-    assert other_ns.list_dir("d") == {}
 
 
 def test_a_complete_mark_is_trusted_only_while_fresh(redis_server: RedisServer):
@@ -281,13 +94,14 @@ def test_threads_asking_at_once_share_one_client(redis_server: RedisServer) -> N
 
 # -- startup sets: one record per mount, hostile until checked ------------------------------------
 
-def test_startup_set_records_are_newest_first_bounded_and_hostile_ones_refused(
+def test_startup_set_records_cost_one_request_skip_what_the_caller_holds_and_refuse_planted_ones(
         redis_server: RedisServer, tiers: Callable[..., RedisStore], monkeypatch) -> None:
-    """A reader gets the RECORDS_READ newest records in two requests and writes nothing; a record that is
-    no record, too large, or holds entries signed with another key or impossible paths is refused or
-    stripped, counted, and never raises."""
+    """A reader's ids and values come in one call (a ZREVRANGE, then one pipeline of GETRANGEs) and it writes
+    nothing; the ids a caller holds are not read; a planted record that is no record, too large, or holds
+    entries signed with another key or impossible paths is refused or stripped, counted, and never raises;
+    a last write drops the pruned records' values with their ids."""
     from mithrilfs.shared.stores import records as startup_sets
-    from mithrilfs.shared.stores.records import merged, new_record_id
+    from mithrilfs.shared.stores.records import new_record_id
     from mithrilfs.shared.stores.redis import records as redis_records
 
     key = b"k" * 16
@@ -302,7 +116,6 @@ def test_startup_set_records_are_newest_first_bounded_and_hostile_ones_refused(
     records = ours.startup_records("warm")
     assert ours.level.requests - before == 1  # one call: ZREVRANGE, then one pipeline
     assert [r.id for r in records] == ids[::-1][:startup_sets.RECORDS_READ]
-    assert [p for p, _ in merged(records)] == ["k", "k/f5", "k/f4", "k/f3", "k/f2"]
     assert redis_server.cli("ZCARD", index).stdout.strip() == "6"  # the reader wrote nothing
     # the ids a caller holds already (the bucket behind Redis gave them) are neither read nor decoded
     getranges = lambda: int(redis_server.cli("INFO", "commandstats").stdout.split(  # noqa: E731
@@ -336,28 +149,11 @@ def test_startup_set_records_are_newest_first_bounded_and_hostile_ones_refused(
     assert redis_server.cli("EXISTS", f"{index}:{ids[0]}").stdout.strip() == "0"
 
 
-def test_a_small_blob_with_other_bytes_is_never_handed_out_but_counted(tiers: Callable[..., RedisStore]) -> None:
-    """Redis's small blobs are verified where they are read (size and blake3): the prefetch does not hash
-    them again."""
-    import os
-
-    from mithrilfs.store.cas import hash_bytes
-
-    tier = tiers()
-    good = os.urandom(3000)
-    h = hash_bytes(good).hex()
-    tier.client.set(tier._blob_key(h, 0), os.urandom(3000))  # planted: the right size, other bytes
-    assert tier.fetch_small_blobs([(h, 3000)]) == [None]
-    assert tier.counters["remote_verify_failures"] == 1
-    tier.client.set(tier._blob_key(h, 0), good)
-    assert tier.fetch_small_blobs([(h, 3000)]) == [good]
-
-
-def test_purge_records_are_kept_newest_first_bounded_with_the_floor(redis_server: RedisServer,
-                                                                    tiers: Callable[..., RedisStore],
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """``forget --fleet``'s records kept for startup sets: the newest PURGES_READ read in one request, the
-    next one's version the floor (a set's entry older than it is not trusted), none past PURGES_KEPT."""
+def test_purge_records_are_one_sorted_set_read_in_one_request_and_a_planted_score_trusts_nothing(
+        redis_server: RedisServer, tiers: Callable[..., RedisStore], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``forget --fleet``'s records (the contract suite checks what every store keeps and reads): in Redis one
+    sorted set, read with one request, never past PURGES_KEPT members; a score that is no version (planted)
+    taken as the floor makes nothing below it trusted."""
     from mithrilfs.shared.stores.redis import records as redis_records
 
     monkeypatch.setattr(redis_records, "PURGES_READ", 2)
@@ -366,7 +162,9 @@ def test_purge_records_are_kept_newest_first_bounded_with_the_floor(redis_server
     assert reader.kept_purges() == ([], 0)
     for v in (400, 100, 300, 200):
         writer.keep_purge(v, f"r{v}".encode())
+    before = reader.level.requests
     assert reader.kept_purges() == ([b"r400", b"r300"], 200)
+    assert reader.level.requests - before == 1
     assert redis_server.cli("ZCARD", "mfs:t:purges").stdout.strip() == "3"  # r100 dropped
     # planted scores out of range: read (and refused by the codec) first; one as the floor trusts nothing
     redis_server.cli("ZADD", "mfs:t:purges", "inf", "p1", "inf", "p2", "inf", "p3")
