@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import RedisCluster, RedisServer, SeaweedFS, free_port
@@ -41,33 +42,29 @@ BUCKET = "contract"
 _namespaces = itertools.count()
 
 
-@pytest.fixture(scope="session")
-def contract_redis() -> Iterator[RedisServer]:
-    server = RedisServer(free_port()).start()
+def _running(server: Any) -> Iterator[Any]:
+    """*server* started for the session, stopped (by PID) after its last test."""
     try:
-        yield server
+        yield server.start()
     finally:
         server.stop()
 
 
 @pytest.fixture(scope="session")
+def contract_redis() -> Iterator[RedisServer]:
+    yield from _running(RedisServer(free_port()))
+
+
+@pytest.fixture(scope="session")
 def contract_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    cluster = RedisCluster(tmp_path_factory.mktemp("cluster"))
-    try:
-        yield cluster.start()
-    finally:
-        cluster.stop()
+    yield from _running(RedisCluster(tmp_path_factory.mktemp("cluster")))
 
 
 @pytest.fixture(scope="session")
 def contract_seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
-    weed = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
-    try:
-        weed.start()
+    for weed in _running(SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))):
         weed.create_bucket(BUCKET)
         yield weed
-    finally:
-        weed.stop()
 
 
 @dataclass
