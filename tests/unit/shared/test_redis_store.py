@@ -42,15 +42,15 @@ def tiers(redis_server: RedisServer) -> Iterator[Callable[..., RedisStore]]:
 
 def test_a_complete_mark_is_trusted_only_while_fresh(redis_server: RedisServer):
     """Redis in front of a bucket: a stale mark (a missed write, an old snapshot) sends readers to the bucket."""
-    from mithrilfs.shared.stores.redis import store as redis_wire
+    from mithrilfs.shared.stores.redis import store as redis_store
 
     store = RedisStore(redis_server.url, "ns")
     store.publish_entries([("d/a", RemoteEntry("f", 5, "n", HASH, 1))])
     assert store.list_dir_complete("d") == ({b"a": RemoteEntry("f", 5, "n", HASH, 1)}, False)
     store.mark_complete(["d"])
     assert store.list_dir_complete("d")[1]
-    old = str(time.time() - redis_wire.COMPLETE_SECONDS - 1)
-    store.client.hset("mfs:ns:d:d", redis_wire.COMPLETE, old)  # (a NUL byte cannot go through redis-cli)
+    old = str(time.time() - redis_store.COMPLETE_SECONDS - 1)
+    store.client.hset("mfs:ns:d:d", redis_store.COMPLETE, old)  # (a NUL byte cannot go through redis-cli)
     assert store.list_dir_complete("d") == ({b"a": RemoteEntry("f", 5, "n", HASH, 1)}, False)
     store.unmark_complete(["d"])
     store.close()
@@ -100,7 +100,7 @@ def test_startup_set_records_cost_one_request_skip_what_the_caller_holds_and_ref
     nothing; the ids a caller holds are not read; a planted record that is no record, too large, or holds
     entries signed with another key or impossible paths is refused or stripped, counted, and never raises;
     a last write drops the pruned records' values with their ids."""
-    from mithrilfs.shared.stores import records as startup_sets
+    from mithrilfs.shared.stores import records as sets
     from mithrilfs.shared.stores.records import new_record_id
     from mithrilfs.shared.stores.redis import records as redis_records
 
@@ -115,7 +115,7 @@ def test_startup_set_records_cost_one_request_skip_what_the_caller_holds_and_ref
     before = ours.level.requests
     records = ours.startup_records("warm")
     assert ours.level.requests - before == 1  # one call: ZREVRANGE, then one pipeline
-    assert [r.id for r in records] == ids[::-1][:startup_sets.RECORDS_READ]
+    assert [r.id for r in records] == ids[::-1][:sets.RECORDS_READ]
     assert redis_server.cli("ZCARD", index).stdout.strip() == "6"  # the reader wrote nothing
     # the ids a caller holds already (the bucket behind Redis gave them) are neither read nor decoded
     getranges = lambda: int(redis_server.cli("INFO", "commandstats").stdout.split(  # noqa: E731
@@ -131,7 +131,7 @@ def test_startup_set_records_cost_one_request_skip_what_the_caller_holds_and_ref
             ["../up", good], ["a//b", good], ["k/ok", good], ["k/ok2", good], [1, 2], "x"]}).encode()),
                        (planted[3], b"x" * 5000)):
         redis_server.cli("SET", f"{index}:{rid}", value.decode())
-        redis_server.cli("ZADD", index, str(startup_sets.record_time(rid)), rid)
+        redis_server.cli("ZADD", index, str(sets.record_time(rid)), rid)
     monkeypatch.setattr(redis_records, "MAX_RECORD_BYTES", 4000)
     rejected = ours.counters["remote_rejected"]
     records = ours.startup_records("warm")

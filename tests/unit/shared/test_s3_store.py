@@ -123,9 +123,9 @@ def test_a_manifest_too_large_to_read_is_still_replaced_only_if_unchanged(stores
     """Its ETag guards the put: a second writer that read the same junk cannot overwrite the first's entry."""
     import obstore
 
-    from mithrilfs.shared.stores.s3 import store as s3_wire
+    from mithrilfs.shared.stores.s3 import store as s3_store
 
-    monkeypatch.setattr(s3_wire, "MAX_MANIFEST_BYTES", 1000)
+    monkeypatch.setattr(s3_store, "MAX_MANIFEST_BYTES", 1000)
     a, b = stores[0], stores[1]
     obstore.put(a.names, a.base + a._manifest_key("big"), b"x" * 2000)
     raw_b, etag_b = b._read_manifest("big")
@@ -179,7 +179,7 @@ def test_startup_set_records_are_one_object_per_mount_read_with_one_list_and_pru
     past RECORDS_KEPT."""
     import obstore
 
-    from mithrilfs.shared.stores import records as startup_sets
+    from mithrilfs.shared.stores import records as sets
 
     def entry(i: int) -> RemoteEntry:
         return RemoteEntry("f", 10 + i, "n", HASH, i)
@@ -196,12 +196,12 @@ def test_startup_set_records_are_one_object_per_mount_read_with_one_list_and_pru
     assert len(listed()) == 6  # written over: one object per mount
     before = stores[0].level.requests
     records = stores[0].startup_records("warm")
-    assert stores[0].level.requests - before == 1 + startup_sets.RECORDS_READ  # one LIST, the GETs
-    assert [r.id for r in records] == ids[::-1][:startup_sets.RECORDS_READ]  # newest first
+    assert stores[0].level.requests - before == 1 + sets.RECORDS_READ  # one LIST, the GETs
+    assert [r.id for r in records] == ids[::-1][:sets.RECORDS_READ]  # newest first
     assert len(listed()) == 6  # the reader wrote and deleted nothing
-    from mithrilfs.shared.stores.s3 import store as s3_wire
+    from mithrilfs.shared.stores.s3 import store as s3_store
 
-    monkeypatch.setattr(s3_wire, "RECORDS_KEPT", 3)
+    monkeypatch.setattr(s3_store, "RECORDS_KEPT", 3)
     last = new_record_id()
     stores[1].write_startup_record("warm", last, [("new/x", entry(0))], last=True)  # a mount's unmount
     assert sorted(k.rsplit("/", 1)[1] for k in listed()) == sorted([last, ids[5], ids[4]])
@@ -216,9 +216,9 @@ def test_a_directory_with_too_many_names_is_refused_and_never_grown_past_the_lim
 
     import obstore
 
-    from mithrilfs.shared.stores.s3 import store as s3_wire
+    from mithrilfs.shared.stores.s3 import store as s3_store
 
-    monkeypatch.setattr(s3_wire, "MAX_DIR_NAMES", 50)
+    monkeypatch.setattr(s3_store, "MAX_DIR_NAMES", 50)
     a, b = stores[0], stores[1]
     entries = {f"n{i}": a.codec.encode(f"huge/n{i}", RemoteEntry("f", 5, "n", HASH, 1)).decode() for i in range(51)}
     obstore.put(a.names, a.base + a._manifest_key("huge"), json.dumps({"mithrilfs": 1, "entries": entries}).encode())

@@ -38,7 +38,7 @@ from typing import Any, BinaryIO, TypeVar
 import blake3
 
 from mithrilfs.shared.fleet import usage
-from mithrilfs.shared.stores import records as startup_sets
+from mithrilfs.shared.stores import records as sets
 from mithrilfs.shared.stores.base import Level, RemoteStore, new_counters
 from mithrilfs.shared.stores.clock import TierClock
 from mithrilfs.shared.stores.entries import BlobBytes, EntryCodec, RemoteEntry
@@ -286,7 +286,7 @@ class MemoryStore(RemoteStore):
             held = self.space.records.setdefault(name, {})
             held[record_id] = data
             if last:
-                for old in sorted(held)[startup_sets.RECORDS_KEPT:]:  # ids sort newest first
+                for old in sorted(held)[sets.RECORDS_KEPT:]:  # ids sort newest first
                     del held[old]
 
         self.call(write)
@@ -295,23 +295,23 @@ class MemoryStore(RemoteStore):
     def startup_records(self, name: str) -> list[Record]:
         def read() -> list[tuple[str, bytes | None]]:
             held = self.space.records.get(name, {})
-            ids = sorted(r for r in held if valid_record_id(r))[:startup_sets.RECORDS_READ]
-            return [(r, held[r] if len(held[r]) <= startup_sets.MAX_RECORD_BYTES else None) for r in ids]
+            ids = sorted(r for r in held if valid_record_id(r))[:sets.RECORDS_READ]
+            return [(r, held[r] if len(held[r]) <= sets.MAX_RECORD_BYTES else None) for r in ids]
 
         return decode_records(self.codec, self.call(read))
 
     def keep_purge(self, version: int, raw: bytes) -> None:
         def keep() -> None:
             space = self.space
-            space.purges = sorted([*space.purges, (version, raw)], key=lambda p: -p[0])[:startup_sets.PURGES_KEPT]
+            space.purges = sorted([*space.purges, (version, raw)], key=lambda p: -p[0])[:sets.PURGES_KEPT]
 
         self.call(keep)
 
     def kept_purges(self) -> tuple[list[bytes], int]:
         def read() -> tuple[list[bytes], int]:
             held = sorted(self.space.purges, key=lambda p: -p[0])
-            floor = held[startup_sets.PURGES_READ][0] if len(held) > startup_sets.PURGES_READ else 0
-            return [raw for _, raw in held[:startup_sets.PURGES_READ]], floor
+            floor = held[sets.PURGES_READ][0] if len(held) > sets.PURGES_READ else 0
+            return [raw for _, raw in held[:sets.PURGES_READ]], floor
 
         return self.call(read)
 
