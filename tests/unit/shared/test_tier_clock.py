@@ -1,4 +1,4 @@
-"""The tier's clock as a node keeps it (``shared/tier_clock``), and what is refused for being dated past it."""
+"""The tier's clock as a node keeps it (``stores/clock``), and what is refused for being dated past it."""
 
 from __future__ import annotations
 

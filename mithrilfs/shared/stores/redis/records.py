@@ -67,7 +67,8 @@ class RedisRecords:
                 old = [m.decode() for m in self.client.zrange(index, 0, -(RECORDS_KEPT + 1))]
                 if old:
                     pipe = self.client.pipeline(transaction=False)
-                    pipe.delete(*[f"{index}:{r}" for r in old])
+                    for r in old:  # one key a command: a cluster pipeline refuses a DEL of several
+                        pipe.delete(f"{index}:{r}")
                     pipe.zrem(index, *old)
                     pipe.execute()
 

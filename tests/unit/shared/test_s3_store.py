@@ -1,9 +1,8 @@
-"""The bucket store on its own, against a real SeaweedFS: settings by the AWS conventions, and names that
-converge under many writers (the compare-and-swap of ``s3_wire``)."""
+"""The bucket store's own, against a real SeaweedFS: settings by the AWS conventions, manifests and their
+compare-and-swap, packs, and what each request costs (what every store does is tests/contract's)."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
@@ -73,36 +72,6 @@ def stores(shared_seaweedfs: SeaweedFS, request: pytest.FixtureRequest):
         s.close()
 
 
-def test_many_writers_on_one_directory_lose_nothing_and_keep_the_newest(stores: list[S3Store]):
-    errors: list[Exception] = []
-
-    def writer(i: int) -> None:
-        store = stores[i % len(stores)]
-        try:
-            for j in range(15):
-                store.publish_entries([
-                    (f"k/own-{i}-{j}", RemoteEntry("f", 1000 + j, f"node{i}", HASH, 1)),
-                    (f"k/shared-{j}", RemoteEntry("f", 1000 + i, f"node{i}", HASH, i)),
-                ])
-        except RemoteError as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
-    names = stores[0].list_dir("k")
-    assert {f"own-{i}-{j}".encode() for i in range(6) for j in range(15)} <= set(names)
-    for j in range(15):  # the newest version of each shared name won, whoever merged last
-        assert names[f"shared-{j}".encode()].node == "node5"
-    # an older version of a name is refused and the newer one returned
-    written, other = stores[1].publish_entries([("k/shared-0", RemoteEntry("f", 1, "node9", HASH, 0))])[0]
-    assert not written and other is not None and other.node == "node5"
-    assert stores[2].all_dirs() == ["", "k"] or "k" in stores[2].all_dirs()
-
-
 def test_small_blobs_are_packed_found_from_their_names_and_read_back_verified(stores: list[S3Store],
                                                                              tmp_path: Path):
     """Small blobs go into one pack (one PUT), larger ones their own objects; another node learns where from
@@ -154,9 +123,9 @@ def test_a_manifest_too_large_to_read_is_still_replaced_only_if_unchanged(stores
     """Its ETag guards the put: a second writer that read the same junk cannot overwrite the first's entry."""
     import obstore
 
-    from mithrilfs.shared.stores.s3 import store as s3_wire
+    from mithrilfs.shared.stores.s3 import store as s3_store
 
-    monkeypatch.setattr(s3_wire, "MAX_MANIFEST_BYTES", 1000)
+    monkeypatch.setattr(s3_store, "MAX_MANIFEST_BYTES", 1000)
     a, b = stores[0], stores[1]
     obstore.put(a.names, a.base + a._manifest_key("big"), b"x" * 2000)
     raw_b, etag_b = b._read_manifest("big")
@@ -203,13 +172,14 @@ def test_settings_strip_secret_files_and_refuse_what_no_header_can_carry(tmp_pat
         settings_from(env, "http://user:pass@host:8333")
 
 
-def test_startup_set_records_are_written_over_read_newest_first_and_never_by_a_reader(stores: list[S3Store],
-                                                                                      monkeypatch):
-    """One object per mount, written over at each write; a reader takes the RECORDS_READ newest (one LIST, a
-    few GETs), writes and deletes nothing; a mount's last write prunes past RECORDS_KEPT."""
+def test_startup_set_records_are_one_object_per_mount_read_with_one_list_and_pruned_by_deletes(
+        stores: list[S3Store], monkeypatch):
+    """One object per mount, written over at each write; a reader's cost is one LIST and a GET per record
+    (the RECORDS_READ newest) and it writes and deletes nothing; a mount's last write deletes the objects
+    past RECORDS_KEPT."""
     import obstore
 
-    from mithrilfs.shared.stores import records as startup_sets
+    from mithrilfs.shared.stores import records as sets
 
     def entry(i: int) -> RemoteEntry:
         return RemoteEntry("f", 10 + i, "n", HASH, i)
@@ -226,13 +196,12 @@ def test_startup_set_records_are_written_over_read_newest_first_and_never_by_a_r
     assert len(listed()) == 6  # written over: one object per mount
     before = stores[0].level.requests
     records = stores[0].startup_records("warm")
-    assert stores[0].level.requests - before == 1 + startup_sets.RECORDS_READ  # one LIST, the GETs
-    assert [r.id for r in records] == ids[::-1][:startup_sets.RECORDS_READ]  # newest first
-    assert [p for p, _ in startup_sets.merged(records)] == [f"k{i}/{n}" for i in (5, 4, 3, 2) for n in "ab"]
+    assert stores[0].level.requests - before == 1 + sets.RECORDS_READ  # one LIST, the GETs
+    assert [r.id for r in records] == ids[::-1][:sets.RECORDS_READ]  # newest first
     assert len(listed()) == 6  # the reader wrote and deleted nothing
-    from mithrilfs.shared.stores.s3 import store as s3_wire
+    from mithrilfs.shared.stores.s3 import store as s3_store
 
-    monkeypatch.setattr(s3_wire, "RECORDS_KEPT", 3)
+    monkeypatch.setattr(s3_store, "RECORDS_KEPT", 3)
     last = new_record_id()
     stores[1].write_startup_record("warm", last, [("new/x", entry(0))], last=True)  # a mount's unmount
     assert sorted(k.rsplit("/", 1)[1] for k in listed()) == sorted([last, ids[5], ids[4]])
@@ -247,9 +216,9 @@ def test_a_directory_with_too_many_names_is_refused_and_never_grown_past_the_lim
 
     import obstore
 
-    from mithrilfs.shared.stores.s3 import store as s3_wire
+    from mithrilfs.shared.stores.s3 import store as s3_store
 
-    monkeypatch.setattr(s3_wire, "MAX_DIR_NAMES", 50)
+    monkeypatch.setattr(s3_store, "MAX_DIR_NAMES", 50)
     a, b = stores[0], stores[1]
     entries = {f"n{i}": a.codec.encode(f"huge/n{i}", RemoteEntry("f", 5, "n", HASH, 1)).decode() for i in range(51)}
     obstore.put(a.names, a.base + a._manifest_key("huge"), json.dumps({"mithrilfs": 1, "entries": entries}).encode())
@@ -308,9 +277,9 @@ def test_a_publish_refuses_a_place_it_adds_in_a_pack_old_enough_for_gc_to_delete
     assert Packs.stale(before, located, now) == ["d/old", "d/unknown", "d/ahead"]
 
 
-def test_a_small_blob_with_other_bytes_is_never_handed_out_but_counted_and_reported(stores: list[S3Store]):
-    """The store verifies what ``fetch_small_blobs`` gives (the prefetch does not hash it again): a blob's
-    own object with other bytes of the right size is None, counted, and reported for a writer to mend."""
+def test_a_small_blob_with_other_bytes_is_reported_for_a_writer_to_mend(stores: list[S3Store]):
+    """A blob's own object with other bytes of the right size is never handed out (the contract suite) and
+    is reported: a writer asking what the bucket lacks is told to write it again."""
     import os
 
     import obstore
@@ -326,9 +295,11 @@ def test_a_small_blob_with_other_bytes_is_never_handed_out_but_counted_and_repor
     assert a.missing_blobs({h: 5000}) == [h]  # reported: a node holding the good bytes writes them over
 
 
-def test_purge_records_are_kept_newest_first_bounded_with_the_floor(stores: list[S3Store], monkeypatch):
-    """``forget --fleet``'s records kept for startup sets: one LIST and a GET per record read (the newest
-    PURGES_READ), the next one's version the floor, none past PURGES_KEPT; a planted key is left out."""
+def test_purge_records_cost_one_list_and_a_get_each_and_a_record_pruned_before_its_get_is_the_floor(
+        stores: list[S3Store], monkeypatch):
+    """``forget --fleet``'s records (the contract suite checks what every store keeps and reads): in a bucket
+    one LIST and a GET per record read, a planted key under ``purges/`` left alone; a record listed and
+    pruned before its GET is no hostile record, but its version becomes the floor."""
     import obstore
 
     from mithrilfs.shared.stores.s3 import purges as s3_purges

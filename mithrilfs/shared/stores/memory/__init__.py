@@ -1,0 +1,1 @@
+"""The shared tier in this process's memory: a backend for unit tests (``store``, ``gc``, ``feed``)."""

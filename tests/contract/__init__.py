@@ -1,0 +1,1 @@
+"""The contract suite: one scenario, every backend (see conftest.py)."""
