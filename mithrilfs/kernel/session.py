@@ -95,7 +95,7 @@ class RequestTimes:
 
     Kept by the session because only it sees every request (the IOCTL the
     kernel forwards for every ``isatty()``, the ones answered ENOSYS);
-    ``stats`` and ``scripts/bench_warmstart.py`` read it to show where a
+    ``stats`` and ``scripts/bench/bench_warmstart.py`` read it to show where a
     load's time goes.
     """
 
