@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _benchlib import CLI, HERE, compile_env, run_json
+from bench._benchlib import CLI, WORKLOADS, compile_env, run_json
 
 
 def sh(*args: str) -> None:
@@ -36,7 +36,7 @@ def main() -> int:
     mp = args.mountpoint or Path(tempfile.mkdtemp(prefix="mithrilfs-demo-"))
     mp.mkdir(parents=True, exist_ok=True)
     store_args = ["--store", str(args.store)] if args.store else []
-    workload = [sys.executable, str(HERE / "compile_workload.py")]
+    workload = [sys.executable, str(WORKLOADS / "compile_workload.py")]
 
     sh("mount", str(mp), *store_args)
     try:

@@ -751,17 +751,3 @@ def shared_seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seawe
         yield weed.start()
     finally:
         weed.stop()
-
-
-def delay_proxy_module():  # -> the module scripts/delay_proxy.py (not a package: loaded from its file)
-    """``scripts/delay_proxy.py`` as a module, loaded once (the tests' network with a round trip)."""
-    import importlib.util
-
-    if "delay_proxy" in sys.modules:
-        return sys.modules["delay_proxy"]
-    spec = importlib.util.spec_from_file_location("delay_proxy", REPO / "scripts" / "delay_proxy.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["delay_proxy"] = module
-    spec.loader.exec_module(module)
-    return module

@@ -2,11 +2,14 @@
 
 ruff (pyflakes, pycodestyle, import order, bugbear, pyupgrade, async
 pitfalls), mypy on the package, and import-linter's contracts from
-pyproject.toml: arrows between the layers only point down, and the FUSE
-protocol layer imports nothing of the rest.  And the code's shape (issue
-35): no class over 400 lines, no module over 600 without a stated reason,
-no import cycle; measured here with ``ast`` so the shape holds as the code
-grows.
+pyproject.toml: arrows between the layers only point down (the top level's
+and the shared tier's), the FUSE protocol layer imports nothing of the
+rest, the shared tier's backends import nothing of one another.  And the
+code's shape, measured here with ``ast`` so it holds as the code grows: no
+class over 400 lines, no module over 600 without a stated reason, no import
+cycle (imports inside functions count); in the shared tier, no ``isinstance``
+on a store class outside the dispatch and no reaching into another object's
+``_private`` attributes.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,7 +38,7 @@ def test_clean(command: list[str]) -> None:
 
 
 # ----------------------------------------------------------------------
-# Code shape: sizes and import cycles (issue 35)
+# Code shape: sizes and import cycles
 # ----------------------------------------------------------------------
 #: A class longer than this does more than one job: split it by responsibility.
 MAX_CLASS_LINES = 400
@@ -80,30 +83,28 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _module_level(body: list[ast.stmt], *, typing: bool) -> Iterator[ast.stmt]:
-    """The statements run when the module is imported (into ``if`` and ``try``, not into functions);
+def _imports(nodes: Iterable[ast.AST], *, typing: bool) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import in *nodes*, at any depth: at module level (into ``if``, ``try``, ``with``) and inside
+    classes and functions (methods, nested functions, the blocks inside them: they run too, only later);
     ``if TYPE_CHECKING:`` blocks only for *typing*."""
-    for node in body:
-        if isinstance(node, ast.If):
-            if not _is_type_checking(node.test) or typing:
-                yield from _module_level(node.body, typing=typing)
-            yield from _module_level(node.orelse, typing=typing)
-        elif isinstance(node, ast.Try):
-            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
-                yield from _module_level(block, typing=typing)
-        else:
+    for node in nodes:
+        if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node.test) and not typing:
+            yield from _imports(node.orelse, typing=typing)
+        else:
+            yield from _imports(ast.iter_child_nodes(node), typing=typing)
 
 
 def import_graph(package: Path, *, typing: bool = False) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports at module level (``from a import b``: ``a.b`` when
-    that is a module, else ``a``)."""
+    """Module -> the package's modules it imports, at module level or inside a function (``from a import
+    b``: ``a.b`` when that is a module, else ``a``)."""
     modules = _modules(package)
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         here = name if path.name == "__init__.py" else name.rpartition(".")[0]
         out = set()
-        for node in _module_level(ast.parse(path.read_text()).body, typing=typing):
+        for node in _imports([ast.parse(path.read_text())], typing=typing):
             if isinstance(node, ast.Import):
                 out.update(a.name for a in node.names if a.name in modules)
             elif isinstance(node, ast.ImportFrom):
@@ -167,6 +168,103 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# ----------------------------------------------------------------------
+# The shared tier: one dispatch, no reaching into another object's privates
+# ----------------------------------------------------------------------
+#: The shared tier's stores, one package per backend under it, relative to the package's root.
+STORES = Path("shared", "stores")
+#: The one module that may ask which backend a store is (it builds them).
+DISPATCH = STORES / "connect.py"
+#: Underscore names that are public API (``namedtuple``'s).
+PUBLIC_UNDERSCORED = frozenset({"_replace", "_asdict", "_fields", "_make"})
+
+
+def store_classes(package: Path) -> set[str]:
+    """The classes defined in the backends' packages (``shared/stores/<backend>/``)."""
+    stores = package / STORES
+    return {node.name for backend in sorted(stores.iterdir()) if backend.is_dir()
+            for path in sorted(backend.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ClassDef)}
+
+
+def _class_name(node: ast.expr) -> str | None:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def backend_questions(package: Path) -> list[str]:
+    """Each ``isinstance``/``issubclass`` on a store class outside the dispatch, as ``path:line: Class``
+    (through ``from ... import Class as Alias`` too)."""
+    classes = store_classes(package)
+    found: list[tuple[str, int, str]] = []
+    for path in _modules(package).values():
+        if path == package / DISPATCH:
+            continue
+        tree = ast.parse(path.read_text())
+        alias = {a.asname: a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                 for a in node.names if a.asname}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("isinstance", "issubclass") and len(node.args) == 2):
+                kinds = node.args[1]
+                for kind in kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]:
+                    name = _class_name(kind)
+                    if name is not None and alias.get(name, name) in classes:
+                        where = path.relative_to(package.parent).as_posix()
+                        found.append((where, node.lineno, f"{node.func.id}(..., {name})"))
+    return [f"{where}:{line}: {what}" for where, line, what in sorted(found)]
+
+
+def _own_privates(tree: ast.Module) -> set[str]:
+    """The underscore names a module defines: functions, classes, assigned names and attributes."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+    return {n for n in names if n.startswith("_")}
+
+
+def _is_own(value: ast.expr) -> bool:
+    """``self``, ``cls`` or ``super()``: the object's own attributes, wherever its class is written."""
+    return (isinstance(value, ast.Name) and value.id in ("self", "cls")) or (
+        isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super")
+
+
+def foreign_privates(package: Path, under: Path = Path("shared")) -> list[str]:
+    """Each read or write of another object's ``_private`` attribute (one underscore; dunders are
+    public) that this module does not define itself, in the modules under *under*: as
+    ``path:line: value._name``."""
+    found: list[tuple[str, int, str]] = []
+    for path in _modules(package).values():
+        if not path.is_relative_to(package / under):
+            continue
+        tree = ast.parse(path.read_text())
+        own = _own_privates(tree)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and node.attr not in PUBLIC_UNDERSCORED and node.attr not in own and not _is_own(node.value)):
+                where = path.relative_to(package.parent).as_posix()
+                found.append((where, node.lineno, ast.unparse(node)))
+    return [f"{where}:{line}: {what}" for where, line, what in sorted(found)]
+
+
+def test_only_the_dispatch_asks_which_backend() -> None:
+    """No ``isinstance`` on a store class outside ``shared/stores/connect.py``: each backend exports what
+    the tier needs (its store, feed, collector) and ``connect`` is the one place that picks them."""
+    found = backend_questions(REPO / "mithrilfs")
+    assert not found, "ask the store (a method of the interface), not its class:\n" + "\n".join(found)
+
+
+def test_no_part_of_the_shared_tier_reaches_into_another_objects_privates() -> None:
+    """No module of ``shared/`` reads or writes another object's ``_private`` attribute: a part gets its
+    collaborators and calls their public methods."""
+    found = foreign_privates(REPO / "mithrilfs")
+    assert not found, "use (or add) a public method of the object's interface:\n" + "\n".join(found)
+
+
 def test_no_class_or_module_is_too_big() -> None:
     """No class over 400 lines, no module over 600 without a reason (a ``Size:`` line in its docstring)."""
     found = oversized(REPO / "mithrilfs")
@@ -175,15 +273,17 @@ def test_no_class_or_module_is_too_big() -> None:
 
 @pytest.mark.parametrize("typing", [False, True], ids=["as-run", "for-the-type-checker"])
 def test_no_import_cycle(typing: bool) -> None:
-    """The modules' imports (at module level, as run; with *typing*, the ``TYPE_CHECKING`` ones too) form
-    no cycle: a part handed its owner types it by a protocol of what it uses (``shared.tier_state``),
+    """The modules' imports (at module level and inside functions, as run; with *typing*, the
+    ``TYPE_CHECKING`` ones too) form no cycle: an import moved into a function hides a cycle, it does not
+    break it; a part handed its owner types it by a protocol of what it uses (``shared.tier_state``),
     never by importing the owner's module back."""
     found = cycles(import_graph(REPO / "mithrilfs", typing=typing))
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
 def test_the_shape_checks_catch_what_they_are_for(tmp_path: Path) -> None:
-    """The checks above fail for a class or module too big and for a cycle, in a package made here."""
+    """The checks above fail for a class or module too big and for a cycle (through an import inside a
+    nested function's ``try``, or a ``TYPE_CHECKING`` block for the type checker), in a package made here."""
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -198,7 +298,39 @@ def test_the_shape_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     (pkg / "c.py").write_text("import pkg.a\n\n\ndef g():\n    pass\n")
     (pkg / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import e\n")
     (pkg / "e.py").write_text("from pkg import d\n")
+    (pkg / "f.py").write_text("from pkg import g\n")
+    (pkg / "g.py").write_text("class G:\n    def m(self):\n        def inner():\n            if self:\n"
+                              "                try:\n                    from pkg import f\n"
+                              "                except ImportError:\n                    pass\n")
     assert sorted(f.split(": ")[0] for f in oversized(pkg)) == ["pkg/big.py::Big", "pkg/long.py"]
-    assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]
-    assert sorted(map(tuple, cycles(import_graph(pkg, typing=True)))) == [
-        ("pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"), ("pkg.d", "pkg.e", "pkg.d")]
+    as_run = [("pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"), ("pkg.f", "pkg.g", "pkg.f")]
+    assert sorted(map(tuple, cycles(import_graph(pkg)))) == as_run
+    assert sorted(map(tuple, cycles(import_graph(pkg, typing=True)))) == sorted([*as_run, ("pkg.d", "pkg.e", "pkg.d")])
+
+
+def test_the_shared_tier_checks_catch_what_they_are_for(tmp_path: Path) -> None:
+    """The dispatch and privacy checks fail for a backend asked its class outside ``connect`` (through an
+    alias and a tuple too) and for another object's ``_private`` read across modules, in a package made
+    here; the store's own privates, ``super()``'s, dunders and ``namedtuple``'s API pass."""
+    shared = tmp_path / "pkg" / "shared"
+    (shared / "stores" / "redis").mkdir(parents=True)
+    (shared / "fleet").mkdir()
+    for init in ("", "shared", "shared/stores", "shared/stores/redis", "shared/fleet"):
+        (tmp_path / "pkg" / init / "__init__.py").write_text("")
+    (shared / "stores" / "base.py").write_text("class RemoteStore:\n    pass\n")
+    (shared / "stores" / "redis" / "store.py").write_text(
+        "from pkg.shared.stores.base import RemoteStore\n\n\nclass RedisStore(RemoteStore):\n"
+        "    def _call(self):\n        return self._conn\n\n    def keys(self):\n        return super()._keys\n")
+    (shared / "stores" / "connect.py").write_text(
+        "from pkg.shared.stores.redis.store import RedisStore\n\n\ndef feed(store):\n"
+        "    return isinstance(store, RedisStore)\n")
+    (shared / "fleet" / "gc.py").write_text(
+        "from pkg.shared.stores.base import RemoteStore\nfrom pkg.shared.stores.redis import store\n"
+        "from pkg.shared.stores.redis.store import RedisStore as Fast\n\n\nclass Plan:\n"
+        "    def run(self, s, row):\n        self._mine = isinstance(s, RemoteStore)\n"
+        "        if isinstance(s, (int, Fast)) or issubclass(type(s), store.RedisStore):\n"
+        "            return s._call(), s.__class__, row._replace(), self._mine, Plan()._mine\n")
+    assert sorted(store_classes(tmp_path / "pkg")) == ["RedisStore"]
+    assert backend_questions(tmp_path / "pkg") == [
+        "pkg/shared/fleet/gc.py:9: isinstance(..., Fast)", "pkg/shared/fleet/gc.py:9: issubclass(..., RedisStore)"]
+    assert foreign_privates(tmp_path / "pkg") == ["pkg/shared/fleet/gc.py:10: s._call"]

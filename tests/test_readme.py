@@ -167,9 +167,11 @@ def test_performance_table_commands_exist():
 def test_setup_main_job_and_tests_are_what_ci_runs():
     setup = code_blocks(section("Set up (Debian/Ubuntu, Python 3.11+, as root or with sudo)"))[0]
     ci = (REPO / ".ci" / "run").read_text()
-    for script in re.findall(r"bash (scripts/[\w-]+\.sh)", setup):
+    scripts = re.findall(r"bash (scripts/[\w/-]+\.sh)", setup)
+    assert len(scripts) == 2, setup  # the system's packages, the virtualenv
+    for script in scripts:
         assert f"bash {script}" in ci and (REPO / script).exists()
-    assert "scripts/link-cli.sh" in (REPO / "scripts" / "setup-venv.sh").read_text()  # `mithrilfs` on PATH
+    assert "scripts/setup/link-cli.sh" in (REPO / "scripts" / "setup" / "setup-venv.sh").read_text()  # `mithrilfs` on PATH
     [tests] = code_blocks(section("Run the tests"))
     assert f"exec {tests.strip()}" in ci
     demo = code_blocks(section("The main job: a torch.compile cache, cold then warm"))[0].split("\n")[0]

@@ -226,9 +226,9 @@ class Budget:
         kernel's (FORGET, milliseconds after the eviction's notification for
         an inode it only cached, at the close of an open file, perhaps never
         for a mapped one) and the supervisor's descriptor of a file just
-        written (dropped when the daemon's "committed" message reaches it).
-        A retry at once found no room yet and failed with ENOSPC (a flake of
-        ``test_full_backing_disk_evicts_and_retries``).  A request that
+        written (dropped when the daemon's "committed" message reaches it),
+        so a retry at once can find no room yet: it waits for the room
+        instead of failing with ENOSPC.  A request that
         finds the room made by another (an index-only retry's slice) waits
         for that slice the same way.  An index-only retry does not wait:
         the reserve is its room, and a delete at FORGET must not wait for

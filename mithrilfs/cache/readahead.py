@@ -1,16 +1,13 @@
 """A small file's blob, read and verified right after its LOOKUP is answered, kept for the READ that follows.
 
 The first load after a mount sends, for every file, a LOOKUP, then (from
-Python's ``open()``) an IOCTL, then a READ; the READ of a blob not yet
-verified in this mount used to open, read and hash the blob while the
-client waited.  The LOOKUP says that READ is coming: once the LOOKUP's
-reply is written (``kernel.AfterReply``), the daemon has the time the
-client spends waking up and asking its IOCTL, and spends it reading and
-hashing the blob.  The READ then only slices bytes already verified.
-Measured on 1,500 Triton kernels (12,000 files, first load after a
-remount, with the directories' names loaded the same way): the daemon's
-time per READ 44-54 µs → 22-27 µs, the load 2.48-2.88 s → 2.11-2.32 s
-(docs/design.md, "Work after the reply").
+Python's ``open()``) an IOCTL, then a READ; a READ of a blob not yet
+verified in this mount would open, read and hash the blob while the client
+waits.  The LOOKUP says that READ is coming: once the LOOKUP's reply is
+written (``kernel.AfterReply``), the daemon has the time the client spends
+waking up and asking its IOCTL, and spends it reading and hashing the blob.
+The READ then only slices bytes already verified (docs/benchmarks.md, "G,
+warm start at the protocol floor": the daemon's time per READ halves).
 
 Safe by construction: what is kept hashed to its name when it was read
 (``Blobs.read_verifying``), is keyed by that name (content-addressed:
@@ -27,9 +24,7 @@ verified in this mount (a prefetch verifies each as it arrives) is read
 ahead too, without hashing, as its READ would read it: its open, read and
 close (each a system call that drops the interpreter's lock) otherwise wait
 on the READ's path, where a background prefetch's threads want that lock
-too (measured on 1,500 kernels at 20 ms: the default mount's READs took
-0.90-0.97 s in all against 0.36 s on node A, whose blobs were read ahead;
-read ahead, 0.52 s; the whole load's time within its run-to-run spread).
+too (docs/benchmarks.md, "H9").
 """
 
 from __future__ import annotations

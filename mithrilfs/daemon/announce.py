@@ -86,7 +86,7 @@ READAHEAD_KB = 1024
 def _raise_readahead(dev: str) -> None:
     """Let the kernel read ahead 1 MiB per FUSE request instead of 128 KiB (root only; best effort).
 
-    Large sequential reads (big .so files, 256 MiB benchmarks) then cost a
+    Large sequential reads (big .so files, model weights) then cost a
     quarter as many round trips to the daemon.  *dev*: the mount's
     major:minor (from mountinfo: never a stat of our own mount, see ``_probe``).
     """

@@ -76,8 +76,8 @@ def unmount(mountpoint: str, *, lazy: bool) -> str | None:
     """Unmount for the CLI (``umount``, a stale mount's clean-up); None, or the one-line reason it failed.
 
     As root umount2(2), the way root mounts: a GPU image or a slim container
-    may have no fusermount3 at all (the device run of this project's GPU
-    benchmark mounted and then could not unmount).  As anyone else
+    may have no fusermount3 at all, and root must unmount what it mounted
+    there too.  As anyone else
     ``fusermount3 -u``, which checks that the mount is theirs.
     """
     if os.geteuid() == 0:

@@ -95,7 +95,7 @@ class RequestTimes:
 
     Kept by the session because only it sees every request (the IOCTL the
     kernel forwards for every ``isatty()``, the ones answered ENOSYS);
-    ``stats`` and ``scripts/bench_warmstart.py`` read it to show where a
+    ``stats`` and ``scripts/bench/bench_warmstart.py`` read it to show where a
     load's time goes.
     """
 
@@ -164,9 +164,8 @@ class Session:
         self.spin = SPIN_SECONDS
         #: Whether to poll for the next request now (``SPIN_SECONDS``) rather than sleep at once: the daemon
         #: says no while it streams a prefetch on the same cores (``Tier.streaming``), where a core
-        #: polling is one the prefetch, its writing process and the workload itself wait for (measured at
-        #: 20 ms, 1,500 kernels, 4 interleaved repetitions: the load beside the prefetch 3.84-4.02 s
-        #: without polling, 3.84-5.55 s with it).
+        #: polling is one the prefetch, its writing process and the workload itself wait for
+        #: (docs/benchmarks.md, "K").
         self.polls = polls
         #: Waits for a next request that began by polling (``polls`` said yes).
         self.polled = 0

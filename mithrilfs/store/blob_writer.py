@@ -4,16 +4,14 @@ A prefetch writes thousands of small blobs: a create, a write, a close and
 a rename each, every one a system call that drops CPython's interpreter lock
 and must take it back.  In the daemon the event loop holds that lock most of
 the time (naming, bookkeeping, the workload's requests), and a thread that
-gives it up waits up to the switch interval (5 ms) to get it again: measured
-on tmpfs, 4,800 blobs of 32 KiB written from a thread took 0.33 s beside an
-idle interpreter and 20 s beside a busy one; in a prefetch from a bucket
-the one writing thread was busy 1.0-1.4 s of 1.5-1.8 s (300-450 us a blob
-where it costs 70).  ``BlobWriter`` copies a batch into a memory file it
-shares with a small child process (``blob_writer_child``: the standard
-library only, run as a script), tells it so through a pipe and reads one
-answer: the daemon drops its lock twice a batch, not five times a blob (a
-pipe instead of the shared memory cost 0.2 s more for 155 MiB, the
-kernel's copies).
+gives it up waits up to the switch interval (5 ms) to get it again, so a
+thread writing blobs beside a busy loop takes many times as long as beside
+an idle one (docs/benchmarks.md, "H3").  ``BlobWriter`` copies a batch into
+a memory file it shares with a small child process (``blob_writer_child``:
+the standard library only, run as a script), tells it so through a pipe and
+reads one answer: the daemon drops its lock twice a batch, not five times a
+blob (the batch itself goes through the shared memory, not the pipe: fewer
+copies by the kernel, docs/benchmarks.md, "K").
 
 The child is started on the daemon's main thread (``start``: it dies with
 that thread, the daemon) when a prefetch begins, and ends with stdin

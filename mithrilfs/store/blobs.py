@@ -178,8 +178,8 @@ class Blobs:
         """All of a small blob if the page cache holds all of it, verified; None otherwise.
 
         For a head start that must never hold the event loop on the disk
-        (``cache.readahead``: measured, a cold 4 KiB blob read after each
-        ``stat`` of a fresh mount took its p50 from 63 to 222 µs): read with
+        (``cache.readahead``; a cold blob read after each ``stat`` of a fresh
+        mount quadruples its time: docs/benchmarks.md, "K"): read with
         ``RWF_NOWAIT``, and a blob not all in memory is asked of the disk in
         the background (``POSIX_FADV_WILLNEED``, so its READ finds it there).
         Hashed unless verified in this mount already (a prefetch's blob was

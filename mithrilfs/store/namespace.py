@@ -250,10 +250,8 @@ class Namespace(BlobRows, NameQueries):
 
     def create_names(self, names: list[NewName]) -> list[Inode]:
         """Names and their inodes in bulk, whatever is in them elsewhere (a file's content is the shared
-        tier's, fetched at the first read): a startup set's thousands of names in a few statements, where
-        one at a time costs about ten each (measured: 59,000 statements, 1.1 s of the event loop, for a
-        prefetch of 4,800 names) and one directory at a time about twelve a Triton kernel (1,500 kernels:
-        13,900 statements, 0.35-0.38 s; 64 names a call: 2,800, 0.22-0.24 s).  Inside a transaction;
+        tier's, fetched at the first read): a startup set's thousands of names in a few statements a
+        batch, not about ten a name (docs/benchmarks.md, "H2" and "H10").  Inside a transaction;
         each name is new in its directory, and a ``~i`` parent is a directory earlier in *names*.  Ids are
         handed out as SQLite would (after the highest ever used: ``AUTOINCREMENT``), so the rows and the
         objects agree; a directory counts the directories made in it (``nlink``), one already here once
@@ -394,9 +392,8 @@ class Namespace(BlobRows, NameQueries):
 
         For after the LOOKUP of the directory is answered (``kernel.AfterReply``):
         a program entering a compiled kernel's directory opens its files next, and
-        their LOOKUPs then find them here instead of in SQLite (measured on 1,500
-        Triton kernels: 64-74 → 45-57 µs of the daemon's time per LOOKUP of the
-        first load after a remount).  A directory of more than ``PRELOAD_MAX`` names
+        their LOOKUPs then find them here instead of in SQLite (docs/benchmarks.md,
+        "K").  A directory of more than ``PRELOAD_MAX`` names
         is left to its lookups: most of it would be names nobody asks for.  Names
         are kept exactly as ``lookup_inode`` keeps them, so the rules that keep
         those right (every change goes through ``link``, ``unlink``, ``retarget``)

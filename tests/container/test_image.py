@@ -38,7 +38,7 @@ PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 
 if not (shutil.which("podman") and shutil.which("runc") and shutil.which("debootstrap")):
-    pytest.skip("podman, runc or debootstrap missing (scripts/install-system-deps.sh installs them)",
+    pytest.skip("podman, runc or debootstrap missing (scripts/setup/install-system-deps.sh installs them)",
                 allow_module_level=True)
 
 

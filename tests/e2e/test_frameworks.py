@@ -15,7 +15,7 @@ from conftest import REPO, Mount, MountFactory, daemon_pid, run_cli, wait_for
 
 pytestmark = pytest.mark.e2e
 
-WORKLOAD = REPO / "scripts" / "compile_workload.py"
+WORKLOAD = REPO / "scripts" / "workloads" / "compile_workload.py"
 
 
 def _compile(cache_dir) -> dict:

@@ -22,7 +22,7 @@ from mithrilfs.jitcaches import catalog
 
 pytestmark = pytest.mark.e2e
 
-WORKLOAD = REPO / "scripts" / "compile_workload.py"
+WORKLOAD = REPO / "scripts" / "workloads" / "compile_workload.py"
 
 
 def _compiler(tmp_path: Path) -> Path:

@@ -21,7 +21,7 @@ import pytest
 from conftest import ENTRYPOINT, MITHRILFS_BIN, REPO, is_mounted, run_cli
 
 pytestmark = pytest.mark.e2e
-WORKLOAD = REPO / "scripts" / "compile_workload.py"
+WORKLOAD = REPO / "scripts" / "workloads" / "compile_workload.py"
 
 
 

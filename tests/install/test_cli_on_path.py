@@ -1,6 +1,6 @@
 """After the README's set-up a user types ``mithrilfs``: the set-up links the virtualenv's console script onto PATH.
 
-``scripts/setup-venv.sh`` ends with ``scripts/link-cli.sh``; here that step runs
+``scripts/setup/setup-venv.sh`` ends with ``scripts/setup/link-cli.sh``; here that step runs
 against this suite's virtualenv with a bin directory of the test's own
 (``MITHRILFS_BIN_DIR``), as root and as a user who cannot write there.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import REPO, traversable
 
-LINK_CLI = REPO / "scripts" / "link-cli.sh"
+LINK_CLI = REPO / "scripts" / "setup" / "link-cli.sh"
 VENV = Path(sys.executable).parent.parent
 
 
@@ -27,7 +27,7 @@ def _link(bin_dir: Path, *, user: int | None = None) -> subprocess.CompletedProc
 
 
 def test_setup_puts_mithrilfs_on_path(tmp_path: Path):
-    assert "bash scripts/link-cli.sh .venv" in (REPO / "scripts" / "setup-venv.sh").read_text()
+    assert "bash scripts/setup/link-cli.sh .venv" in (REPO / "scripts" / "setup" / "setup-venv.sh").read_text()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     res = _link(bin_dir)

@@ -3,7 +3,7 @@ of hostile or absurd size, and S3's ``503 SlowDown`` under a burst.
 
 A real SeaweedFS, real mounts.  Objects are rewritten with an ordinary S3 client, as anyone with write
 access to the bucket could; the SlowDown answers come from the project's delay proxy
-(``scripts/delay_proxy.py``, ``slowdown_every``).  The bar: nothing is ever served wrong (every read equals
+(``mithrilfs.testing.delay_proxy``, ``slowdown_every``).  The bar: nothing is ever served wrong (every read equals
 the writer's bytes or fails EIO), nothing hangs, bad data is counted, and a throttled bucket slows a node
 down without failing its reads.
 """
@@ -21,13 +21,14 @@ from typing import Any
 
 import obstore
 import pytest
-from conftest import Mount, MountFactory, SeaweedFS, delay_proxy_module, run_cli, wait_for, wait_uploaded
+from conftest import Mount, MountFactory, SeaweedFS, run_cli, wait_for, wait_uploaded
 from test_shared_packs import workload, write_kernel
 from test_shared_s3 import BASE, _s3, errno_of_read, get, keys, manifest, pack_key, put
 
 from mithrilfs.shared.stores.records import new_record_id, record_time
 from mithrilfs.shared.warm.order import UNRESOLVED_DIRS
 from mithrilfs.store.cas import hash_bytes
+from mithrilfs.testing.delay_proxy import DelayProxy
 
 
 @pytest.fixture
@@ -80,8 +81,8 @@ def prefetched(m: Mount) -> dict[str, Any]:
 def holding_proxy(shared_seaweedfs: SeaweedFS) -> Iterator[Any]:
     """The delay proxy (no delay) in front of the module's SeaweedFS, its requests labelled "METHOD target":
     a test holds the GETs of one pack on the wire and changes the pack meanwhile."""
-    with delay_proxy_module().DelayProxy("127.0.0.1", shared_seaweedfs.ports["s3"], protocol="http",
-                                         label=lambda method, target: f"{method} {target}") as p:
+    with DelayProxy("127.0.0.1", shared_seaweedfs.ports["s3"], protocol="http",
+                    label=lambda method, target: f"{method} {target}") as p:
         yield p
 
 
@@ -190,8 +191,8 @@ def slowdown_proxy(shared_seaweedfs: SeaweedFS, request: pytest.FixtureRequest) 
     Every third is the issue's case: the client's own two quick retries get most requests through, and a
     request failed only when refused three times in a row, which sixteen in flight at once made happen in
     about one run in two, before.  Every second made some request fail in every run."""
-    with delay_proxy_module().DelayProxy("127.0.0.1", shared_seaweedfs.ports["s3"], protocol="http",
-                                         slowdown_every=request.param) as p:
+    with DelayProxy("127.0.0.1", shared_seaweedfs.ports["s3"], protocol="http",
+                    slowdown_every=request.param) as p:
         yield p
 
 

@@ -1,7 +1,7 @@
 """Small blobs travel through a bucket in packs (``shared/s3_packs``): cheap to publish, cheap to read.
 
 A real SeaweedFS, real mounts; requests are counted by the project's delay
-proxy (``scripts/delay_proxy.py``, no delay added) in front of the bucket,
+proxy (``mithrilfs.testing.delay_proxy``, no delay added) in front of the bucket,
 by method and by area of the layout (names, packs, blobs, sets, epoch).
 """
 
@@ -18,10 +18,11 @@ from typing import Any
 
 import obstore
 import pytest
-from conftest import Mount, MountFactory, RedisServer, SeaweedFS, delay_proxy_module, run_cli, wait_for, wait_uploaded
+from conftest import Mount, MountFactory, RedisServer, SeaweedFS, run_cli, wait_for, wait_uploaded
 from test_shared_s3 import BASE, _s3, errno_of_read, get, keys, manifest, pack_key, put, stored_blob
 
 from mithrilfs.shared.warm.order import LOOK_AHEAD_BATCH
+from mithrilfs.testing.delay_proxy import DelayProxy
 
 AREAS = ("blobs", "packs", "names", "sets", "epoch", "bad")
 
@@ -36,8 +37,7 @@ def area(method: str, target: str) -> str:
 @pytest.fixture
 def proxy(shared_seaweedfs: SeaweedFS) -> Iterator[Any]:
     """The delay proxy (no delay) in front of the module's SeaweedFS, counting requests by area."""
-    dp = delay_proxy_module()
-    with dp.DelayProxy("127.0.0.1", shared_seaweedfs.ports["s3"], protocol="http", label=area) as p:
+    with DelayProxy("127.0.0.1", shared_seaweedfs.ports["s3"], protocol="http", label=area) as p:
         yield p
 
 

@@ -10,9 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import Mount, MountFactory, RedisServer, delay_proxy_module, run_cli, wait_for
+from conftest import Mount, MountFactory, RedisServer, run_cli, wait_for
 from test_prefetch import fill
 from test_shared_tier import _remote
+
+from mithrilfs.testing.delay_proxy import DelayProxy
 
 SET = "mfs:default:startup:{default}"
 
@@ -133,8 +135,7 @@ def test_a_read_of_what_the_prefetch_is_bringing_waits_for_it(mount_factory: Mou
     and the prefetch wanting the same blob share one fetch, whichever asked first)."""
     a = mount_factory("a", *_remote(redis_server))
     files = recorded_load(a, dirs=4, per_dir=40, size=200)
-    with delay_proxy_module().DelayProxy("127.0.0.1", redis_server.port, rtt_ms=300, protocol="redis",
-                                  connect_rtts=0) as proxy:
+    with DelayProxy("127.0.0.1", redis_server.port, rtt_ms=300, protocol="redis", connect_rtts=0) as proxy:
         b = mount_factory("b", "--remote", f"redis://127.0.0.1:{proxy.port}/0", "--min-age", "0")
         order = sorted(files, reverse=True)  # the last of the set first: some queued, some on their way
         with ThreadPoolExecutor(4) as pool:
@@ -206,8 +207,7 @@ def test_a_prefetch_asked_while_the_mounts_own_runs_joins_it(mount_factory: Moun
     every exchange with Redis cost 600 ms: the mount's prefetch still runs when they ask."""
     a = mount_factory("a", *_remote(redis_server))
     files = recorded_load(a, dirs=8, per_dir=40, size=200)
-    with delay_proxy_module().DelayProxy("127.0.0.1", redis_server.port, rtt_ms=600, protocol="redis",
-                                         connect_rtts=0) as proxy:
+    with DelayProxy("127.0.0.1", redis_server.port, rtt_ms=600, protocol="redis", connect_rtts=0) as proxy:
         b = mount_factory("b", "--remote", f"redis://127.0.0.1:{proxy.port}/0", "--min-age", "0")
         assert b.stats()["prefetch"]["state"] == "running"
         with ThreadPoolExecutor(3) as pool:

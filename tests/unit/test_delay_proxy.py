@@ -1,4 +1,4 @@
-"""scripts/delay_proxy.py, the latency benchmark's network: bytes unchanged, the delay added, requests counted.
+"""``mithrilfs.testing.delay_proxy``, the latency benchmark's network: bytes unchanged, the delay added, requests counted.
 
 A real HTTP server (``http.server`` in a thread, keep-alive, chunked
 uploads) and a real redis-server (the ``redis_server`` fixture) sit behind
@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
-from conftest import RedisServer, delay_proxy_module, wait_for
+from conftest import RedisServer, wait_for
 
-dp = delay_proxy_module()
+from mithrilfs.testing.delay_proxy import DelayProxy
 
 
 class Objects(http.server.BaseHTTPRequestHandler):
@@ -99,7 +99,7 @@ def request(conn: http.client.HTTPConnection, method: str, path: str, body: byte
 def test_http_bytes_pass_unchanged_and_every_request_is_counted(http_server: int) -> None:
     rnd = random.Random(21)
     payloads = {f"/bucket/k{i}": rnd.randbytes(rnd.choice([0, 1, 1000, 300_000, 3_000_000])) for i in range(8)}
-    with dp.DelayProxy("127.0.0.1", http_server, protocol="http",
+    with DelayProxy("127.0.0.1", http_server, protocol="http",
                        label=lambda method, target: f"{method} {target.split('?')[0][8:9]}") as proxy:
         conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
         for i, (path, data) in enumerate(payloads.items()):  # one keep-alive connection, every other one chunked
@@ -127,7 +127,7 @@ def test_http_bytes_pass_unchanged_and_every_request_is_counted(http_server: int
 
 
 def test_http_many_concurrent_connections(http_server: int) -> None:
-    with dp.DelayProxy("127.0.0.1", http_server, rtt_ms=20, protocol="http") as proxy:
+    with DelayProxy("127.0.0.1", http_server, rtt_ms=20, protocol="http") as proxy:
         def client(i: int) -> bool:
             data = os.urandom(random.randrange(1, 500_000))
             conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
@@ -144,7 +144,7 @@ def test_http_many_concurrent_connections(http_server: int) -> None:
 
 
 def test_http_a_request_costs_the_round_trip_and_a_new_connection_one_more(http_server: int) -> None:
-    with dp.DelayProxy("127.0.0.1", http_server, rtt_ms=50, protocol="http", connect_rtts=1) as proxy:
+    with DelayProxy("127.0.0.1", http_server, rtt_ms=50, protocol="http", connect_rtts=1) as proxy:
         conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
         t = time.monotonic()
         assert request(conn, "PUT", "/b/x", b"abc") == (200, b"")
@@ -160,7 +160,7 @@ def test_http_a_request_costs_the_round_trip_and_a_new_connection_one_more(http_
 def test_held_requests_are_counted_and_reach_the_server_only_when_released(http_server: int) -> None:
     """``hold(match)``: a test catches a client with its request on the wire (counted, not passed on);
     requests it does not pick pass."""
-    with dp.DelayProxy("127.0.0.1", http_server, protocol="http",
+    with DelayProxy("127.0.0.1", http_server, protocol="http",
                        label=lambda method, target: f"{method} {target}") as proxy, ThreadPoolExecutor(1) as pool:
         proxy.hold(lambda label: label == "PUT /b/held")
         other = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
@@ -183,7 +183,7 @@ def test_every_nth_request_is_answered_slow_down_and_never_reaches_the_server(ht
     sent = [("PUT", "/b/k0", os.urandom(300_000), False), ("PUT", "/b/k1", b"small", False),
             ("PUT", "/b/k2", os.urandom(100_000), True), ("GET", "/b/none", None, False),
             ("PUT", "/b/k4", b"p", False), ("HEAD", "/b/k4", None, False), ("GET", "/b/k0", None, False)]
-    with dp.DelayProxy("127.0.0.1", http_server, protocol="http", slowdown_every=3, retry_after=1) as proxy:
+    with DelayProxy("127.0.0.1", http_server, protocol="http", slowdown_every=3, retry_after=1) as proxy:
         conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
         answers = []
         for method, path, body, chunked in sent:  # one connection
@@ -204,7 +204,7 @@ def test_every_nth_request_is_answered_slow_down_and_never_reaches_the_server(ht
 def test_requests_past_a_rate_under_one_prefix_are_answered_slow_down(http_server: int) -> None:
     """``slowdown_rate=5``: within one second, the requests past 5 under one key prefix get 503; another
     prefix has its own count."""
-    with dp.DelayProxy("127.0.0.1", http_server, protocol="http", slowdown_rate=5) as proxy:
+    with DelayProxy("127.0.0.1", http_server, protocol="http", slowdown_rate=5) as proxy:
         conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
         for attempt in range(10):  # within one second of the proxy's clock (a loaded machine may cross one)
             proxy.reset()
@@ -219,7 +219,7 @@ def test_requests_past_a_rate_under_one_prefix_are_answered_slow_down(http_serve
 
 
 def test_http_bytes_that_do_not_parse_still_pass(http_server: int) -> None:
-    with dp.DelayProxy("127.0.0.1", http_server, protocol="http") as proxy, \
+    with DelayProxy("127.0.0.1", http_server, protocol="http") as proxy, \
             socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
         sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
         answer = b"".join(iter(lambda: sock.recv(65536), b""))  # the server answers and closes; so does the proxy
@@ -231,7 +231,7 @@ def test_http_bytes_that_do_not_parse_still_pass(http_server: int) -> None:
 def test_redis_commands_counted_and_a_pipeline_is_one_round_trip(redis_server: RedisServer) -> None:
     rnd = random.Random(7)
     values = [rnd.randbytes(rnd.choice([0, 10, 1000, 60_000])) for _ in range(10)]  # sent in well under RTT/2
-    with dp.DelayProxy("127.0.0.1", redis_server.port, rtt_ms=100, protocol="redis", connect_rtts=0) as proxy:
+    with DelayProxy("127.0.0.1", redis_server.port, rtt_ms=100, protocol="redis", connect_rtts=0) as proxy:
         client = redis.Redis(port=proxy.port, socket_timeout=30)
         assert client.ping()  # the connection's own handshake (HELLO, CLIENT SETINFO ...) is not counted below
         proxy.reset()
@@ -260,7 +260,7 @@ def test_redis_connections_closed_both_ways(redis_server: RedisServer) -> None:
         return int(redis_server.cli("INFO", "clients").stdout.split("connected_clients:")[1].split()[0])
 
     before = clients()
-    with dp.DelayProxy("127.0.0.1", redis_server.port, rtt_ms=10, protocol="redis") as proxy:
+    with DelayProxy("127.0.0.1", redis_server.port, rtt_ms=10, protocol="redis") as proxy:
         conns = [redis.Redis(port=proxy.port, single_connection_client=True) for _ in range(5)]
         assert all(c.ping() for c in conns)
         wait_for(lambda: clients() == before + 5, what="five connections through the proxy")

@@ -381,16 +381,15 @@ def test_a_bucket_asking_to_slow_down_is_waited_for_within_the_bound_then_backed
     import logging
     import time
 
-    from conftest import delay_proxy_module
-
     from mithrilfs.shared.stores.s3.settings import S3Settings
     from mithrilfs.shared.sync.bounded import REMOTE_WAIT
+    from mithrilfs.testing.delay_proxy import DelayProxy
 
     shared_seaweedfs.create_bucket("u-slowdown")
     entry = RemoteEntry("d", 1_700_000_000_000_000, "node-a", mode=0o755)
     for how in ({"slowdown_rate": 10}, {"slowdown_every": 1}):
-        with delay_proxy_module().DelayProxy("127.0.0.1", shared_seaweedfs.ports["s3"], protocol="http",
-                                             **how) as proxy, caplog.at_level(logging.WARNING):
+        with DelayProxy("127.0.0.1", shared_seaweedfs.ports["s3"], protocol="http", **how) as proxy, \
+                caplog.at_level(logging.WARNING):
             caplog.clear()
             settings = S3Settings(endpoint=f"http://127.0.0.1:{proxy.port}", access_key_id=shared_seaweedfs.access_key,
                                   secret_access_key=shared_seaweedfs.secret_key)

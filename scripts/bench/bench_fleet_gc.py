@@ -13,7 +13,7 @@ the CLI runs it) and a second run, in a fresh store as the next scheduled
 one would be, that finds nothing to do.  Prints one JSON document.
 "requests" are round trips (a Redis pipeline or script counts one).
 
-    python scripts/bench_fleet_gc.py --names 10000 [--store redis|s3|both] [--file-bytes 2048]
+    python scripts/bench/bench_fleet_gc.py --names 10000 [--store redis|s3|both] [--file-bytes 2048]
 
 The grace is 0 here (every blob was just written; the nodes' grace protects
 uploads in flight, and none are).
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from _benchlib import redis_server, seaweedfs_s3
 

@@ -12,7 +12,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+#: The workloads the benchmarks and the demo run, each in a fresh process.
+WORKLOADS = Path(__file__).resolve().parent.parent / "workloads"
 CLI = [sys.executable, "-m", "mithrilfs"]
 
 

@@ -16,7 +16,7 @@ B mounts at A's path after A unmounted (Triton's group files hold absolute
 paths; one node at a time needs no separate mount namespace).  Prints the
 load times, the ratios to A, and the prefetch throughput.
 
-    .venv/bin/python scripts/bench_newnode.py --kernels 1500 --reps 2 --remote s3
+    .venv/bin/python scripts/bench/bench_newnode.py --kernels 1500 --reps 2 --remote s3
 """
 
 from __future__ import annotations

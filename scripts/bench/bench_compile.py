@@ -7,8 +7,8 @@ of a session pays for files Inductor keeps outside the cache dir
 (precompiled headers), so a fixed order would bias the result.  Prints the
 medians and the mount/plain ratio (below 1.0 means the mount is faster).
 
-    .venv/bin/python scripts/bench_compile.py --reps 4 [--json]
-    .venv/bin/python scripts/bench_compile.py --remote --reps 3
+    .venv/bin/python scripts/bench/bench_compile.py --reps 4 [--json]
+    .venv/bin/python scripts/bench/bench_compile.py --remote --reps 3
 
 With --remote: node A (its own store) compiles cold then warm; node B (an
 empty store, the same Redis) then warm-starts from what A uploaded, fetching
@@ -27,7 +27,7 @@ import time
 
 from _benchlib import (
     CLI,
-    HERE,
+    WORKLOADS,
     cold_warm_abba,
     compile_env,
     median,
@@ -38,7 +38,7 @@ from _benchlib import (
     temp_mount,
 )
 
-WORKLOAD = [sys.executable, str(HERE / "compile_workload.py")]
+WORKLOAD = [sys.executable, str(WORKLOADS / "compile_workload.py")]
 
 
 def main() -> int:

@@ -22,7 +22,7 @@ Python's ``open()`` sends, answered ENOSYS from the daemon's dispatch table,
 minus the same loop on the plain side) times the requests a load sends,
 plus the plain side's time: no daemon doing no work at all could do better.
 
-    .venv/bin/python scripts/bench_warmstart.py [--kernels 1500] [--reps 3] [--json]
+    .venv/bin/python scripts/bench/bench_warmstart.py [--kernels 1500] [--reps 3] [--json]
 """
 
 from __future__ import annotations

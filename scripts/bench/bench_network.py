@@ -38,7 +38,7 @@ heavy writes; ``settle`` probes again until a file costs at most
 new node's arms (after A, in the order given).  Numbers are only
 meaningful on an otherwise idle machine.
 
-    .venv/bin/python scripts/bench_network.py --kernels 1500 --rtt-ms 0,20,50 [--remote s3|redis+s3]
+    .venv/bin/python scripts/bench/bench_network.py --kernels 1500 --rtt-ms 0,20,50 [--remote s3|redis+s3]
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchlib import CLI, median, redis_server, seaweedfs_s3
 from bench_warmstart import POPULATE, run_json
-from delay_proxy import DelayProxy
+
+from mithrilfs.testing.delay_proxy import DelayProxy
 
 #: bench_warmstart's LOAD, hashing every file it reads (the group file too) outside the time it reports,
 #: and writing {path under the cache: sha256} to argv[2].

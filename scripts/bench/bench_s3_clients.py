@@ -7,7 +7,7 @@ pulls in.  Clients take turns (ABBA order over the repetitions), so a busy
 moment of the machine does not fall on one client alone.
 
     .venv/bin/pip install boto3 opendal   # obstore is a dependency already
-    .venv/bin/python scripts/bench_s3_clients.py --reps 4
+    .venv/bin/python scripts/bench/bench_s3_clients.py --reps 4
 """
 
 from __future__ import annotations

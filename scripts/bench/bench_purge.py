@@ -13,7 +13,7 @@ Two figures per tier (issue 34):
   seconds: the feed's requests (``remote_feed_reads``) and every request
   the tier made (epoch checks included), per hour.
 
-    .venv/bin/python scripts/bench_purge.py --purges 20 --idle 60
+    .venv/bin/python scripts/bench/bench_purge.py --purges 20 --idle 60
 """
 
 from __future__ import annotations

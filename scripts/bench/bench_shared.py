@@ -11,7 +11,7 @@ Two measurements (issue 10):
   memory, then node B (an empty store) lists the tree cold and reads every
   file, next to a plain directory holding the same files (ABBA order).
 
-    .venv/bin/python scripts/bench_shared.py --files 20000 --reps 2
+    .venv/bin/python scripts/bench/bench_shared.py --files 20000 --reps 2
 """
 
 from __future__ import annotations

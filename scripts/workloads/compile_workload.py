@@ -2,7 +2,7 @@
 
 Run it in a fresh process with TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR)
 pointing where the cache should live.  Used by the e2e tests, the demo and
-scripts/bench_compile.py, so all three measure the same work.
+scripts/bench/bench_compile.py, so all three measure the same work.
 
 Output: {"seconds": compile+first call, "fxgraph_cache_hit": N,
 "fxgraph_cache_miss": N, "autograd_cache_hit": N, "autograd_cache_miss": N,
@@ -11,7 +11,7 @@ it also builds and loads a ``torch.utils.cpp_extension.load_inline`` module
 (into TORCH_EXTENSIONS_DIR) and adds what it computed as "extension".
 MITHRILFS_WORKLOAD_MEGACACHE_SAVE=FILE / _LOAD=FILE: PyTorch's Mega-Cache
 (``torch.compiler.save_cache_artifacts`` after the compile, ``load_cache_artifacts``
-before it), the peer ``scripts/bench_jit_newnode.py`` compares with.
+before it), the peer ``scripts/bench/bench_jit_newnode.py`` compares with.
 """
 
 from __future__ import annotations

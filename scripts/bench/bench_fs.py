@@ -6,8 +6,8 @@ backing filesystem as the store) and on the mount, interleaved in ABBA order
 over --reps repetitions; medians and the mount/plain ratio of ops/s are
 printed (1.0 = as fast as plain; higher is better).
 
-    .venv/bin/python scripts/bench_fs.py [--reps 5] [--json] [--big-mib 256] [--million]
-    .venv/bin/python scripts/bench_fs.py --many 10000 [--reps 4]
+    .venv/bin/python scripts/bench/bench_fs.py [--reps 5] [--json] [--big-mib 256] [--million]
+    .venv/bin/python scripts/bench/bench_fs.py --many 10000 [--reps 4]
 
 Steady-state benchmarks run after one warm-up pass (names already seen by
 the kernel).  First-touch latencies are taken right after a fresh mount.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What surviving the daemon costs, and how long programs wait while a daemon is replaced.
 
-    .venv/bin/python scripts/bench_takeover.py [--files 3000] [--reps 4] [--pauses 10] [--json]
+    .venv/bin/python scripts/bench/bench_takeover.py [--files 3000] [--reps 4] [--pauses 10] [--json]
 
 1. The price of keeping staging where it outlives the daemon (a memfd
    mirror and a message to the supervisor per file written): N small files

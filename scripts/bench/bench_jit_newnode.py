@@ -17,14 +17,14 @@ mount path, with nothing but what the arm brings:
   ``save_cache_artifacts`` wrote, into an empty cache directory;
 - **cold**: nothing at all.
 
-Each run is a fresh process (``scripts/compile_workload.py``), timed end to
+Each run is a fresh process (``scripts/workloads/compile_workload.py``), timed end to
 end with its set-up (mount and prefetch, extraction; not the unmount after it); the arms rotate
 order every repetition.  Every arm must hit Inductor's FX graph cache (but
 cold) and reproduce node A's output, or the script stops; the compiler is
 a wrapper that counts the calls that built something.  Prints each arm's
 median and its ratio to node A.
 
-    .venv/bin/python scripts/bench_jit_newnode.py --reps 3
+    .venv/bin/python scripts/bench/bench_jit_newnode.py --reps 3
 """
 
 from __future__ import annotations
@@ -43,10 +43,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _benchlib import CLI, median, redis_server
+from _benchlib import CLI, WORKLOADS, median, redis_server
 
-HERE = Path(__file__).resolve().parent
-WORKLOAD = [sys.executable, str(HERE / "compile_workload.py")]
+WORKLOAD = [sys.executable, str(WORKLOADS / "compile_workload.py")]
 ARMS = ["A local", "mithrilfs+prefetch", "mithrilfs lazy", "tarball", "Mega-Cache", "cold"]
 
 

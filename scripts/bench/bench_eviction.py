@@ -7,7 +7,7 @@ directory), then asks the daemon to evict half of them (``mithrilfs gc
 files from the plain directory.  Prints files/s for both, their ratio, and
 the daemon's peak RSS (VmHWM).
 
-    .venv/bin/python scripts/bench_eviction.py --files 100000 [--json]
+    .venv/bin/python scripts/bench/bench_eviction.py --files 100000 [--json]
 """
 
 from __future__ import annotations

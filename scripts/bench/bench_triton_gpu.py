@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Real Triton kernels on a GPU, cold then warm, cache on a plain directory vs on the mount.
 
-Each repetition runs scripts/triton_gpu_workload.py (autotuned matmul and
+Each repetition runs scripts/workloads/triton_gpu_workload.py (autotuned matmul and
 softmax at several shapes) in fresh processes: cold with an empty cache
 dir, then warm, for both sides in ABBA order; prints medians and the
 mount/plain ratio.  Without a GPU it says so and exits 0.
 
-    python scripts/bench_triton_gpu.py --reps 3 [--json]
+    python scripts/bench/bench_triton_gpu.py --reps 3 [--json]
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import argparse
 import json
 import sys
 
-from _benchlib import HERE, cold_warm_abba, print_ratios, ratios, temp_mount
+from _benchlib import WORKLOADS, cold_warm_abba, print_ratios, ratios, temp_mount
 
-WORKLOAD = [sys.executable, str(HERE / "triton_gpu_workload.py")]
+WORKLOAD = [sys.executable, str(WORKLOADS / "triton_gpu_workload.py")]
 
 
 def main() -> int:
