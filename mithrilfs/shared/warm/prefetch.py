@@ -274,7 +274,7 @@ class Prefetcher:
         files sharing a few directories).  Stores that find blobs by hash: none."""
         dirs: set[str] = set()
         for node in batch:
-            if node.hash is not None and not self.remote.knows_where(node.hash.hex()):
+            if node.hash is not None and not self.remote.placement.knows_where(node.hash.hex()):
                 names = self.ns.names_of(node.id)
                 d = self.shared.paths.of_dir(names[0][0]) if names else None
                 if d is not None:
@@ -353,7 +353,7 @@ class Todo:
             if n.size > self.remote.small_blob_bytes:
                 self.send.send_nowait([n])  # streamed alone, at its place in the order
                 continue
-            pack = self.remote.container_of(n.hash.hex()) if packed else None  # type: ignore[union-attr]
+            pack = self.remote.placement.container_of(n.hash.hex()) if packed else None  # type: ignore[union-attr]
             # packed: a part's blobs stay one batch (they may pass BATCH_BYTES by the one that begins at its end)
             if self.batch and (self.size + n.size > BATCH_BYTES * (2 if packed else 1) or (
                     self.size >= PACKED_BATCH_MIN_BYTES and pack != self.last if packed

@@ -288,7 +288,6 @@ def test_startup_set_records_are_newest_first_bounded_and_hostile_ones_refused(
     stripped, counted, and never raises."""
     from mithrilfs.shared.stores import records as startup_sets
     from mithrilfs.shared.stores.records import merged, new_record_id
-    from mithrilfs.shared.stores.redis import records as redis_records
 
     key = b"k" * 16
     ours, theirs = tiers("t", key), tiers("t", b"x" * 16)
@@ -319,7 +318,7 @@ def test_startup_set_records_are_newest_first_bounded_and_hostile_ones_refused(
                        (planted[3], b"x" * 5000)):
         redis_server.cli("SET", f"{index}:{rid}", value.decode())
         redis_server.cli("ZADD", index, str(startup_sets.record_time(rid)), rid)
-    monkeypatch.setattr(redis_records, "MAX_RECORD_BYTES", 4000)
+    monkeypatch.setattr(startup_sets, "MAX_RECORD_BYTES", 4000)
     rejected = ours.counters["remote_rejected"]
     records = ours.startup_records("warm")
     # the newest four: the giant and the non-JSON refused whole; the forged entry dropped; of the
@@ -328,7 +327,7 @@ def test_startup_set_records_are_newest_first_bounded_and_hostile_ones_refused(
     assert ours.counters["remote_rejected"] - rejected == 2 + 1 + 5
     assert ours.level.available()
     # a mount's last write keeps the RECORDS_KEPT newest, and their values only
-    monkeypatch.setattr(redis_records, "RECORDS_KEPT", 3)
+    monkeypatch.setattr(startup_sets, "RECORDS_KEPT", 3)
     last = new_record_id()
     ours.write_startup_record("warm", last, [("k/f9", file_entry(20, "n"))], last=True)
     kept = redis_server.cli("ZREVRANGE", index, "0", "-1").stdout.split()
@@ -358,10 +357,10 @@ def test_purge_records_are_kept_newest_first_bounded_with_the_floor(redis_server
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """``forget --fleet``'s records kept for startup sets: the newest PURGES_READ read in one request, the
     next one's version the floor (a set's entry older than it is not trusted), none past PURGES_KEPT."""
-    from mithrilfs.shared.stores.redis import records as redis_records
+    from mithrilfs.shared.stores import records as startup_sets
 
-    monkeypatch.setattr(redis_records, "PURGES_READ", 2)
-    monkeypatch.setattr(redis_records, "PURGES_KEPT", 3)
+    monkeypatch.setattr(startup_sets, "PURGES_READ", 2)
+    monkeypatch.setattr(startup_sets, "PURGES_KEPT", 3)
     writer, reader = tiers(), tiers()
     assert reader.kept_purges() == ([], 0)
     for v in (400, 100, 300, 200):
