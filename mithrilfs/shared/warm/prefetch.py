@@ -56,7 +56,7 @@ BATCH_BYTES = 8 << 20
 #: queue behind the batches in the bucket's pool, so they are kept short.
 BACKGROUND_BATCH_BLOBS = 16
 #: A store that packs blobs (a bucket: one range GET per pack a batch touches, not one per blob) has its
-#: batches cut by bytes and at the parts of its packs instead (``RemoteStore.container_of``): a batch of
+#: batches cut by bytes and at the parts of its packs instead (``Placement.container_of``): a batch of
 #: this many bytes or more ends where the next blob is in another part.  Measured at 20 ms on 1,500
 #: kernels (386 MiB in 275 packs), batches of 64 (16) blobs: 427 (894) range GETs for the prefetch (the
 #: background one); cut at packs, 91; at their 8 MiB parts, 51.

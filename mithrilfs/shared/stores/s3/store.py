@@ -47,7 +47,7 @@ writer), entries are validated and verified like Redis's, blobs are
 streamed, never allocated by a claimed size, and must come to exactly the
 entry's size and hash.  Credentials and region come from the AWS
 conventions (``stores.s3.settings``); errors name the cause in one line and never
-carry a secret.  The client is obstore (Rust's object_store): measured in
+carry a secret.  The client is obstore (Rust's object_store): compared in
 docs/design.md against boto3 and opendal.
 """
 
@@ -94,15 +94,17 @@ def _component(part: str) -> str:
 class S3Store(S3Connection, RemoteStore):
     """One namespace in one bucket (see the module doc); every method may raise RemoteError.
 
-    The connection (clients, errors, basic requests) is its base (``stores.s3.conn``);
-    blobs, packs, reports and manifests as last seen are parts of their own;
-    the names (manifests and their compare-and-swap), the epoch and the
-    records are here.
+    The connection (clients, errors, basic requests) is its base
+    (``stores.s3.conn``); blobs, packs, reports, manifests as last seen, its
+    placement (``stores.s3.placement``) and its shelf of records
+    (``stores.s3.records``) are parts of their own; the names (manifests and
+    their compare-and-swap), the epoch and the use records are here.
     """
 
     small_blob_bytes = SMALL_BLOB_BYTES
     packs_by_directory = True
     use_flush_seconds = usage.USE_FLUSH_SECONDS
+
     def __init__(self, location: S3Location, namespace: str, key: bytes | None, settings: S3Settings, *,
                  counters: dict[str, int] | None = None) -> None:
         super().__init__(location, namespace, settings, counters=counters)
