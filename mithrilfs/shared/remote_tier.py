@@ -178,14 +178,14 @@ class RemoteTier(Tier):
         if not isinstance(places, list):
             log.warning("the places of blobs kept by the last mount do not read as a list: not used")
             return 0
-        return self.remote.learn_places(places)
+        return self.remote.placement.learn_places(places)
 
     def _keep_places(self) -> None:
         """The places this mount knew, for the next one (read back in ``__init__``); the last mount's stay
         as they are when this one never looked at the epoch (a tier down all along): it learned nothing."""
         if self.kept_places is not None:
             return
-        places = self.remote.known_places()
+        places = self.remote.placement.known_places()
         with self.ns.txn():
             self.ns.set_meta(self._places_meta(), json.dumps(places, separators=(",", ":")))
 

@@ -28,12 +28,9 @@ from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.connect import RemoteSpec, open_remote
 from mithrilfs.shared.stores.layered.store import LayeredStore
 from mithrilfs.shared.stores.memory.store import MemoryServer, MemoryStore
-from mithrilfs.shared.stores.redis import records as redis_records
 from mithrilfs.shared.stores.redis.store import RedisStore
 from mithrilfs.shared.stores.s3 import blobs as s3_blobs
 from mithrilfs.shared.stores.s3 import packs as s3_packs
-from mithrilfs.shared.stores.s3 import purges as s3_purges
-from mithrilfs.shared.stores.s3 import store as s3_store
 from mithrilfs.shared.stores.s3.settings import S3Settings
 from mithrilfs.shared.stores.s3.store import S3Store
 
@@ -159,9 +156,9 @@ def store(tier: Tier) -> RemoteStore:
 
 @pytest.fixture
 def limits(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
-    """Lower the record limits (``RECORDS_KEPT``, ``PURGES_READ``, ...) in every module that reads them."""
+    """Lower the record limits (``RECORDS_KEPT``, ``PURGES_READ``, ...) where they are read (``stores.records``)."""
     def lower(**values: int) -> None:
-        for module in (records, redis_records, s3_store, s3_purges):
+        for module in (records,):
             for name, value in values.items():
                 if hasattr(module, name):
                     monkeypatch.setattr(module, name, value)

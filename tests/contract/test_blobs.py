@@ -68,5 +68,5 @@ def test_a_node_fetches_what_it_wrote_by_hash_and_what_it_says_it_knows_where(
     store.publish_entries([("d/x", RemoteEntry("f", 1, "a", h, len(data)))])
     out = io.BytesIO()
     assert store.fetch_blob(h, len(data), out) == bytes.fromhex(h) and out.getvalue() == data
-    if store.knows_where(h):
+    if store.placement.knows_where(h):
         assert store.fetch_small_blobs([(h, len(data))]) == [data]

@@ -2,10 +2,11 @@
 
 ``RemoteTier`` (the glue between the local namespace and the fleet) asks a
 ``RemoteStore`` for directories of entries and for blobs, and never knows
-which store it is: ``redis_wire.RedisStore``, ``s3_wire.S3Store`` or
-``layered.LayeredStore`` (two of them, read front first, written to both),
-built in one place (``connect.open_remote``), like sccache's one ``Storage``
-trait with its backends and multi-level storage behind it.
+which store it is: ``stores.redis.store.RedisStore``,
+``stores.s3.store.S3Store`` or ``stores.layered.store.LayeredStore`` (two
+of them, read front first, written to both), built in one place
+(``connect.open_remote``), like sccache's one ``Storage`` trait with its
+backends and multi-level storage behind it.
 
 Every method is blocking network I/O with short timeouts; the tier runs them
 in worker threads.  Every method may raise ``RemoteError`` naming the cause
@@ -23,8 +24,17 @@ from abc import ABC, abstractmethod
 from typing import Any, BinaryIO
 
 from mithrilfs.shared.stores.clock import TierClock
-from mithrilfs.shared.stores.entries import BlobBytes, RemoteEntry, RemoteError
-from mithrilfs.shared.stores.records import Record
+from mithrilfs.shared.stores.entries import BlobBytes, EntryCodec, RemoteEntry, RemoteError
+from mithrilfs.shared.stores.placement import NULL_PLACEMENT, Placement
+from mithrilfs.shared.stores.records import (
+    NULL_SHELF,
+    Record,
+    Shelf,
+    keep_purge,
+    kept_purges,
+    read_records,
+    write_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +116,7 @@ class Level:
 
     def slowed(self, log: Any) -> None:
         """The server answered that it wants fewer requests (S3's ``503 SlowDown`` under a burst): the request
-        is sent again after a pause (``s3_conn.S3Connection.patiently``).  No failure, no back-off; counted
+        is sent again after a pause (``stores.s3.conn.S3Connection.patiently``).  No failure, no back-off; counted
         (``slowdowns``), and logged in one line a minute at most, however many requests it slows."""
         now = time.monotonic()
         with self._lock:
@@ -142,7 +152,15 @@ class Level:
 
 
 class RemoteStore(ABC):
-    """Names (entries by directory) and blobs (content by blake3) shared by a fleet (see the module doc)."""
+    """Names (entries by directory) and blobs (content by blake3) shared by a fleet (see the module doc).
+
+    A backend implements the abstract methods; the rest have defaults.  Two
+    facets have null defaults: ``placement`` (where blobs are held with
+    others: ``NullPlacement`` for a store that finds blobs by hash) and
+    ``shelf`` (where startup sets and purges are kept: ``NullShelf`` keeps
+    none); the records' meaning is written once above the shelf
+    (``stores.records``).
+    """
 
     #: Shown in logs, errors and stats: never carries a secret.
     url: str
@@ -156,8 +174,14 @@ class RemoteStore(ABC):
     packs_by_directory: bool = False
     #: A node sends its use records at most this often (``record_use``: a bucket pays a PUT each time).
     use_flush_seconds: float = 0.0
-    #: The store's time as this node sees it: what versions, use records and ages are dated by (``tier_clock``).
+    #: The store's time as this node sees it: what versions, use records and ages are dated by (``stores.clock``).
     clock: TierClock
+    #: Encodes and checks entries as the store holds them (startup records carry them the same way).
+    codec: EntryCodec
+    #: Where the store holds blobs with others (``stores.placement``).
+    placement: Placement = NULL_PLACEMENT
+    #: Where the store keeps startup sets and purges (``stores.records.Shelf``).
+    shelf: Shelf = NULL_SHELF
 
     def date_by(self, clock: TierClock) -> None:
         """Date and judge by *clock* instead of this store's own (a layered store's levels share its front's)."""
@@ -181,6 +205,7 @@ class RemoteStore(ABC):
             if lv.last_ok < since and lv.available():
                 lv.failed(why, log)
 
+    # -- what a backend implements ---------------------------------------------------
     @abstractmethod
     def levels(self) -> list[Level]:
         """The servers behind this store, front first."""
@@ -198,12 +223,9 @@ class RemoteStore(ABC):
         """(a token that changes when the store lost its data, True when it was just made)."""
 
     @abstractmethod
-    def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
-        """Every valid entry of a directory (tombstones included), by name."""
-
-    @abstractmethod
     def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
-        """Every valid entry of many directories, in as few requests as the store allows."""
+        """Every valid entry (tombstones included) of many directories, by name, in as few requests as the
+        store allows."""
 
     @abstractmethod
     def all_dirs(self) -> list[str]:
@@ -223,7 +245,8 @@ class RemoteStore(ABC):
         """Stream a blob of *size* bytes into *out*; its blake3, None when the store lacks it.
 
         Memory never depends on the claimed size; more bytes than *size* is
-        bad data (``b""``, which matches no digest).  The caller compares.
+        bad data (``b""``, which matches no digest).  The caller compares
+        (``stores.stream``).
         """
 
     @abstractmethod
@@ -232,9 +255,9 @@ class RemoteStore(ABC):
 
         The store verifies, once: a bucket's pack reader has to anyway (a
         piece that fails is fetched from the blob's own object and the pack
-        reported), and a second pass in the caller cost a blake3 of every
-        prefetched byte.  A bad blob is counted (``remote_verify_failures``)
-        and logged where it is found."""
+        reported), and a second pass in the caller would cost a blake3 of
+        every prefetched byte.  A bad blob is counted
+        (``remote_verify_failures``) and logged where it is found."""
 
     @abstractmethod
     def missing_blobs(self, blobs: dict[str, int]) -> list[str]:
@@ -244,71 +267,42 @@ class RemoteStore(ABC):
     def upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
         """Upload blobs (hex, file path; "" for empty content); the hashes whose files were gone."""
 
-    @abstractmethod
+    # -- written once above the backends' primitives -------------------------------------
+    def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
+        """Every valid entry of a directory (tombstones included), by name."""
+        return self.list_dirs([dir_path])[dir_path]
+
     def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
                              last: bool = False) -> None:
-        """Write (over) this mount's record of startup set *name* (``startup_sets``); *last*: its final
-        write, which also drops the set's records past the ``RECORDS_KEPT`` newest."""
+        """Write (over) this mount's record of startup set *name* (``stores.records``), with the places of its
+        blobs where the store keeps them (``Placement.for_record``); *last*: its final write, which also drops
+        the set's records past the ``RECORDS_KEPT`` newest."""
+        self.shelf.run(lambda: write_record(self.shelf, self.codec, name, record_id,
+                                            self.placement.for_record(items), last=last))
 
-    @abstractmethod
-    def startup_records(self, name: str) -> list[Record]:
-        """The ``RECORDS_READ`` newest records of a startup set, checked (a bounded number of requests)."""
+    def startup_records(self, name: str, skip: frozenset[str] = frozenset()) -> list[Record]:
+        """The ``RECORDS_READ`` newest records of a startup set, checked (a bounded number of requests); the
+        places their entries carry are learned.  *skip*: ids the caller holds already, not read again."""
+        def read() -> list[Record]:
+            got = read_records(self.shelf, self.codec, name, skip)
+            for r in got:  # where their blobs are, where the recording node knew (else their manifests say)
+                self.placement.learn(entry for _, entry in r.items if entry.pack is not None)
+            return got
 
-    @abstractmethod
+        return self.shelf.run(read)
+
     def keep_purge(self, version: int, raw: bytes) -> None:
         """Keep a ``forget --fleet``'s record (the change feed's, *raw*) beside the startup sets, the
         ``PURGES_KEPT`` newest: a new node never read the feed, and must not bring a purged name back from a
         set recorded before the purge (``StartupOrder``)."""
+        self.shelf.run(lambda: keep_purge(self.shelf, version, raw))
 
-    @abstractmethod
     def kept_purges(self) -> tuple[list[bytes], int]:
-        """The ``PURGES_READ`` newest purge records (unchecked: b"" for one that could not be read), and the
-        version of the newest one left unread (0: none), below which a set's entry cannot be checked."""
+        """The ``PURGES_READ`` newest purge records (unchecked), and the version of the newest one left unread
+        (0: none), below which a set's entry cannot be checked (``stores.records.kept_purges``)."""
+        return self.shelf.run(lambda: kept_purges(self.shelf))
 
-    def container_of(self, hex_digest: str) -> str | None:
-        """The object (or the part of one) holding a blob with others, where the store knows it (a part of a
-        bucket's pack): the prefetch cuts its batches there, so a part is one range GET, not one per batch
-        it straddles.  Stores that keep each blob apart: None."""
-        return None
-
-    def knows_where(self, hex_digest: str) -> bool:
-        """Whether a fetch of this blob can find it without its entry being read first.
-
-        A bucket holds small blobs in packs and learns where from the
-        entries it reads (``s3_wire``); a node that materialized a name in
-        an earlier mount and never read its content must read the directory
-        again before the fetch.  Stores that find blobs by hash alone: always.
-        """
-        return True
-
-    def learn(self, dir_path: str, entries: dict[bytes, RemoteEntry]) -> None:
-        """Entries read through another level (Redis in front of a bucket): where their blobs are."""
-        return None
-
-    def with_locations(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
-        """*items* with where this store holds each file's blob, where it knows (what other levels copy)."""
-        return items
-
-    def known_places(self) -> list[list[Any]]:
-        """Where this store holds blobs with others, as far as this mount learned it, for the next mount of
-        the same local store (``RemoteTier.unmounting``).  Stores that find blobs by hash alone: nothing."""
-        return []
-
-    def learn_places(self, places: list[Any]) -> int:
-        """What ``known_places`` gave an earlier mount, once the store is known to be the same generation
-        (``write_behind``: the same epoch); how many were taken."""
-        return 0
-
-    def locate_for_publish(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
-        """``with_locations`` for names about to be published; a store whose places age refuses an old one
-        (RemoteError: the batch is checked again)."""
-        return self.with_locations(items)
-
-    def will_publish(self, paths: list[str]) -> None:
-        """The paths the next ``publish_entries`` writes, before its blobs go: a store that reads their
-        directories to publish may read them now and learn which blobs it holds (``missing_blobs``)."""
-        return None
-
+    # -- optional, with null defaults ----------------------------------------------------
     def note_blob_names(self, names: dict[str, str]) -> None:
         """Remember the path each of these blobs (hex -> path) was first published under, where a store can
         keep that cheaply (``blob_names``); by default nowhere."""
@@ -319,7 +313,7 @@ class RemoteStore(ABC):
         return {}
 
     def record_use(self, records: dict[str, float]) -> None:
-        """Tell the store when these directories were last used (``shared.usage``: what ``fleet gc`` keeps);
+        """Tell the store when these directories were last used (``fleet.usage``: what ``fleet gc`` keeps);
         by default nowhere."""
         return None
 
@@ -333,6 +327,6 @@ class RemoteStore(ABC):
         cheaply), None when no gc ran or the store keeps none."""
         return None
 
-    @abstractmethod
     def close(self) -> None:
-        """Release connections (the process may go on)."""
+        """Release connections (the process may go on); by default nothing to release."""
+        return None

@@ -53,18 +53,18 @@ class RemoteFetch:
         # now is the same; the next read asks (unless the place it tried was stale: below)
         if (digest, ino.size) in self.tier.in_flight.missed:
             self.tier.in_flight.missed.discard((digest, ino.size))
-            if self.tier.remote.knows_where(digest.hex()):
+            if self.tier.remote.placement.knows_where(digest.hex()):
                 return Fetched.NO
-        if not self.tier.remote.knows_where(digest.hex()):  # named in an earlier mount: its entry says where
+        if not self.tier.remote.placement.knows_where(digest.hex()):  # named in an earlier mount: its entry says where
             await self._relearn(ino)
         self.read_ahead(ino)
         for parent, _name in self.tier.ns.names_of(ino.id)[:1]:
             self.tier.order.reached(parent, self.tier._nursery)
         if await self.fetch_blob(ino, max_bytes):
             return Fetched.YES
-        if not self.tier.remote.knows_where(digest.hex()):  # its pack is gone (gc collected it after the blob
+        if not self.tier.remote.placement.knows_where(digest.hex()):  # its pack is gone (gc collected it after the blob
             await self._relearn(ino)                        # was packed again): its directory says where now
-            if self.tier.remote.knows_where(digest.hex()) and await self.fetch_blob(ino, max_bytes):
+            if self.tier.remote.placement.knows_where(digest.hex()) and await self.fetch_blob(ino, max_bytes):
                 return Fetched.YES
         return Fetched.NO
 

@@ -256,7 +256,7 @@ class WriteBehind:
         tombs = batch.tombs
         tomb_items = [(path, RemoteEntry("x", version, self.tier.node)) for path, version in tombs]
         # directories this node made and never published have nothing to read
-        await self.tier.thread(self.tier.remote.will_publish,
+        await self.tier.thread(self.tier.remote.placement.will_publish,
                                [path for (path, _), (parent, _) in zip(batch.items, batch.names)
                                 if not self.tier.made_here(parent)] + [path for path, _ in tomb_items])
         gone, held = await self._send_blobs(in_directory_order(batch.blobs, batch.items))

@@ -56,7 +56,7 @@ BATCH_BYTES = 8 << 20
 #: queue behind the batches in the bucket's pool, so they are kept short.
 BACKGROUND_BATCH_BLOBS = 16
 #: A store that packs blobs (a bucket: one range GET per pack a batch touches, not one per blob) has its
-#: batches cut by bytes and at the parts of its packs instead (``RemoteStore.container_of``): a batch of
+#: batches cut by bytes and at the parts of its packs instead (``Placement.container_of``): a batch of
 #: this many bytes or more ends where the next blob is in another part.  Measured at 20 ms on 1,500
 #: kernels (386 MiB in 275 packs), batches of 64 (16) blobs: 427 (894) range GETs for the prefetch (the
 #: background one); cut at packs, 91; at their 8 MiB parts, 51.
@@ -274,7 +274,7 @@ class Prefetcher:
         files sharing a few directories).  Stores that find blobs by hash: none."""
         dirs: set[str] = set()
         for node in batch:
-            if node.hash is not None and not self.remote.knows_where(node.hash.hex()):
+            if node.hash is not None and not self.remote.placement.knows_where(node.hash.hex()):
                 names = self.ns.names_of(node.id)
                 d = self.shared.paths.of_dir(names[0][0]) if names else None
                 if d is not None:
@@ -353,7 +353,7 @@ class Todo:
             if n.size > self.remote.small_blob_bytes:
                 self.send.send_nowait([n])  # streamed alone, at its place in the order
                 continue
-            pack = self.remote.container_of(n.hash.hex()) if packed else None  # type: ignore[union-attr]
+            pack = self.remote.placement.container_of(n.hash.hex()) if packed else None  # type: ignore[union-attr]
             # packed: a part's blobs stay one batch (they may pass BATCH_BYTES by the one that begins at its end)
             if self.batch and (self.size + n.size > BATCH_BYTES * (2 if packed else 1) or (
                     self.size >= PACKED_BATCH_MIN_BYTES and pack != self.last if packed

@@ -100,9 +100,9 @@ def test_startup_set_records_cost_one_request_skip_what_the_caller_holds_and_ref
     nothing; the ids a caller holds are not read; a planted record that is no record, too large, or holds
     entries signed with another key or impossible paths is refused or stripped, counted, and never raises;
     a last write drops the pruned records' values with their ids."""
+    from mithrilfs.shared.stores import records as redis_records
     from mithrilfs.shared.stores import records as sets
     from mithrilfs.shared.stores.records import new_record_id
-    from mithrilfs.shared.stores.redis import records as redis_records
 
     key = b"k" * 16
     ours, theirs = tiers("t", key), tiers("t", b"x" * 16)
@@ -154,7 +154,7 @@ def test_purge_records_are_one_sorted_set_read_in_one_request_and_a_planted_scor
     """``forget --fleet``'s records (the contract suite checks what every store keeps and reads): in Redis one
     sorted set, read with one request, never past PURGES_KEPT members; a score that is no version (planted)
     taken as the floor makes nothing below it trusted."""
-    from mithrilfs.shared.stores.redis import records as redis_records
+    from mithrilfs.shared.stores import records as redis_records
 
     monkeypatch.setattr(redis_records, "PURGES_READ", 2)
     monkeypatch.setattr(redis_records, "PURGES_KEPT", 3)

@@ -99,10 +99,10 @@ def test_small_blobs_are_packed_found_from_their_names_and_read_back_verified(st
     assert a.missing_blobs(sizes) == []  # it knows what it packed: no HEAD for those
     a.publish_entries([(f"k/{n}", RemoteEntry("f", 1, "a", hashes[n], len(d))) for n, d in blobs.items()])
     # another node knows nothing until it reads the names, which say where each blob is
-    assert not b.knows_where(hashes["f0"])
+    assert not b.placement.knows_where(hashes["f0"])
     names = b.list_dir("k")
     assert all(names[n.encode()].pack is not None for n in blobs if n != "big") and names[b"big"].pack is None
-    assert b.knows_where(hashes["f0"]) and b.missing_blobs(sizes) == []
+    assert b.placement.knows_where(hashes["f0"]) and b.missing_blobs(sizes) == []
     assert b.missing_blobs({hashes["big"]: (2 << 20) + 1}) == [hashes["big"]]  # the wrong size: written over
     before = b.level.requests
     small = [(hashes[n], len(d)) for n, d in blobs.items() if n != "big"]
@@ -151,8 +151,8 @@ def test_unreadable_names_and_paths_are_dropped_not_fatal(stores: list[S3Store])
     a.publish_entries([("d/new", RemoteEntry("f", 6, "n", HASH, 1))])
     assert set(a.list_dir("d")) == {b"ok", b"new"}
     planted = json.dumps({"mithrilfs": 1, "order": [["k/\ud800", good], ["k/fine", good], 7]}).encode()
-    obstore.put(a.names, a.base + a._set_prefix("s") + new_record_id(), planted)
-    obstore.put(a.names, a.base + a._set_prefix("s") + new_record_id(), b"{not a record")
+    obstore.put(a.names, a.base + "startup/~s/" + new_record_id(), planted)
+    obstore.put(a.names, a.base + "startup/~s/" + new_record_id(), b"{not a record")
     records = a.startup_records("s")  # the record that is none is refused whole; in the other, what is a path
     assert [[p for p, _ in r.items] for r in records] == [["k/fine"]]
     obstore.put(a.names, a.base + "epoch", b"x" * 5000)  # a planted epoch: replaced by a token
@@ -199,9 +199,7 @@ def test_startup_set_records_are_one_object_per_mount_read_with_one_list_and_pru
     assert stores[0].level.requests - before == 1 + sets.RECORDS_READ  # one LIST, the GETs
     assert [r.id for r in records] == ids[::-1][:sets.RECORDS_READ]  # newest first
     assert len(listed()) == 6  # the reader wrote and deleted nothing
-    from mithrilfs.shared.stores.s3 import store as s3_store
-
-    monkeypatch.setattr(s3_store, "RECORDS_KEPT", 3)
+    monkeypatch.setattr(sets, "RECORDS_KEPT", 3)
     last = new_record_id()
     stores[1].write_startup_record("warm", last, [("new/x", entry(0))], last=True)  # a mount's unmount
     assert sorted(k.rsplit("/", 1)[1] for k in listed()) == sorted([last, ids[5], ids[4]])
@@ -302,10 +300,10 @@ def test_purge_records_cost_one_list_and_a_get_each_and_a_record_pruned_before_i
     pruned before its GET is no hostile record, but its version becomes the floor."""
     import obstore
 
-    from mithrilfs.shared.stores.s3 import purges as s3_purges
+    from mithrilfs.shared.stores import records as startup_sets
 
-    monkeypatch.setattr(s3_purges, "PURGES_READ", 2)
-    monkeypatch.setattr(s3_purges, "PURGES_KEPT", 3)
+    monkeypatch.setattr(startup_sets, "PURGES_READ", 2)
+    monkeypatch.setattr(startup_sets, "PURGES_KEPT", 3)
     assert stores[0].kept_purges() == ([], 0)
     for i, v in enumerate((400, 100, 300, 200)):
         stores[i % 2].keep_purge(v, f"r{v}".encode())
@@ -334,14 +332,14 @@ def test_kept_places_come_back_and_anything_else_is_left_out():
     or damaged index) is left out, one by one, and a place this mount learned already stays."""
     store = S3Store(S3Location("bkt", "x"), "default", None, settings_from({}))
     store.packs.learn([RemoteEntry("f", 1, "n", HASH, 10, 0o644, 0, pack="0" * 32, offset=5, packed=7)])
-    kept = store.known_places()
+    kept = store.placement.known_places()
     assert kept == [[HASH, "0" * 32, 5, 7]]
     later = S3Store(S3Location("bkt", "x"), "default", None, settings_from({}))
     other, mine = "cd" * 32, "ef" * 32
     later.packs.learn([RemoteEntry("f", 1, "n", mine, 10, 0o644, 0, pack="2" * 32, offset=1, packed=9)])
     junk = [["zz" * 32, "0" * 32, 1, 1], [other, "0" * 31, 1, 1], [other, "1" * 32, -1, 1],
             [other, "1" * 32, True, 1], [other, "1" * 32, 1], "text", None, [mine, "3" * 32, 4, 4]]
-    assert later.learn_places(kept + junk) == 1
+    assert later.placement.learn_places(kept + junk) == 1
     assert later.packs.location(HASH) == ("0" * 32, 5, 7)
     assert later.packs.location(other) is None and later.packs.location(mine) == ("2" * 32, 1, 9)
 
@@ -365,7 +363,7 @@ def test_a_pack_is_read_by_its_upload_parts(stores: list[S3Store], tmp_path: Pat
     b.list_dir("k")  # where each blob is
     places = [b.packs.location(h) for h in hashes]
     assert len({p[0] for p in places}) == 1  # one pack
-    parts = [b.container_of(h) for h in hashes]
+    parts = [b.placement.container_of(h) for h in hashes]
     assert parts == [f"{places[0][0]}/{p[1] // PART_BYTES}" for p in places] and len(set(parts)) == 2
     before = b.level.requests
     assert b.fetch_small_blobs([(h, len(d)) for h, d in zip(hashes, blobs)]) == blobs

@@ -58,6 +58,8 @@ class LayeredStore(RemoteStore):
         self.small_blob_bytes = min(HOT_BLOB_BYTES, back.small_blob_bytes)
         self.packs_by_directory = back.packs_by_directory
         self.use_flush_seconds = back.use_flush_seconds
+        #: The bucket's: Redis's names say where the bucket holds each blob too.
+        self.placement = back.placement
         #: Directories whose writes Redis missed (it was away): read from the bucket until it has them.
         self._front_missed: set[str] = set()
         #: Both levels date by one clock: Redis's (``TIME``: one request), the bucket's while Redis is away.
@@ -105,8 +107,7 @@ class LayeredStore(RemoteStore):
     def epoch(self) -> tuple[str, bool]:
         """The bucket's; asked every few seconds by the uploader, which also mends Redis's marks here: a
         node whose Redis write failed and that has nothing more to write would otherwise leave a directory
-        marked complete without its names for ``COMPLETE_SECONDS`` (seen once under load: a new node did
-        not find a file in the budget test)."""
+        marked complete without its names for ``COMPLETE_SECONDS`` (a new node would not find them)."""
         try:
             self._mend_front()
         except RemoteError as e:
@@ -119,8 +120,8 @@ class LayeredStore(RemoteStore):
 
     def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
         out = self._list_dirs(dir_paths)
-        for d, entries in out.items():  # names Redis answered: the bucket learns where their blobs are
-            self.back.learn(d, entries)
+        for entries in out.values():  # names Redis answered: the bucket learns where their blobs are
+            self.placement.learn(entries.values())
         return out
 
     def _list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
@@ -174,31 +175,10 @@ class LayeredStore(RemoteStore):
         return sorted(dirs)
 
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
-        items = self.back.locate_for_publish(items)  # Redis's names say where the bucket holds each blob too
+        items = self.placement.locate_for_publish(items)  # Redis's names say where the bucket holds each blob too
         results = self.back.publish_entries(items)
         self._to_front(lambda: self.front.publish_entries(items), {path.rpartition("/")[0] for path, _ in items})
         return results
-
-    def container_of(self, hex_digest: str) -> str | None:
-        return self.back.container_of(hex_digest)
-
-    def knows_where(self, hex_digest: str) -> bool:
-        return self.back.knows_where(hex_digest)
-
-    def learn(self, dir_path: str, entries: dict[bytes, RemoteEntry]) -> None:
-        self.back.learn(dir_path, entries)
-
-    def with_locations(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
-        return self.back.with_locations(items)
-
-    def known_places(self) -> list[list[Any]]:
-        return self.back.known_places()
-
-    def learn_places(self, places: list[Any]) -> int:
-        return self.back.learn_places(places)
-
-    def will_publish(self, paths: list[str]) -> None:
-        self.back.will_publish(paths)
 
     # -- blobs ---------------------------------------------------------------
     def fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
@@ -264,7 +244,7 @@ class LayeredStore(RemoteStore):
     # -- startup sets ----------------------------------------------------------
     def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
                              last: bool = False) -> None:
-        items = self.back.with_locations(items)  # both levels' records say where the bucket holds each blob
+        items = self.placement.with_locations(items)  # both levels' records say where the bucket holds each blob
         self.back.write_startup_record(name, record_id, items, last=last)
         self._to_front(lambda: self.front.write_startup_record(name, record_id, items, last=last))
 
@@ -279,21 +259,19 @@ class LayeredStore(RemoteStore):
         except RemoteError:
             return self.front.kept_purges()
 
-    def startup_records(self, name: str) -> list[Record]:
+    def startup_records(self, name: str, skip: frozenset[str] = frozenset()) -> list[Record]:
         """Both levels' newest records; Redis's only those the bucket did not give (both usually hold the
-        same ones, and decoding a record of 12,000 entries twice was half of a new node's set load: 2.5 s of
-        thread time for 8 records, profiled at 20 ms on 1,500 kernels)."""
+        same ones, and decoding a large record twice would double a new node's set load)."""
         try:
-            records = self.back.startup_records(name)
+            records = self.back.startup_records(name, skip)
         except RemoteError:
-            return self.front.startup_records(name)
+            return self.front.startup_records(name, skip)
         try:
-            front = self.front.startup_records(name, frozenset(r.id for r in records))
+            front = self.front.startup_records(name, skip | {r.id for r in records})
         except RemoteError:
             front = []
         for r in front:  # Redis's records say where the bucket holds their blobs too
-            self.back.learn("", {name.encode(errors="surrogateescape"): e for name, e in r.items
-                                 if e.pack is not None})
+            self.placement.learn(e for _, e in r.items if e.pack is not None)
         return records + front
 
     def note_blob_names(self, names: dict[str, str]) -> None:

@@ -38,11 +38,11 @@ from typing import Any, BinaryIO, TypeVar
 import blake3
 
 from mithrilfs.shared.fleet import usage
-from mithrilfs.shared.stores import records as sets
 from mithrilfs.shared.stores.base import Level, RemoteStore, new_counters
 from mithrilfs.shared.stores.clock import TierClock
 from mithrilfs.shared.stores.entries import BlobBytes, EntryCodec, RemoteEntry
-from mithrilfs.shared.stores.records import Record, decode_records, encode_record, valid_record_id
+from mithrilfs.shared.stores.records import Shelf
+from mithrilfs.shared.stores.stream import HashedCopy
 from mithrilfs.shared.stores.summary import parse_summary
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ T = TypeVar("T")
 
 #: Blobs up to this size are fetched in batches by the prefetcher.
 SMALL_BLOB_BYTES = 8 << 20
-
 
 @dataclass
 class Space:
@@ -63,10 +62,8 @@ class Space:
     blobs: dict[str, tuple[bytes, float]] = field(default_factory=dict)
     #: Blob hex -> the path it was first published under.
     blob_names: dict[str, str] = field(default_factory=dict)
-    #: Startup set name -> record id -> the record's bytes.
-    records: dict[str, dict[str, bytes]] = field(default_factory=dict)
-    #: (version, record) of ``forget --fleet``'s purges.
-    purges: list[tuple[int, bytes]] = field(default_factory=list)
+    #: Shelf (``records.Shelf``: a startup set's, the purges') -> record id -> (its score, its bytes).
+    shelves: dict[str, dict[str, tuple[float, bytes]]] = field(default_factory=dict)
     #: Directory path -> its last use (unix seconds).
     used: dict[str, float] = field(default_factory=dict)
     #: The change feed's records, oldest first (``memory.feed``); *feed_base*: how many were trimmed before.
@@ -75,7 +72,6 @@ class Space:
     epoch: str | None = None
     #: The last ``fleet gc``'s summary (``summary``).
     summary: bytes | None = None
-
 
 class MemoryServer:
     """The data of a fleet's memory stores, by namespace, and the tier's clock (see the module doc)."""
@@ -100,7 +96,6 @@ class MemoryServer:
         with self.lock:
             self.spaces.clear()
 
-
 class MemoryStore(RemoteStore):
     """One node's view of one namespace on a ``MemoryServer``; every method may raise RemoteError."""
 
@@ -116,6 +111,7 @@ class MemoryStore(RemoteStore):
         self.clock = TierClock(self.server_time)
         self.codec = EntryCodec(namespace, key, self.counters, horizon=self.clock.horizon_us)
         self._failures: list[str] = []
+        self.shelf = MemoryShelf(self)
 
     @property
     def space(self) -> Space:
@@ -204,13 +200,11 @@ class MemoryStore(RemoteStore):
         held = self.call(lambda: self.space.blobs.get(hex_digest))
         if held is None or len(held[0]) < size:
             return None  # absent, or cut short: a miss
-        data = held[0]
-        if len(data) > size:
+        copy = HashedCopy(out, size, self.level)
+        if not copy.take(held[0]):
             return b""  # more than its entry says: bad data, matching no digest
-        out.write(data)
-        self.level.moved(down=size, requests=0)
         self.counters["remote_fetched_bytes"] += size
-        return blake3.blake3(data).digest()
+        return copy.digest()
 
     def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[BlobBytes | None]:
         held = self.call(lambda: [self.space.blobs.get(h) for h, _ in blobs])
@@ -277,44 +271,6 @@ class MemoryStore(RemoteStore):
         known = self.call(lambda: dict(self.space.blob_names))
         return {h: known[h] for h in hashes if h in known}
 
-    # -- records -----------------------------------------------------------------------
-    def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
-                             last: bool = False) -> None:
-        data = encode_record(self.codec, items)
-
-        def write() -> None:
-            held = self.space.records.setdefault(name, {})
-            held[record_id] = data
-            if last:
-                for old in sorted(held)[sets.RECORDS_KEPT:]:  # ids sort newest first
-                    del held[old]
-
-        self.call(write)
-        self.level.moved(up=len(data), requests=0)
-
-    def startup_records(self, name: str) -> list[Record]:
-        def read() -> list[tuple[str, bytes | None]]:
-            held = self.space.records.get(name, {})
-            ids = sorted(r for r in held if valid_record_id(r))[:sets.RECORDS_READ]
-            return [(r, held[r] if len(held[r]) <= sets.MAX_RECORD_BYTES else None) for r in ids]
-
-        return decode_records(self.codec, self.call(read))
-
-    def keep_purge(self, version: int, raw: bytes) -> None:
-        def keep() -> None:
-            space = self.space
-            space.purges = sorted([*space.purges, (version, raw)], key=lambda p: -p[0])[:sets.PURGES_KEPT]
-
-        self.call(keep)
-
-    def kept_purges(self) -> tuple[list[bytes], int]:
-        def read() -> tuple[list[bytes], int]:
-            held = sorted(self.space.purges, key=lambda p: -p[0])
-            floor = held[sets.PURGES_READ][0] if len(held) > sets.PURGES_READ else 0
-            return [raw for _, raw in held[:sets.PURGES_READ]], floor
-
-        return self.call(read)
-
     def record_use(self, records: dict[str, float]) -> None:
         """A record never moves a directory's last use back."""
         def add() -> None:
@@ -331,3 +287,31 @@ class MemoryStore(RemoteStore):
     def close(self) -> None:
         return None
 
+class MemoryShelf(Shelf):
+    """A memory store's records (``records.Shelf``): each shelf a dict of id -> (score, bytes)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    def run(self, fn: Callable[[], T]) -> T:
+        return self.store.call(fn)
+
+    def _held(self, shelf: str) -> dict[str, tuple[float, bytes]]:
+        return self.store.space.shelves.setdefault(shelf, {})
+
+    def put(self, shelf: str, record_id: str, score: float, data: bytes) -> None:
+        self._held(shelf)[record_id] = (score, data)
+        self.store.level.moved(up=len(data), requests=0)
+
+    def newest(self, shelf: str, n: int | None = None) -> list[tuple[str, float]]:
+        held = sorted(((r, s) for r, (s, _) in self._held(shelf).items()), key=lambda rs: (-rs[1], rs[0]))
+        return held if n is None else held[:n]
+
+    def get(self, shelf: str, ids: list[str], limit: int) -> dict[str, bytes | None]:
+        held = self._held(shelf)
+        return {r: (held[r][1] if len(held[r][1]) <= limit else None) for r in ids if r in held}
+
+    def delete(self, shelf: str, ids: list[str]) -> None:
+        held = self._held(shelf)
+        for r in ids:
+            held.pop(r, None)

@@ -1,6 +1,6 @@
 """Blobs in Redis: content in chunks under ``b:{<hex>}:{i}``, streamed, never allocated by a claimed size.
 
-Part of ``redis_wire.RedisStore`` (its ``blobs``): fetching (a blob must come
+Part of ``stores.redis.store.RedisStore`` (its ``blobs``): fetching (a blob must come
 to exactly its entry's size; the caller compares the hash), checking which
 are missing, uploading, the hot set's copies of a bucket's blobs, and the
 path each blob was first written at (shown by ``fleet`` commands).
@@ -17,6 +17,7 @@ import blake3
 from mithrilfs.shared.fleet import usage
 from mithrilfs.shared.stores.entries import BlobBytes
 from mithrilfs.shared.stores.redis.conn import RedisConnection
+from mithrilfs.shared.stores.stream import HashedCopy
 
 #: Largest chunk of a blob in one Redis value (far below Redis's 512 MB limit).
 CHUNK = int(os.environ.get("MITHRILFS_REMOTE_CHUNK_BYTES", 32 << 20))
@@ -90,24 +91,19 @@ class RedisBlobs:
         return self._call(self._fetch_blob, hex_digest, size, out)
 
     def _fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
-        hasher = blake3.blake3()
-        got = 0
+        copy = HashedCopy(out, size, self.level)
         i = 0
         while True:
             part = self._get(self.client, self._blob_key(hex_digest, i))
             if part is None:
                 return None
-            if len(part) > size - got or (not part and size):
+            if not copy.take(part):
                 return b""
-            hasher.update(part)
-            out.write(part)
-            got += len(part)
-            self.level.moved(down=len(part), requests=0)  # as it arrives: the bound on a wait sees progress
             i += 1
-            if got == size:
+            if copy.done:
                 break
-        self.counters["remote_fetched_bytes"] += got
-        return hasher.digest()
+        self.counters["remote_fetched_bytes"] += copy.got
+        return copy.digest()
 
     def _get(self, client: Any, key: str) -> Any:
         """GET, or GETEX renewing the blob's time to live (a hot blob stays)."""
@@ -174,7 +170,7 @@ class RedisBlobs:
                     if not part and i:
                         break
                     if i == 0 and self.blob_ttl is None:
-                        # when it was written (gc's grace, ``shared.usage``), before its bytes: a gc deleting
+                        # when it was written (gc's grace, ``fleet.usage``), before its bytes: a gc deleting
                         # the old copy meanwhile either goes first or sees it young
                         pipe.zadd(self.conn.blob_times_key, {h: self.conn.clock.now()})
                     pipe.set(self._blob_key(h, i), part, ex=self.blob_ttl)

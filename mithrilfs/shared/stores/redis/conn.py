@@ -1,7 +1,7 @@
 """A connection to one Redis server or cluster: the client, errors mapped to RemoteError, the epoch.
 
-The base of ``redis_wire.RedisStore`` and what its parts (``redis_blobs``,
-``redis_records``) and the gc (``redis_gc``) talk through: one client made at
+The base of ``stores.redis.store.RedisStore`` and what its parts (``stores.redis.blobs``,
+``stores.redis.records``) and the gc (``stores.redis.gc``) talk through: one client made at
 first use, one availability level with its back-off, and the key names that
 several parts share.  Error messages and logs never carry the password.
 """

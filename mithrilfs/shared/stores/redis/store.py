@@ -9,14 +9,15 @@ Layout under ``mfs:{namespace}:``
                         hex in braces is a Redis Cluster hash tag, so all
                         chunks of a blob live in one slot
   ``startup:{NAME}``    a startup set: a sorted set of record ids by time, each record
-                        (``startup:{NAME}:ID``) one mount's first reads (``startup_sets``)
+                        (``startup:{NAME}:ID``) one mount's first reads (``stores.records``)
+  ``purges``            the records of ``forget --fleet`` kept for startup sets, by version
   ``epoch[:{tag}]``     a random token per server (per master in a cluster):
                         when it changes or vanishes, the server lost its data
 
 A conditional write (a Lua script) keeps the newest (version, node) per
 name (``entries``).  Blobs are streamed chunk by chunk, never allocated by a
 claimed size, and must come to exactly the entry's size and hash.  One of
-the ``wire.RemoteStore`` implementations; error messages and logs never
+the ``stores.base.RemoteStore`` implementations; error messages and logs never
 carry the password (``redact``).
 """
 
@@ -34,10 +35,9 @@ from mithrilfs.shared.stores.entries import (  # noqa: F401  (the entry model, r
     RemoteError,
     parse_entry,
 )
-from mithrilfs.shared.stores.records import Record
 from mithrilfs.shared.stores.redis.blobs import CHUNK, RedisBlobs
 from mithrilfs.shared.stores.redis.conn import _BATCH, RedisConnection
-from mithrilfs.shared.stores.redis.records import RedisRecords
+from mithrilfs.shared.stores.redis.records import RedisShelf
 
 #: The field that marks a directory hash complete (no entry name holds a NUL byte); its value is when.
 COMPLETE = b"\0complete"
@@ -75,9 +75,10 @@ return {1}
 class RedisStore(RedisConnection, RemoteStore):
     """One namespace in one Redis server or cluster; every method may raise RemoteError.
 
-    The connection (client, errors, epoch) is its base (``redis_conn``); blobs
-    and records are parts of their own (``redis_blobs``, ``redis_records``);
-    the entries -- directory hashes and their conditional write -- are here.
+    The connection (client, errors, epoch) is its base (``stores.redis.conn``);
+    blobs and records are parts of their own (``stores.redis.blobs``, its
+    shelf ``stores.redis.records``); the entries -- directory hashes and their
+    conditional write -- are here.
     """
 
     small_blob_bytes = CHUNK
@@ -88,7 +89,7 @@ class RedisStore(RedisConnection, RemoteStore):
         super().__init__(url, namespace, key, password=password, cluster=cluster, counters=counters)
         self._script_sha: str | None = None
         self.blobs = RedisBlobs(self, blob_ttl)
-        self.records = RedisRecords(self)
+        self.shelf = RedisShelf(self)
 
     @property
     def blob_ttl(self) -> int | None:
@@ -103,10 +104,6 @@ class RedisStore(RedisConnection, RemoteStore):
 
     def decode(self, path: str, raw: bytes) -> RemoteEntry | None:
         return self.codec.decode(path, raw)
-
-    def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
-        """Every valid entry of a directory (tombstones included), by name."""
-        return self.list_dir_complete(dir_path)[0]
 
     def list_dirs_complete(self, dir_paths: list[str]) -> dict[str, tuple[dict[bytes, RemoteEntry], bool]]:
         """Directories' entries, and whether each was marked complete (``mark_complete``), pipelined."""
@@ -133,7 +130,7 @@ class RedisStore(RedisConnection, RemoteStore):
             self._call(unmark)
 
     def mark_complete(self, dir_paths: list[str]) -> None:
-        """These directories hold every name of the store behind Redis (``layered``): read them alone."""
+        """These directories hold every name of the store behind Redis (``stores.layered.store``): read them alone."""
         def mark() -> None:
             pipe = self.client.pipeline(transaction=False)
             now = str(self.clock.now()).encode()
@@ -216,7 +213,7 @@ class RedisStore(RedisConnection, RemoteStore):
                 self._script_sha = self.client.script_load(_SET_IF_NEWER)  # the server restarted
         raise AssertionError("unreachable")
 
-    # -- blobs (``redis_blobs``) ---------------------------------------------
+    # -- blobs (``stores.redis.blobs``) ----------------------------------------
     def note_blob_names(self, names: dict[str, str]) -> None:
         self.blobs.note_blob_names(names)
 
@@ -265,22 +262,18 @@ class RedisStore(RedisConnection, RemoteStore):
             return sorted({k[len(prefix):].decode(errors="surrogateescape") for k in keys})
 
         return self._call(scan)
-    # -- records (``redis_records``) ------------------------------------------
-    def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
-                             last: bool = False) -> None:
-        self.records.write_startup_record(name, record_id, items, last=last)
-
-    def startup_records(self, name: str, skip: frozenset[str] = frozenset()) -> list[Record]:
-        return self.records.startup_records(name, skip)
-
-    def keep_purge(self, version: int, raw: bytes) -> None:
-        self.records.keep_purge(version, raw)
-
-    def kept_purges(self) -> tuple[list[bytes], int]:
-        return self.records.kept_purges()
-
+    # -- use records (``fleet.usage``) -------------------------------------------------
     def record_use(self, records: dict[str, float]) -> None:
-        self.records.record_use(records)
+        """``ZADD GT`` into a sorted set of directories by last use: a record never moves one back."""
+        def add() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            items = list(records.items())
+            for start in range(0, len(items), _BATCH):
+                pipe.zadd(self.used_key, dict(items[start:start + _BATCH]), gt=True)
+            pipe.execute()
+
+        if records:
+            self._call(add)
 
     def tier_summary(self) -> dict[str, Any] | None:
         from mithrilfs.shared.stores.summary import parse_summary

@@ -1,11 +1,11 @@
 """A bucket's blobs: fetched from their packs or their own objects, found missing, uploaded.
 
-Part of ``s3_wire.S3Store`` (its ``blobs``), which runs these in its
+Part of ``stores.s3.store.S3Store`` (its ``blobs``), which runs these in its
 ``_call`` (failures become a ``RemoteError`` and a back-off).  Small blobs
-travel in packs (``s3_packs``); larger ones, and blobs written over
-(found at the wrong size, or reported bad by a reader: ``s3_repair``), are
+travel in packs (``stores.s3.packs``); larger ones, and blobs written over
+(found at the wrong size, or reported bad by a reader: ``stores.s3.repair``), are
 objects of their own, ``blobs/HH/HEX``.  It speaks to the bucket through the
-store's connection (``s3_conn``) and is handed the packs and the reports:
+store's connection (``stores.s3.conn``) and is handed the packs and the reports:
 no back reference to the store.
 """
 
@@ -20,9 +20,10 @@ import blake3
 
 from mithrilfs.shared.fleet import usage
 from mithrilfs.shared.stores.entries import BlobBytes
-from mithrilfs.shared.stores.s3.conn import PART_BYTES, PROGRESS_BYTES, S3Connection
+from mithrilfs.shared.stores.s3.conn import PART_BYTES, PROGRESS_BYTES, S3Connection, _obstore
 from mithrilfs.shared.stores.s3.packs import PACK_BLOB_BYTES, Packs
 from mithrilfs.shared.stores.s3.repair import BadBlobReports, hashes_to
+from mithrilfs.shared.stores.stream import HashedCopy
 
 log = logging.getLogger(__name__)
 
@@ -77,26 +78,20 @@ class S3Blobs:
             return None
         if result.meta["size"] != size:
             return b""  # never read: more (or fewer) bytes than the entry says
-        hasher = blake3.blake3()
-        got = 0
+        copy = HashedCopy(out, size, self.store.level)
         for chunk in result.stream(min_chunk_size=PROGRESS_BYTES):
-            part = bytes(chunk)
-            if len(part) > size - got:
+            if not copy.take(bytes(chunk)):
                 return b""
-            hasher.update(part)
-            out.write(part)
-            got += len(part)
-            self.store.level.moved(down=len(part), requests=0)  # as it arrives: the bound on a wait sees progress
-        if got != size:
+        digest = copy.digest()
+        if not digest:
             return b""
-        self.store._count("remote_fetched_bytes", got)
-        digest = hasher.digest()
+        self.store._count("remote_fetched_bytes", copy.got)
         if digest.hex() != hex_digest:
             self.reports.report(hex_digest)
         return digest
 
     def fetch_small(self, blobs: list[tuple[str, int]]) -> list[BlobBytes | None]:
-        """Those in packs by coalesced range GETs (``s3_packs``), the rest (and those their pack did not
+        """Those in packs by coalesced range GETs (``stores.s3.packs``), the rest (and those their pack did not
         give right) from their own objects, concurrently; each verified (``RemoteStore.fetch_small_blobs``)."""
         def own(i: int) -> bytes | None:
             h, size = blobs[i]
@@ -154,7 +149,7 @@ class S3Blobs:
             if meta["size"] != size or not usage.younger(object_age(meta, self.store.clock.now()),
                                                              usage.BLOB_TRUST_SECONDS):
                 # the wrong size, or old enough that ``fleet gc`` may delete it once unreferenced: written
-                # over (renewing its time, ``shared.usage``)
+                # over (renewing its time, ``fleet.usage``)
                 with self._lock:
                     self.bad.add(h)
                 return h
@@ -174,7 +169,7 @@ class S3Blobs:
         return check()
 
     def upload(self, files: list[tuple[str, str]]) -> set[str]:
-        """Small blobs into packs, in the order given (``s3_packs``); large ones, and those written over
+        """Small blobs into packs, in the order given (``stores.s3.packs``); large ones, and those written over
         (found at the wrong size or reported bad), as their own objects."""
         gone: set[str] = set()
         packed: list[tuple[str, str, int]] = []
@@ -236,18 +231,12 @@ class S3Blobs:
         return gone
 
 
-def _obstore() -> Any:
-    import obstore
-
-    return obstore
-
-
 def os_size(f: BinaryIO) -> int:
     return os.fstat(f.fileno()).st_size
 
 
 def object_age(meta: Any, now: float) -> float:
-    """Seconds from an object's last write to *now* (the bucket's time, ``tier_clock``); 0 when the server
+    """Seconds from an object's last write to *now* (the bucket's time, ``stores.clock``); 0 when the server
     does not say."""
     written = meta.get("last_modified")
     return now - written.timestamp() if written is not None else 0.0

@@ -1,7 +1,7 @@
 """A connection to one bucket: its clients by timeout, errors mapped to RemoteError, the basic requests.
 
-The base of ``s3_wire.S3Store`` and what its parts (``s3_blobs``,
-``s3_packs``, ``s3_repair``), the gc (``s3_gc``), the purge and the change
+The base of ``stores.s3.store.S3Store`` and what its parts (``stores.s3.blobs``,
+``stores.s3.packs``, ``stores.s3.repair``), the gc (``stores.s3.gc``), the purge and the change
 feed talk through: the obstore clients (one per timeout, so a small request
 never waits a large one's), the pool that runs a batch's requests in
 parallel, one availability level with its back-off, and GET/PUT that count
@@ -241,10 +241,20 @@ class S3Connection:
         self.level.moved(up=size)
         return True
 
+    def first_page(self, prefix: str) -> list[str]:
+        """The keys under *prefix* (relative to the namespace), one LIST page: a few records are listed there,
+        and a flood of planted keys costs one request."""
+        keys = []
+        for batch in _obstore().list(self.names, prefix=self.base + prefix, chunk_size=1000):
+            keys += [meta["path"][len(self.base):] for meta in batch]
+            break
+        self.level.moved()
+        return keys
+
     def server_time(self) -> float:
         """The bucket's clock, unix seconds: the ``Last-Modified`` of an object written now (``clock``, one
         per namespace, a few bytes; a PUT and a HEAD), plus half a second: it has whole seconds, cut down,
-        so the middle of its second is the best guess (``tier_clock`` allows for the error)."""
+        so the middle of its second is the best guess (``stores.clock`` allows for the error)."""
         def ask() -> float:
             self._put(self.quick, "clock", b"t", "overwrite", 1)
             meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + "clock"))
@@ -262,6 +272,7 @@ class S3Connection:
 
 
 def _obstore() -> Any:
+    """The obstore module, imported at first use (a mount without an s3 remote starts without it)."""
     import obstore
 
     return obstore

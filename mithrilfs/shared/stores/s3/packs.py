@@ -1,8 +1,8 @@
 """Small blobs in a bucket travel in packs: one PUT for a batch's blobs, one range GET for a directory's files.
 
 One object per blob costs one request per file to publish and one per file
-to read, and a fleet's bucket is 10-50 ms per request away (issue 21:
-84,000 requests to publish 1,500 Triton kernels).  So the uploader puts the
+to read, and a fleet's bucket is tens of milliseconds per request away
+(see docs/benchmarks.md, 'H, a new node across a 20 ms bucket').  So the uploader puts the
 small blobs of a batch (up to ``PACK_BLOB_BYTES`` each; larger ones stay
 their own objects, ``blobs/HH/HEX``) into *packs*: ``packs/HH/ID``, the
 blobs concatenated in the order the batch gives them (one directory's
@@ -21,7 +21,7 @@ Content addressing and verification stay per blob: every range is cut into
 its blobs and each must hash to its name at its size.  A range that does
 not (a corrupted or truncated pack, a pack gone, a location that lies) is
 never served: the blob's own object is tried instead, and when that is not
-good either the blob is reported bad (``s3_repair``), so the next upload of
+good either the blob is reported bad (``stores.s3.repair``), so the next upload of
 it by a node holding the bytes (at the latest a ``push``) writes it as its
 own object, where readers then find it.
 
@@ -31,11 +31,11 @@ own uploads; the uploader counts a small blob it knows the place of as
 present (no HEAD), and one it does not as missing: two nodes racing to
 publish the same bytes may both pack them (a duplicate, never a loss).  A
 blob materialized in an earlier mount whose place is not known is found by
-reading its directory again (``RemoteStore.knows_where``).  The map is
+reading its directory again (``Placement.knows_where``).  The map is
 forgotten when the bucket's epoch changes (emptied: every pack is gone).
 
 ``fleet gc`` deletes a pack no entry locates once it is older than its
-grace (``s3_gc``).  So a place carries when its pack was written
+grace (``stores.s3.gc``).  So a place carries when its pack was written
 (``RemoteEntry.packed``, ``pt``), a writer counts a blob present only in a
 pack younger than ``usage.BLOB_TRUST_SECONDS`` (``S3Blobs.missing``: an
 older one is packed again), a publish refuses a place it adds in a pack
@@ -58,7 +58,7 @@ import blake3
 from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared.fleet import usage
 from mithrilfs.shared.stores.entries import MAX_PACK_BYTES, BlobBytes, RemoteEntry, is_hex_digest, is_pack_id
-from mithrilfs.shared.stores.s3.conn import PART_BYTES, S3Connection
+from mithrilfs.shared.stores.s3.conn import PART_BYTES, S3Connection, _obstore
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,10 @@ PACK_BLOB_BYTES = int(os.environ.get("MITHRILFS_PACK_BLOB_BYTES", 1 << 20))
 #: Ranges of one pack this close are fetched in one request (the gap's bytes are read and dropped).
 GAP_BYTES = 256 << 10
 #: One coalesced range GET holds the blobs that begin within this of its start (so at most this plus one
-#: blob): a pack's upload part (``s3_conn.PART_BYTES``: a pack is put in parts of that size), which a
-#: prefetch's batches follow (``S3Store.container_of``), so a part is one GET, as S3 advises for
-#: multipart objects (measured at 20 ms on 1,500 kernels: a background prefetch's 91 range GETs, cut at
-#: packs, became 51).  Larger ranges also cost the store less: SeaweedFS's server spent 3.3 ns a byte
-#: serving 1 MiB ranges of 32 MiB objects, 1.5 at 4 MiB, 1.0 at 8 and 32 MiB.
+#: blob): a pack's upload part (``stores.s3.conn.PART_BYTES``: a pack is put in parts of that size), which a
+#: prefetch's batches follow (``PackPlacement.container_of``), so a part is one GET, as S3 advises for
+#: multipart objects; larger ranges also cost the store less (see docs/benchmarks.md, 'H10, the daemon's
+#: own share of the prefetch').
 RANGE_BYTES = PART_BYTES
 #: Places of blobs remembered (about 250 bytes each); the oldest are forgotten first (re-learned from
 #: their directory when read).  1,500 Triton kernels are 10,500 files.
@@ -148,11 +147,11 @@ class Packs:
     def export(self) -> list[list[Any]]:
         """The newest ``KEPT_PLACES`` places in packs, as [hex, pack id, offset, written] (``known_places``).
 
-        A node that published its kernels and is remounted knows no place
-        (it read nothing from the bucket), and the startup record it writes
-        at its next unmount must carry them: it read every directory's
-        manifest for them then (1,500 GETs in the benchmark's first node A
-        arm).  Kept in the local index instead, they cost nothing.
+        A node that published its files and is remounted knows no place (it
+        read nothing from the bucket), and the startup record it writes at
+        its next unmount must carry them: it would read every directory's
+        manifest for them then.  Kept in the local index instead, they cost
+        nothing.
         """
         with self._lock:
             located = [[h, *loc] for h, loc in self._where.items() if loc is not None]
@@ -309,7 +308,7 @@ class Packs:
         Copied once, from the client's chunks into one buffer, and handed out as a view: its blobs are
         views of it too (``fetch``).  A prefetch moves every byte of a startup set this way, on threads
         that hold the interpreter's lock while they copy: copying each chunk, joining them and slicing
-        each blob out cost 0.14 s per 388 MiB, one copy 0.02 s."""
+        each blob out cost several times one copy."""
         import obstore.exceptions
 
         s = self.store
@@ -335,9 +334,3 @@ class Packs:
             if got >= len(buf):
                 break
         return memoryview(buf)[:got]
-
-
-def _obstore() -> Any:
-    import obstore
-
-    return obstore

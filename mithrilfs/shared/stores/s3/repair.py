@@ -1,14 +1,14 @@
 """Blobs in a bucket whose bytes do not hash to their name: reported by readers, written over at a push.
 
 An object of the right size with other bytes passes the uploader's HEAD,
-so nothing would ever replace it (issue 19: every new node got EIO, and a
-node holding the right bytes pushed "0 B of new blobs").  A reader that
+so nothing would ever replace it: every new node would get EIO, and a node
+holding the right bytes would push "0 B of new blobs".  A reader that
 hashes one (``S3Store``'s streamed and batch fetches) leaves a report, an
 empty object ``bad/HEX``; ``S3Store.missing_blobs`` lists the reports (at
 most once per ``REPORTS_SECONDS``, and in the first upload batch after a
-``push`` or ``prefetch`` asked the bucket: a listing per batch was one
-request in seven of a writer's) and counts a reported blob as missing, so the next upload
-of it (at the latest a ``push`` of a node holding it) writes it over, once
+``push`` or ``prefetch`` asked the bucket, not once per batch) and counts a
+reported blob as missing, so the next upload of it (at the latest a
+``push`` of a node holding it) writes it over, once
 the local copy hashes right (a planted report must not let a corrupt local
 file replace a good object), and then deletes the report.
 """
@@ -20,6 +20,8 @@ import time
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import blake3
+
+from mithrilfs.shared.stores.s3.conn import _obstore
 
 if TYPE_CHECKING:
     from mithrilfs.shared.stores.s3.conn import S3Connection
@@ -72,21 +74,17 @@ class BadBlobReports:
         return set(listed)
 
     def _list(self) -> set[str]:
-        import obstore
-
         s = self.store
         prefix = s.base + "bad/"
-        pages: Any = obstore.list(s.quick, prefix=prefix, chunk_size=REPORTS_READ)
+        pages: Any = _obstore().list(s.quick, prefix=prefix, chunk_size=REPORTS_READ)
         first: list[Any] = next(iter(pages), [])
         s.level.moved()
         return {h for meta in first if len(h := meta["path"][len(prefix):]) == 64 and set(h) <= _HEX}
 
     def repaired(self, hex_digest: str) -> None:
         """The blob was written over with bytes that hash to its name: its report goes."""
-        import obstore
-
         s = self.store
-        obstore.delete(s.quick, s.base + self._key(hex_digest))
+        _obstore().delete(s.quick, s.base + self._key(hex_digest))
         self._listed.discard(hex_digest)
         s._count("remote_blobs_repaired")
         log.warning("blob %s in %s written over with verified bytes (a reader reported it bad)", hex_digest, s.url)

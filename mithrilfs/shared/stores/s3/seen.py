@@ -1,10 +1,9 @@
 """What this node last saw of each directory's manifest in a bucket: a publish merges into it without a GET.
 
-A publish is a compare-and-swap per directory (``s3_wire``): read the
-manifest and its ETag, merge, put ``If-Match``.  Read first every time,
+A publish is a compare-and-swap per directory (``stores.s3.store``): read
+the manifest and its ETag, merge, put ``If-Match``.  Read first every time,
 that is two requests per directory per batch, and a writer's batches come
-every few hundred milliseconds (issue 21: about 20 manifest GETs per
-directory to publish one Triton kernel).  But most of the time the last
+every few hundred milliseconds.  But most of the time the last
 state this node read or wrote *is* the current one: it is usually the only
 writer of a directory.  So the state of each manifest as last read or
 written (its entries and ETag) is kept, and a publish merges into it and

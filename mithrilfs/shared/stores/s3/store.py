@@ -7,24 +7,24 @@ Layout under ``s3://BUCKET/PREFIX/NAMESPACE/``
                         each entry the same signed JSON as in Redis (``entries``)
   ``packs/HH/ID``       small blobs (up to 1 MiB), many to an object of up to
                         32 MiB, written once; each file's entry names its blob's
-                        pack and offset (``s3_packs``)
+                        pack and offset (``stores.s3.packs``)
   ``blobs/HH/HEX``      a larger blob (or one repaired), one immutable object per
                         blake3 hash, written only if absent (``If-None-Match: *``);
                         a large one (a conditional put is one request, buffered
                         whole by the client) goes in 8 MiB parts once a HEAD found
                         it absent
   ``startup/~NAME/ID``  a startup set: one record per mount that recorded one, written
-                        over by that mount at most once a minute (``startup_sets``)
+                        over by that mount at most once a minute (``stores.records``)
   ``changes/``, ``purges/``  the change feed's journal and the purges kept
-                        (``feed_wire``, ``s3_purges``)
+                        (``stores.feed``, ``stores.s3.records``)
   ``usage/T-R``         use records, one per node flush (``fleet gc`` merges them)
-  ``bad/HEX``           a blob a reader found corrupt (``s3_repair``)
-  ``gc-sweeps/T-R``     a running ``fleet gc``'s sweep marker, one per run (``s3_gc``)
+  ``bad/HEX``           a blob a reader found corrupt (``stores.s3.repair``)
+  ``gc-sweeps/T-R``     a running ``fleet gc``'s sweep marker, one per run (``stores.s3.gc``)
   ``epoch``             a random token: gone means the bucket was emptied, and
                         every node uploads what it has again; ``gc``, the last
                         ``fleet gc``'s summary
 
-These names are reserved (``s3_layout``): gc and the prunings take only the
+These names are reserved (``stores.s3.layout``): gc and the prunings take only the
 keys below them that parse as their own records, and a namespace inside
 another fleet's reserved directories is refused.
 
@@ -36,9 +36,9 @@ means another writer got there first: read again, merge again.  Every
 successful put is a merge of the previous state, so no writer's entry is
 ever lost, and every reader sees one manifest, so a directory's names come
 in one request.  A writer merges into the manifest as it last read or
-wrote it and puts at once (``s3_seen``): a 412 makes it read first.
-Small blobs travel in packs that the entries locate (``s3_packs``), the
-blob requests are ``s3_blobs``'s.  Startup sets are one record per mount,
+wrote it and puts at once (``stores.s3.seen``): a 412 makes it read first.
+Small blobs travel in packs that the entries locate (``stores.s3.packs``), the
+blob requests are ``stores.s3.blobs``'s.  Startup sets are one record per mount,
 the newest few read and merged in memory, never rewritten by a reader.
 
 Everything read from the bucket is hostile: a manifest larger than
@@ -46,8 +46,8 @@ Everything read from the bucket is hostile: a manifest larger than
 writer), entries are validated and verified like Redis's, blobs are
 streamed, never allocated by a claimed size, and must come to exactly the
 entry's size and hash.  Credentials and region come from the AWS
-conventions (``s3_settings``); errors name the cause in one line and never
-carry a secret.  The client is obstore (Rust's object_store): measured in
+conventions (``stores.s3.settings``); errors name the cause in one line and never
+carry a secret.  The client is obstore (Rust's object_store): compared in
 docs/design.md against boto3 and opendal.
 """
 
@@ -60,26 +60,18 @@ import secrets
 import time
 from dataclasses import replace
 from typing import Any, BinaryIO
-from urllib.parse import quote, unquote_to_bytes
+from urllib.parse import unquote_to_bytes
 
 from mithrilfs.shared.fleet import usage
 from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.clock import TierClock
 from mithrilfs.shared.stores.entries import MAX_DIR_NAMES, BlobBytes, EntryCodec, RemoteEntry, RemoteError
-from mithrilfs.shared.stores.records import (
-    MAX_RECORD_BYTES,
-    RECORDS_KEPT,
-    RECORDS_READ,
-    Record,
-    decode_records,
-    encode_record,
-    valid_record_id,
-)
 from mithrilfs.shared.stores.s3.blobs import S3Blobs, object_age
 from mithrilfs.shared.stores.s3.conn import S3Connection, _obstore
 from mithrilfs.shared.stores.s3.layout import SWEEPS, USAGE, is_record_key, record_key
-from mithrilfs.shared.stores.s3.packs import RANGE_BYTES, Packs
-from mithrilfs.shared.stores.s3.purges import S3Purges
+from mithrilfs.shared.stores.s3.packs import Packs
+from mithrilfs.shared.stores.s3.placement import PackPlacement
+from mithrilfs.shared.stores.s3.records import S3Shelf, quoted
 from mithrilfs.shared.stores.s3.repair import BadBlobReports
 from mithrilfs.shared.stores.s3.seen import SeenManifests
 from mithrilfs.shared.stores.s3.settings import S3Location, S3Settings
@@ -87,18 +79,12 @@ from mithrilfs.store.namespace import valid_name
 
 log = logging.getLogger(__name__)
 
-#: A startup record's write reads at most this many manifests to learn where its blobs are (``_learn_places``).
-RELEARN_DIRS = 4096
 #: A manifest larger than this is refused as hostile, never read (``MAX_DIR_NAMES`` signed entries fit in it).
 MAX_MANIFEST_BYTES = 32 << 20
 #: Blobs up to this size are fetched by the prefetcher in concurrent batches.
 SMALL_BLOB_BYTES = 8 << 20
 #: Attempts of one manifest update before the tier gives up for now (the queue retries later).
 CAS_ATTEMPTS = 25
-
-
-def _quoted(text: str) -> str:
-    return quote(text.encode(errors="surrogateescape"), safe="")
 
 
 def _component(part: str) -> str:
@@ -108,15 +94,17 @@ def _component(part: str) -> str:
 class S3Store(S3Connection, RemoteStore):
     """One namespace in one bucket (see the module doc); every method may raise RemoteError.
 
-    The connection (clients, errors, basic requests) is its base (``s3_conn``);
-    blobs, packs, reports and manifests as last seen are parts of their own;
-    the names (manifests and their compare-and-swap), the epoch and the
-    records are here.
+    The connection (clients, errors, basic requests) is its base
+    (``stores.s3.conn``); blobs, packs, reports, manifests as last seen, its
+    placement (``stores.s3.placement``) and its shelf of records
+    (``stores.s3.records``) are parts of their own; the names (manifests and
+    their compare-and-swap), the epoch and the use records are here.
     """
 
     small_blob_bytes = SMALL_BLOB_BYTES
     packs_by_directory = True
     use_flush_seconds = usage.USE_FLUSH_SECONDS
+
     def __init__(self, location: S3Location, namespace: str, key: bytes | None, settings: S3Settings, *,
                  counters: dict[str, int] | None = None) -> None:
         super().__init__(location, namespace, settings, counters=counters)
@@ -124,9 +112,11 @@ class S3Store(S3Connection, RemoteStore):
         self.reports = BadBlobReports(self)
         self.packs = Packs(self)
         self.blobs = S3Blobs(self, self.packs, self.reports)
-        #: Each manifest as last read or written: a publish merges into it without reading (``s3_seen``).
+        #: Each manifest as last read or written: a publish merges into it without reading (``stores.s3.seen``).
         self.seen = SeenManifests()
-        self.purges = S3Purges(self)
+        self.placement = PackPlacement(self.packs, self.seen, now=lambda: self.clock.now(),
+                                       read_places=self.read_places, call=self._call)
+        self.shelf = S3Shelf(self)
         #: The epoch token last seen: another one means the bucket was emptied (its packs are gone).
         self._epoch_seen: str | None = None
     def date_by(self, clock: TierClock) -> None:
@@ -171,7 +161,7 @@ class S3Store(S3Connection, RemoteStore):
     # -- names ------------------------------------------------------------------
     def _manifest_key(self, dir_path: str) -> str:
         parts = dir_path.split("/") if dir_path else []
-        return "names/" + "".join(f"~{_quoted(p)}/" for p in parts) + "#"
+        return "names/" + "".join(f"~{quoted(p)}/" for p in parts) + "#"
 
     def _read_manifest(self, dir_path: str) -> tuple[dict[bytes, bytes], str | None]:
         """(name -> raw entry, the manifest's ETag; None when it does not exist).
@@ -238,9 +228,6 @@ class S3Store(S3Connection, RemoteStore):
         self.seen.saw(dir_path, raw, result.get("e_tag") if isinstance(result, dict) else None)
         return True
 
-    def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
-        return self.list_dirs([dir_path])[dir_path]
-
     def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
         def one(d: str) -> dict[bytes, RemoteEntry]:
             entries = self.codec.entries(d, self._read_manifest(d)[0])
@@ -271,55 +258,17 @@ class S3Store(S3Connection, RemoteStore):
 
         return self._call(scan)
 
-    # -- where blobs are (``s3_packs``) ----------------------------------------------
-    def container_of(self, hex_digest: str) -> str | None:
-        """The part of its pack a blob begins in (``s3_packs.RANGE_BYTES``): a batch that follows the parts
-        is one range GET of one part."""
-        place = self.packs.location(hex_digest)
-        return f"{place[0]}/{place[1] // RANGE_BYTES}" if place is not None else None
-
-    def knows_where(self, hex_digest: str) -> bool:
-        return self.packs.knows(hex_digest)
-
-    def learn(self, dir_path: str, entries: dict[bytes, RemoteEntry]) -> None:
-        self.packs.learn(entries.values())
-
-    def with_locations(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
-        return self.packs.locate(items)
-
-    def known_places(self) -> list[list[Any]]:
-        return self.packs.export()
-
-    def learn_places(self, places: list[Any]) -> int:
-        return self.packs.take(places)
-
-    def locate_for_publish(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
-        """``with_locations`` for names about to be published: RemoteError (nothing published; the batch is
-        sent again, its blobs checked and packed again) when a place added is in a pack old enough for
-        ``fleet gc`` to delete (``Packs.stale``)."""
-        located = self.packs.locate(items)
-        stale = self.packs.stale(items, located, self.clock.now())
-        if stale:
-            raise RemoteError(f"{len(stale)} names would locate their blobs in packs old enough for fleet gc "
-                              f"to delete (e.g. {stale[0]!r}): checking them again")
-        return located
-
-    def will_publish(self, paths: list[str]) -> None:
-        """Read the manifests the publish will merge into that this node has not seen: their entries say
-        which blobs the bucket holds (no HEAD per blob), and the publish merges into what was read."""
-        dirs = sorted(d for d in {p.rpartition("/")[0] for p in paths} if self.seen.get(d) is None)
-        if dirs:
-            self._call(self._read_places, dirs)
-
-    def _read_places(self, dirs: list[str]) -> None:
-        """Read these directories' manifests (in parallel) for where their blobs are (``Packs.learn``)."""
+    # -- where blobs are (``stores.s3.placement``) ----------------------------------------
+    def read_places(self, dirs: list[str]) -> None:
+        """Read these directories' manifests (in parallel) for where their blobs are (``Packs.learn``); inside
+        a request (``_call``)."""
         for d, (raw, _) in zip(dirs, self._parallel(self._read_manifest, dirs)):
             self.packs.learn(self.codec.entries(d, raw).values())
 
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         if not items:
             return []
-        items = self.locate_for_publish(items)
+        items = self.placement.locate_for_publish(items)
         by_dir: dict[str, list[int]] = {}
         for i, (path, _) in enumerate(items):
             by_dir.setdefault(path.rpartition("/")[0], []).append(i)
@@ -343,7 +292,7 @@ class S3Store(S3Connection, RemoteStore):
         """One directory's compare-and-swap: merge *items* newest-wins, put If-Match, retry on a 412.
 
         The first attempt merges into the manifest as this node last saw it
-        (``s3_seen``; never seen: absent), without reading it: a 412 says
+        (``stores.s3.seen``; never seen: absent), without reading it: a 412 says
         another writer came in between, and the next attempts read first.
         """
         seen = self.seen.get(dir_path)
@@ -384,7 +333,7 @@ class S3Store(S3Connection, RemoteStore):
                 time.sleep(random.uniform(0, min(0.5, 0.01 * (2 ** attempt))))  # another writer won: merge again
         raise RemoteError(f"directory {dir_path!r}: {CAS_ATTEMPTS} writers in a row got there first")
 
-    # -- blobs (``s3_blobs``) ------------------------------------------------------
+    # -- blobs (``stores.s3.blobs``) ------------------------------------------------------
     def fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
         return self._call(self.blobs.fetch_blob, hex_digest, size, out)
 
@@ -397,75 +346,7 @@ class S3Store(S3Connection, RemoteStore):
     def upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
         return self._call(self.blobs.upload, files)
 
-    # -- startup sets -----------------------------------------------------------
-    def _set_prefix(self, name: str) -> str:
-        return f"startup/~{_quoted(name)}/"
-
-    def _record_keys(self, name: str) -> list[str]:
-        """The set's record keys, newest first (one LIST: writers keep it to ``RECORDS_KEPT``); a key that is
-        no record id is left out (planted, or another writer's leftovers)."""
-        prefix = self._set_prefix(name)
-        return sorted(k for k in self._first_page(prefix) if valid_record_id(k[len(prefix):]))
-
-    def _first_page(self, prefix: str) -> list[str]:
-        """The keys under *prefix* (relative to the namespace), one LIST page: a few records are listed there,
-        and a flood of planted keys costs one request."""
-        keys = []
-        for batch in _obstore().list(self.names, prefix=self.base + prefix, chunk_size=1000):
-            keys += [meta["path"][len(self.base):] for meta in batch]
-            break
-        self.level.moved()
-        return keys
-
-    def write_startup_record(self, name: str, record_id: str, items: list[tuple[str, RemoteEntry]], *,
-                             last: bool = False) -> None:
-        """One object per mount, written over at each of its (rare) writes: no read, no merge; the last
-        also deletes the records past the ``RECORDS_KEPT`` newest (``startup_sets``)."""
-        def write() -> None:
-            self._learn_places(items)
-            data = encode_record(self.codec, self.with_locations(items))  # a reader fetches from the packs at once
-            self._put(self.names, self._set_prefix(name) + record_id, data, "overwrite", len(data))
-            if last:
-                old = self._record_keys(name)[RECORDS_KEPT:]
-                self._parallel(lambda key: _obstore().delete(self.names, self.base + key), old)
-                self.level.moved(requests=len(old))
-
-        self._call(write)
-
-    def _learn_places(self, items: list[tuple[str, RemoteEntry]]) -> None:
-        """Read the manifests of the set's directories whose blobs' places this mount does not know (at
-        most ``RELEARN_DIRS``, in parallel), so the record carries them: a node that wrote its kernels, was
-        remounted and loaded them knows none (it read nothing from the bucket), and every new node reading
-        its record would read each directory's manifest before its blobs (measured at 20 ms, 1,500 kernels:
-        a lazy node's 1,502 manifest GETs, 2 round trips a kernel).  Paid once by the recording node."""
-        dirs = sorted({path.rpartition("/")[0] for path, e in items
-                       if e.type == "f" and e.hash and e.size and not self.packs.knows(e.hash)})[:RELEARN_DIRS]
-        self._read_places(dirs)
-
-    def startup_records(self, name: str) -> list[Record]:
-        """The newest records: one LIST, then ``RECORDS_READ`` GETs in parallel; never a write."""
-        def read() -> list[Record]:
-            prefix = self._set_prefix(name)
-            keys = self._record_keys(name)[:RECORDS_READ]
-
-            def one(key: str) -> tuple[str, bytes | None] | None:
-                got = self._get(self.names, key, MAX_RECORD_BYTES)
-                return None if got is None else (key[len(prefix):], got[0])
-
-            records = decode_records(self.codec, [r for r in self._parallel(one, keys) if r is not None])
-            for r in records:  # where their blobs are, where the recording node knew (else their manifests say)
-                self.packs.learn(entry for _, entry in r.items if entry.pack is not None)
-            return records
-
-        return self._call(read)
-
-    def keep_purge(self, version: int, raw: bytes) -> None:
-        self.purges.keep(version, raw)
-
-    def kept_purges(self) -> tuple[list[bytes], int]:
-        return self.purges.kept()
-
-    # -- fleet gc (``shared.gc``) ----------------------------------------------
+    # -- fleet gc (``fleet.gc``) ----------------------------------------------
     def record_use(self, records: dict[str, float]) -> None:
         """One new object of use records (directory -> when), never a rewrite; gc merges them."""
         def add() -> None:
@@ -477,7 +358,7 @@ class S3Store(S3Connection, RemoteStore):
 
     def sweeping(self) -> bool:
         """A sweep marker younger than a gc run's limit (one LIST of ``gc-sweeps/``, a marker per run): a gc
-        deletes blobs and packs now (``s3_gc``)."""
+        deletes blobs and packs now (``stores.s3.gc``)."""
         def get() -> bool:
             batch: Any = next(iter(_obstore().list(self.quick, prefix=self.base + SWEEPS, chunk_size=100)), [])
             self.level.moved()
