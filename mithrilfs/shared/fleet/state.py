@@ -1,10 +1,10 @@
 """A mount's part in the fleet's lifecycle: its use records going out, the last gc's summary coming in.
 
-Owned by ``RemoteTier`` (its ``fleet``), stepped by the uploader's loop
+Built by ``remote_tier`` (the tier's ``fleet``), stepped by the uploader's loop
 (``WriteBehind.uploader``) so it costs no task of its own: use records go
 out when due (Redis: with the next batch; a bucket: at most every
 ``usage.USE_FLUSH_SECONDS``), and the tier's gc record is read at most
-every ``gc_summary.SUMMARY_SECONDS``; a new one is logged as a
+every ``stores.summary.SUMMARY_SECONDS``; a new one is logged as a
 ``fleet_gc`` event and shown in ``stats`` (``remote_tier_*``).
 """
 
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class FleetState:
+    """This mount's use records on their way out and the last gc summary it read (see the module doc)."""
+
     def __init__(self, remote: RemoteStore, events: EventLog) -> None:
         self.remote = remote
         self.events = events
