@@ -35,7 +35,6 @@ import re
 import secrets
 import socket
 import sqlite3
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -154,9 +153,7 @@ class RemoteTier(Tier):
         self.recorder = StartupRecorder(startup_set, ns=ns, paths=paths, remote=remote, counters=counters,
                                         node=node, origin=origin, thread=thread)
         #: Use records out, the fleet gc's summary in (``fleet.state``).
-        self.fleet = FleetState(remote, events)
-        #: When each inode's read was last turned into a use record (``fleet``).
-        self._use_noted: dict[int, float] = {}
+        self.fleet = FleetState(remote, events, ns=ns, paths=paths)
         #: Where the store held blobs, as the last mount knew: kept at the unmount for the next.
         self.places = KeptPlaces(ns, remote)
         self.behind = WriteBehind(ns=ns, blobs=blobs, paths=paths, lifetimes=lifetimes, remote=remote,
@@ -205,22 +202,10 @@ class RemoteTier(Tier):
 
     # -- startup sets ------------------------------------------------------
     def record_read(self, ino: int) -> None:
-        """A read at offset 0: its directory is used (``fleet``, at most one record an hour); the first
-        read in this mount within its first minutes also joins the startup set."""
-        now = time.monotonic()
-        noted = self._use_noted.get(ino)
-        if noted is None or now - noted >= self.fleet.usage.every:  # one dict lookup for most reads
-            if len(self._use_noted) > 100_000:
-                self._use_noted.clear()
-            self._use_noted[ino] = now
-            self._record_use(ino)
+        """A read at offset 0: its directory is used (``fleet.state``); the first read in this mount within
+        its first minutes also joins the startup set (``warm.recorder``)."""
+        self.fleet.read(ino)
         self.recorder.read(ino)
-
-    def _record_use(self, ino: int) -> None:
-        for parent, _name in self.ns.names_of(ino)[:1]:
-            dir_path = self.paths.of_dir(parent)
-            if dir_path is not None:
-                self.fleet.usage.used(dir_path)
 
     async def unmounting(self) -> None:
         """Write the startup set's record (bounded: an unmount must not wait on a dead tier), end the blob
