@@ -1,8 +1,9 @@
 """The shared tier as the local mount sees it: one small interface, and a null tier.
 
 ``fs``, the cache and the control commands talk to "the shared tier" only
-through ``Tier``; which tier it is (Redis today, object storage or a
-composition of two next) is decided once, in ``daemon.wiring``.  A mount
+through ``Tier``; which tier it is (``remote_tier.RemoteTier`` on Redis,
+a bucket, or Redis in front of a bucket) is decided once, in
+``daemon.wiring``.  A mount
 without ``--remote`` gets ``NullTier``, which finds nothing and queues
 nothing, so no caller asks whether there is a tier (CernVM-FS's no-op quota
 manager, sccache's one ``Storage`` trait).

@@ -1,10 +1,10 @@
 """A mount's part in the fleet's lifecycle: its use records going out, the last gc's summary coming in.
 
-Owned by ``RemoteTier`` (its ``fleet``), stepped by the uploader's loop
+Built by ``remote_tier`` (the tier's ``fleet``), stepped by the uploader's loop
 (``WriteBehind.uploader``) so it costs no task of its own: use records go
 out when due (Redis: with the next batch; a bucket: at most every
 ``usage.USE_FLUSH_SECONDS``), and the tier's gc record is read at most
-every ``gc_summary.SUMMARY_SECONDS``; a new one is logged as a
+every ``stores.summary.SUMMARY_SECONDS``; a new one is logged as a
 ``fleet_gc`` event and shown in ``stats`` (``remote_tier_*``).
 """
 
@@ -20,14 +20,21 @@ from mithrilfs.shared.fleet.usage import UseRecorder, dir_of
 from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.entries import RemoteError
 from mithrilfs.shared.stores.summary import SUMMARY_SECONDS
+from mithrilfs.store.namespace import DirPaths, Namespace
 
 log = logging.getLogger(__name__)
 
 
 class FleetState:
-    def __init__(self, remote: RemoteStore, events: EventLog) -> None:
+    """This mount's use records on their way out and the last gc summary it read (see the module doc)."""
+
+    def __init__(self, remote: RemoteStore, events: EventLog, *, ns: Namespace, paths: DirPaths) -> None:
         self.remote = remote
         self.events = events
+        self.ns = ns
+        self.paths = paths
+        #: When each inode's read was last turned into a use record.
+        self._use_noted: dict[int, float] = {}
         self.usage = UseRecorder(now=remote.clock.now)
         self._flushed = 0.0
         self._summary_at = 0.0
@@ -35,6 +42,20 @@ class FleetState:
         self.summary: dict[str, Any] | None = None
         #: Use records sent (stats: ``remote_use_records``).
         self.records_sent = 0
+
+    def read(self, ino: int) -> None:
+        """A read of inode *ino* at offset 0: its directory is used (at most one record per ``usage.every``
+        for an inode)."""
+        now = time.monotonic()
+        noted = self._use_noted.get(ino)
+        if noted is None or now - noted >= self.usage.every:  # one dict lookup for most reads
+            if len(self._use_noted) > 100_000:
+                self._use_noted.clear()
+            self._use_noted[ino] = now
+            for parent, _name in self.ns.names_of(ino)[:1]:
+                dir_path = self.paths.of_dir(parent)
+                if dir_path is not None:
+                    self.usage.used(dir_path)
 
     def used_path(self, path: str) -> None:
         """A file at *path* (in the tier's namespace) was read."""

@@ -5,7 +5,7 @@ tier waits for it at most ``REMOTE_WAIT`` seconds *in which no byte
 arrives*: a transfer that keeps moving (a large blob over a slow link) is
 waited for as long as it moves, a stalled endpoint (connections accepted,
 nothing answered) costs one ``REMOTE_WAIT`` and then the back-off answers
-at once.  The clients' own timeouts (``s3_wire``'s 120 s for large blobs,
+at once.  The clients' own timeouts (``stores.s3``'s 120 s for large blobs,
 Redis's socket timeouts) only bound how long the abandoned worker thread
 lives; nobody waits on them.  Progress is what the store's levels count in
 ``bytes_in`` as it arrives (``RemoteStore.received``).
@@ -79,3 +79,14 @@ async def in_thread(store: RemoteStore, limiter: trio.CapacityLimiter, fn: Calla
     """``fn(*args)`` in a worker thread, waited for within the bound (the thread is abandoned past it)."""
     return await within_bound(
         store, lambda: trio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=True), wait=wait)
+
+
+async def request(store: RemoteStore, limiter: trio.CapacityLimiter, fn: Callable[..., Any], *args: Any) -> Any:
+    """A request of the mount: ``fn(*args)`` within the bound; None when the tier is backed off, fails, or
+    stalls past ``REMOTE_WAIT``."""
+    if not store.available():
+        return None
+    try:
+        return await in_thread(store, limiter, fn, *args)
+    except RemoteError:
+        return None

@@ -4,7 +4,7 @@ A tombstone in the tier reaches a node only when that node lists the
 directory; a process that opens a path directly (Triton, Inductor) would go
 on reading a deleted file for as long as the node holds the name.  So every
 tombstone a node publishes (a user's unlink, ``forget --fleet``) is also
-announced on the feed (``feed_wire``), and every mounted node follows it: on
+announced on the feed (``stores.feed``), and every mounted node follows it: on
 a change for a path it holds, the name goes from its index with tombstone
 semantics (a newer local version stays), and the kernel is told
 (``NOTIFY_DELETE``), so the next open by path is a LOOKUP that finds nothing.
@@ -31,18 +31,25 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
+from mithrilfs.cache.lifetime import Lifetimes
+from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.entries import _NODE_RE, MAX_VERSION, RemoteEntry, RemoteError
 from mithrilfs.shared.stores.feed import MAX_RECORD_BYTES, FeedWire
 from mithrilfs.shared.stores.records import PURGES_READ
-from mithrilfs.shared.tier_state import Change, ChangesTier
-from mithrilfs.store.namespace import ROOT_INODE, join_path, valid_name
+from mithrilfs.shared.sync.outbox import Outbox
+from mithrilfs.shared.sync.reconcile import Reconciler
+from mithrilfs.shared.sync.tasks import Threads
+from mithrilfs.store.namespace import ROOT_INODE, Namespace, join_path, valid_name
 
 log = logging.getLogger(__name__)
+
+#: A change of the feed: (path, version, whole tree).
+Change = tuple[str, int, bool]
 
 #: Paths per announced record (a larger announcement is several records).
 RECORD_PATHS = 256
@@ -77,7 +84,7 @@ class ChangeCodec:
                  horizon: Callable[[], int] = lambda: MAX_VERSION) -> None:
         self.namespace = namespace
         self.key = key
-        #: Versions past this are refused: dated ahead of the tier's time (``tier_clock``), as entries are.
+        #: Versions past this are refused: dated ahead of the tier's time (``stores.clock``), as entries are.
         self.horizon = horizon
 
     def _mac(self, node: str, changes: list[list[Any]]) -> str:
@@ -125,31 +132,47 @@ class ChangeCodec:
 
 
 class Changes:
-    """Announce this node's deletions and apply the fleet's (part of ``RemoteTier``: its ``changes``)."""
+    """Announce this node's deletions and apply the fleet's (the tier's ``changes``): read from *wire*,
+    signed with *key* when there is one."""
 
-    def __init__(self, tier: ChangesTier, wire: FeedWire, key: bytes | None) -> None:
-        self.tier = tier
+    def __init__(self, *, ns: Namespace, lifetimes: Lifetimes, remote: RemoteStore, counters: dict[str, int],
+                 node: str, origin: dict[int, str], outbox: Outbox, reconciler: Reconciler,
+                 resync: Callable[[int], Awaitable[None]], thread: Threads, wire: FeedWire,
+                 key: bytes | None) -> None:
+        self.ns = ns
+        self.lifetimes = lifetimes
+        self.remote = remote
+        self.clock = remote.clock
+        self.counters = counters
+        self.node = node
+        #: Writer of content materialized this mount, by inode (``Reconciler.origin``).
+        self.origin = origin
+        self.outbox = outbox
+        self.reconciler = reconciler
+        #: Merge a directory's remote names now, waited for (the tier's ``sync_dir``, forced).
+        self.resync = resync
+        self.thread = thread
         self.wire = wire
-        self.codec = ChangeCodec(tier.remote.namespace, key, horizon=tier.clock.horizon_us)
+        self.codec = ChangeCodec(remote.namespace, key, horizon=remote.clock.horizon_us)
         #: Deletions this mount learned of (path -> the deletion), so a startup set recorded before one
         #: never brings its names back (``StartupOrder``); the newest ``PURGED_KEPT`` are kept.
         self.purged: dict[str, RemoteEntry] = {}
         for name in COUNTERS:
-            tier.counters.setdefault(name, 0)
+            counters.setdefault(name, 0)
 
     def _meta(self) -> str:
-        return f"feed_cursor:{self.tier.remote.url}:{self.tier.remote.namespace}"
+        return f"feed_cursor:{self.remote.url}:{self.remote.namespace}"
 
     def _count(self, name: str, n: int = 1) -> None:
-        self.tier.counters[name] = self.tier.counters.get(name, 0) + n
+        self.counters[name] = self.counters.get(name, 0) + n
 
     # -- announcing ----------------------------------------------------------
     async def announce(self, changes: list[Change]) -> None:
         """Tell the fleet (raises RemoteError when the feed cannot be written: the tombstones are in the tier
         anyway, and other nodes see them at their next listing)."""
         for start in range(0, len(changes), RECORD_PATHS):
-            raw = self.codec.encode(self.tier.node, changes[start:start + RECORD_PATHS])
-            await self.tier.thread(self.wire.append, raw)
+            raw = self.codec.encode(self.node, changes[start:start + RECORD_PATHS])
+            await self.thread(self.wire.append, raw)
         self._count("remote_changes_announced", len(changes))
 
     async def keep(self, changes: list[Change]) -> None:
@@ -157,8 +180,8 @@ class Changes:
         nodes that never read this feed (raises RemoteError)."""
         for start in range(0, len(changes), RECORD_PATHS):
             chunk = changes[start:start + RECORD_PATHS]
-            raw = self.codec.encode(self.tier.node, chunk)
-            await self.tier.thread(self.tier.remote.keep_purge, max(v for _, v, _ in chunk), raw)
+            raw = self.codec.encode(self.node, chunk)
+            await self.thread(self.remote.keep_purge, max(v for _, v, _ in chunk), raw)
 
     async def announce_sent(self, tombstones: list[tuple[str, int]]) -> None:
         """The uploader published these tombstones (a user's unlinks): announce them, never failing the batch."""
@@ -172,14 +195,14 @@ class Changes:
     # -- following -----------------------------------------------------------
     async def follow(self) -> None:
         """Read the feed every ``wire.period`` seconds for the life of the mount and apply what it says."""
-        cursor = self.tier.ns.get_meta(self._meta())
+        cursor = self.ns.get_meta(self._meta())
         backoff = 1.0
         while True:
             try:
                 if cursor is None:  # this store never followed this feed: nothing to catch up
-                    cursor = await self.tier.thread(self.wire.head)
+                    cursor = await self.thread(self.wire.head)
                     self._save(cursor)
-                records, new_cursor, gap = await self.tier.thread(self.wire.read, cursor)
+                records, new_cursor, gap = await self.thread(self.wire.read, cursor)
                 self._count("remote_feed_reads")
                 if gap:
                     await self.resync_all()
@@ -204,8 +227,8 @@ class Changes:
             await trio.sleep(self.wire.period)
 
     def _save(self, cursor: str) -> None:
-        with self.tier.ns.txn():
-            self.tier.ns.set_meta(self._meta(), cursor)
+        with self.ns.txn():
+            self.ns.set_meta(self._meta(), cursor)
 
     def _decoded(self, raw: bytes | None, what: str) -> tuple[str, list[Change]] | None:
         """(node, changes) of a record, or None for one that is not one (refused, counted, logged)."""
@@ -221,7 +244,7 @@ class Changes:
         if decoded is None:
             return
         node, changes = decoded
-        if node == self.tier.node:
+        if node == self.node:
             return  # our own: applied here when it was made
         for path, version, tree in changes:
             await self.apply(path, version, tree, node)
@@ -251,7 +274,7 @@ class Changes:
         if parts is None:
             return 0
         self._remember(path, RemoteEntry("x", version, node))
-        ns = self.tier.ns
+        ns = self.ns
         parent = ROOT_INODE
         for part in parts[:-1]:
             child = ns.lookup(parent, part)
@@ -265,11 +288,11 @@ class Changes:
         if tree:
             gone: list[tuple[str, bool]] = []
             removed = await self._remove_tree(parent, parts[-1], ino, tomb, path, gone)
-            if node != self.tier.node:
+            if node != self.node:
                 await self._tombstone_here_too(gone, tomb)
         else:
             before = ns.lookup(parent, parts[-1])
-            await self.tier.reconciler.reconcile(parent, parts[-1], ino, tomb, path)
+            await self.reconciler.reconcile(parent, parts[-1], ino, tomb, path)
             removed = int(before is not None and ns.lookup(parent, parts[-1]) is None)
         self._count("remote_changes_applied", removed)
         return removed
@@ -290,21 +313,21 @@ class Changes:
         """Tombstone semantics over a whole tree: every name older than *tomb* goes (deepest first), a
         directory once nothing newer is left in it; the kernel is told of each.  *gone* gets their paths,
         and whether each was queued for upload (or being sent)."""
-        ino = self.tier.ns.get(ino_id)
-        if ino is None or self.tier.lifetimes.is_written(ino_id):
+        ino = self.ns.get(ino_id)
+        if ino is None or self.lifetimes.is_written(ino_id):
             return 0  # a write in progress wins when it commits
         removed = 0
         if ino.is_dir:
-            for child_name, child in self.tier.ns.children(ino_id):
+            for child_name, child in self.ns.children(ino_id):
                 removed += await self._remove_tree(ino_id, child_name, child, tomb, join_path(path, child_name),
                                                    gone)
             await trio.lowlevel.checkpoint()
-            if self.tier.ns.has_children(ino_id):
+            if self.ns.has_children(ino_id):
                 return removed  # it holds names newer than the deletion: kept
-        elif not tomb.newer_than(self.tier.clock.version_of(ino.ctime_ns), self.tier.origin.get(ino_id, self.tier.node)):
+        elif not tomb.newer_than(self.clock.version_of(ino.ctime_ns), self.origin.get(ino_id, self.node)):
             return removed  # written here after the deletion: ours stands
-        queued = self.tier.queue.holds(ino_id)
-        self.tier.reconciler.replace(parent, name, ino, None)
+        queued = self.outbox.holds(ino_id)
+        self.reconciler.replace(parent, name, ino, None)
         gone.append((path, queued))
         return removed + 1
 
@@ -325,7 +348,7 @@ class Changes:
             return
         try:
             dirs = sorted({p.rpartition("/")[0] for p, _ in gone})
-            listed = await self.tier.thread(self.tier.remote.list_dirs, dirs)
+            listed = await self.thread(self.remote.list_dirs, dirs)
             todo = []
             for path, queued in gone:
                 d, _, name = path.rpartition("/")
@@ -334,13 +357,9 @@ class Changes:
                               and tomb.newer_than(held.version, held.node)):
                     todo.append((path, tomb))
             if todo:
-                await self.tier.thread(self.tier.remote.publish_entries, todo)
+                await self.thread(self.remote.publish_entries, todo)
         except RemoteError:
-            with self.tier.ns.txn():
-                for path, _ in gone:
-                    self.tier.queue.add_tombstone(path, tomb.version)
-                    self.tier.pending_tombstones[path] = tomb.version
-            self.tier._wake.set()
+            self.outbox.owe_tombstones([path for path, _ in gone], tomb.version)
 
     async def resync_all(self) -> None:
         """The feed dropped records this node never read: reconcile every directory it holds with the tier."""
@@ -349,9 +368,9 @@ class Changes:
         stack = [ROOT_INODE]
         while stack:
             d = stack.pop()
-            await self.tier.sync_dir(d, force=True)
-            for _name, child in self.tier.ns.children(d):
-                node = self.tier.ns.get(child)
+            await self.resync(d)
+            for _name, child in self.ns.children(d):
+                node = self.ns.get(child)
                 if node is not None and node.is_dir:
                     stack.append(child)
 

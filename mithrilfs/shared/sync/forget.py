@@ -27,14 +27,17 @@ does not answer: the command says so in one line and can be run again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.stores.base import RemoteStore
+from mithrilfs.shared.stores.clock import TierClock
 from mithrilfs.shared.stores.entries import RemoteEntry, RemoteError
-from mithrilfs.shared.sync.changes import Change, path_parts
-from mithrilfs.shared.tier_state import PurgeTier
-from mithrilfs.store.namespace import ROOT_INODE, join_path, servable
+from mithrilfs.shared.sync.changes import Change, Changes, path_parts
+from mithrilfs.store.namespace import ROOT_INODE, Namespace, join_path, servable
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,25 @@ log = logging.getLogger(__name__)
 PUBLISH_BATCH = 512
 #: Paths one command may name.
 MAX_PATHS = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class PurgeTier:
+    """What a purge works with, built by ``remote_tier``: the index, the store, the change feed, the events and
+    counters, this node's name and the tier's worker threads."""
+
+    ns: Namespace
+    remote: RemoteStore
+    changes: Changes
+    events: EventLog
+    counters: dict[str, int]
+    node: str
+    thread: Callable[..., Awaitable[Any]]
+
+    @property
+    def clock(self) -> TierClock:
+        """The tier's time here (the store's clock): what the purge's version is dated by."""
+        return self.remote.clock
 
 
 def _under(path: str, d: str) -> bool:

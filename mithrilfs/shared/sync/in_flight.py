@@ -5,7 +5,7 @@ next directories of the startup set and the prefetch can all want the same
 blob at once; asked for by each, it would cost the tier (and the bill) as
 many requests.  Whoever fetches a blob first registers it here (``claim``,
 ``register``) until it arrived or did not (``release``); a read of a blob on
-its way waits for that fetch and takes its answer (``RemoteTier.fetch``), a
+its way waits for that fetch and takes its answer (``RemoteFetch.fetch``), a
 prefetch worker waits for it instead of asking again.  A blob a background
 fetch found missing or bad is remembered (``missed``), so the read that
 waited on it answers at once rather than ask the same question again.
@@ -14,22 +14,39 @@ waited on it answers at once rather than ask the same question again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import trio
 
+from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.entries import RemoteError
-from mithrilfs.shared.tier_state import Events, InFlightTier
+from mithrilfs.shared.sync.small import SmallBlobs
+from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.namespace import Inode
 from mithrilfs.store.open import disk_room, is_disk_full
 
 log = logging.getLogger(__name__)
 
+#: Claimed blobs: content -> (set once it arrived or did not, the size it was claimed at).
+Events = dict[bytes, tuple[trio.Event, int]]
+
 
 class InFlight:
     """The tier's blobs on their way (see the module doc)."""
 
-    def __init__(self, tier: InFlightTier) -> None:
-        self.tier = tier
+    def __init__(self, *, blobs: Blobs, remote: RemoteStore, counters: dict[str, int], limiter: trio.CapacityLimiter,
+                 policy: EvictionPolicy, physical: Callable[[], int], small: SmallBlobs) -> None:
+        self.blobs = blobs
+        self.remote = remote
+        self.counters = counters
+        #: The tier's worker threads: a batch's fetch takes one.
+        self.limiter = limiter
+        #: The budget: what is fetched ahead stays within its low watermark.
+        self.policy = policy
+        #: Bytes the store holds now.
+        self.physical = physical
+        self.small = small
         self.fetching: Events = {}
         #: (blob, size) a background fetch found missing or bad: the read that waited on one answers at once
         #: (with the size: a name claiming another size for the same content must not miss a good one).
@@ -49,7 +66,7 @@ class InFlight:
                 if digest not in events:
                     others.append(coming[0])
                 continue
-            if self.tier.blobs.cas.exists(digest):
+            if self.blobs.cas.exists(digest):
                 continue
             events[digest] = self.fetching[digest] = (trio.Event(), node.size)
             mine.append(node)
@@ -74,9 +91,8 @@ class InFlight:
         """Room for *todo* within the budget's low watermark, and on the store's disk after *own* bytes (the
         file a read needs comes first: a read-ahead raced a 9 MiB fetch for the last megabytes)."""
         wanted = sum(n.size for n in todo)
-        prefetcher = self.tier.prefetcher
-        return (wanted <= prefetcher.policy.low_bytes - prefetcher.physical()
-                and wanted + own <= disk_room(self.tier.blobs.cas.objects))
+        return (wanted <= self.policy.low_bytes - self.physical()
+                and wanted + own <= disk_room(self.blobs.cas.objects))
 
     async def bring(self, nodes: list[Inode], counter: str) -> None:
         """Fetch small blobs ahead of their reads (the look-ahead), within the budget and the disk's room."""
@@ -87,17 +103,16 @@ class InFlight:
     async def bring_claimed(self, todo: list[Inode], events: Events, counter: str) -> None:
         """Fetch claimed small blobs in one batch (read-ahead, look-ahead), counted in *counter*.  Never
         raises: an optimisation must not take the mount down."""
-        tier = self.tier
         try:
-            if todo and tier.remote.available():
+            if todo and self.remote.available():
                 # their files are created by the store's writing process, not by a thread here that waits for
                 # the event loop's lock after each system call (``blob_writer``; it stays until the unmount)
-                tier.blobs.writer.start()
+                self.blobs.writer.start()
                 wanted = [(node.hash, node.size) for node in todo]  # now: a failed read drops an inode's content
-                for blob, ok in zip(wanted, await tier.prefetcher.fetch_small(todo, tier.limiter)):
+                for blob, ok in zip(wanted, await self.small.fetch(todo, self.limiter)):
                     if not ok:  # missing, or not its size or hash (counted): the read need not ask again
                         self.missed.add(blob)  # type: ignore[arg-type]
-                tier.counters[counter] = tier.counters.get(counter, 0) + len(todo)
+                self.counters[counter] = self.counters.get(counter, 0) + len(todo)
         except RemoteError as e:
             log.debug("%s failed: %s", counter, e)
         except Exception as e:

@@ -1,13 +1,12 @@
 """The store's own disk failing while content comes in from the shared tier: never the tier's failure.
 
 A blob streamed from the tier is written into the store as it arrives, from
-inside the wire's call; the wires turn any ``OSError`` there into a failure
+inside the store's call; the stores turn any ``OSError`` there into a failure
 of the remote level and back it off.  A full local disk is no failure of the
-bucket (the adversarial run saw a prefetch that filled the disk reported as
-an S3 failure, the S3 level backed off, and every file not fetched yet then
-given EIO and removed).  So the file the wires write into (``StoreFile``)
-raises ``LocalWriteError`` instead, which no wire catches, and the caller
-turns it back into the ``OSError`` it was.
+bucket: taken for one, it would back the level off and fail every file not
+fetched yet.  So the file the stores write into (``StoreFile``) raises
+``LocalWriteError`` instead, which no store catches, and the caller turns it
+back into the ``OSError`` it was.
 
 trio wraps what the tasks of a nursery raise in an ``ExceptionGroup``;
 ``cause`` finds the error inside, so a message names it ("No space left on

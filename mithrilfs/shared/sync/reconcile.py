@@ -1,12 +1,13 @@
 """Reconciliation: a directory's remote names merged into the local namespace, newest (version, node) wins.
 
-Part of ``remote_tier.RemoteTier`` (its ``reconciler``): names the node lacks
-are created (content as a placeholder, fetched at the first read); a name
-both sides have keeps the newer version, a newer local one is sent again, a
-tombstone removes the local name (a directory only once nothing is left in
-it), and two writers' different content for one path is reported as a
-conflict.  Used by the tier's directory syncs, the prefetch, the startup
-set's names, the uploader and the change feed.
+Names the node lacks are created (content as a placeholder, fetched at the
+first read); a name both sides have keeps the newer version, a newer local
+one is sent again (*resend*), a tombstone removes the local name (a
+directory only once nothing is left in it, after a sync of it: *resync*),
+and two writers' different content for one path is reported as a conflict.
+A blob's arrival removes the names that claim another size for it
+(``arrived``).  Used by the tier's directory syncs, the fetches, the
+prefetch, the startup set's names, the uploader and the change feed.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from __future__ import annotations
 import logging
 import stat
 import time
+from collections.abc import Awaitable, Callable, Container
 
-from mithrilfs.cache.lifetime import Removed
+from mithrilfs.cache.lifetime import Lifetimes, Removed
+from mithrilfs.observe.events import EventLog
+from mithrilfs.shared.stores.clock import TierClock
 from mithrilfs.shared.stores.entries import RemoteEntry
-from mithrilfs.shared.tier_state import ReconcileTier
 from mithrilfs.store.cas import EMPTY_DIGEST
-from mithrilfs.store.namespace import ROOT_INODE, Inode, NewName, join_path, outside_mode
+from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Inode, Namespace, NewName, join_path, outside_mode
 
 log = logging.getLogger("mithrilfs.shared.remote_tier")  # the name operators know from the logs
 
@@ -31,8 +34,28 @@ MANY_NAMES = 4
 class Reconciler:
     """The tier's merging of remote names into the local namespace (see the module doc)."""
 
-    def __init__(self, tier: ReconcileTier) -> None:
-        self.tier = tier
+    def __init__(self, *, ns: Namespace, paths: DirPaths, lifetimes: Lifetimes, events: EventLog,
+                 counters: dict[str, int], clock: TierClock, node: str, owner: tuple[int, int] | None,
+                 origin: dict[int, str], pending_tombstones: Container[str], resend: Callable[[int], None],
+                 resync: Callable[[int], Awaitable[None]]) -> None:
+        self.ns = ns
+        self.paths = paths
+        self.lifetimes = lifetimes
+        self.events = events
+        self.counters = counters
+        #: The tier's time here: what versions are compared and dated by.
+        self.clock = clock
+        self.node = node
+        #: Owner of materialized entries (``--remote-owner``); None: the mount root's at the time.
+        self.owner = owner
+        #: Writer of content materialized this mount (conflict detection), by inode: written here.
+        self.origin = origin
+        #: Removed paths whose tombstones are not sent yet (``Outbox``): never materialized meanwhile.
+        self.pending_tombstones = pending_tombstones
+        #: Queue a local version to be sent again (``Outbox.queue_upload``).
+        self.resend = resend
+        #: Merge a directory's remote names now, waited for (the tier's ``sync_dir``, forced).
+        self.resync = resync
 
     def merge(self, d: int, dir_path: str, entries: dict[bytes, RemoteEntry],
               only: set[bytes] | None = None) -> list[tuple[bytes, int, RemoteEntry]]:
@@ -40,12 +63,12 @@ class Reconciler:
 
         Returns (name, local inode, entry) for the names it already has, to reconcile.
         """
-        parent = self.tier.ns.get(d)
+        parent = self.ns.get(d)
         if parent is None or not parent.is_dir:
             return []
         existing = []
         wanted: list[tuple[int, bytes, RemoteEntry]] = []
-        with self.tier.ns.txn():
+        with self.ns.txn():
             listed: dict[int, dict[bytes, int]] = {}
             for name, entry in entries.items():
                 if only is not None and name not in only:
@@ -74,12 +97,12 @@ class Reconciler:
             if d in made:
                 parent = ~made[d]
             else:
-                found = dirs[d] if d in dirs else dirs.setdefault(d, self.tier.paths.dir_at(d))
+                found = dirs[d] if d in dirs else dirs.setdefault(d, self.paths.dir_at(d))
                 if found is None:
                     unresolved.append(path)
                     continue
                 parent = found
-                if parent not in made_here and self.tier.ns.lookup(parent, name) is not None:
+                if parent not in made_here and self.ns.lookup(parent, name) is not None:
                     continue  # a name this node has: its own (what ``merge`` hands back to reconcile)
             if not self._wanted(path, entry):
                 continue
@@ -94,30 +117,30 @@ class Reconciler:
         """The local inode of *name* in *d*, if any; *many*: of many names asked there, so the directory's
         names are read in one query (into *listed*) instead of one lookup each."""
         if not many:
-            return self.tier.ns.lookup(d, name)
+            return self.ns.lookup(d, name)
         if d not in listed:
-            listed[d] = dict(self.tier.ns.children(d))
+            listed[d] = dict(self.ns.children(d))
         return listed[d].get(name)
 
     def _wanted(self, path: str, entry: RemoteEntry) -> bool:
         """Whether a name this node lacks is created: not a tombstone, not one this node deleted and has
         not yet told the tier."""
-        return not entry.is_tombstone and path not in self.tier.pending_tombstones
+        return not entry.is_tombstone and path not in self.pending_tombstones
 
     async def reconcile(self, parent: int, name: bytes, ino_id: int, entry: RemoteEntry, path: str) -> None:
         """One name both sides have: the newer version wins here; ours, if newer, is sent again."""
-        ino = self.tier.ns.get(ino_id)
-        if ino is None or self.tier.lifetimes.is_written(ino_id):
+        ino = self.ns.get(ino_id)
+        if ino is None or self.lifetimes.is_written(ino_id):
             return  # a write in progress wins when it commits
-        if not entry.newer_than(self.tier.clock.version_of(ino.ctime_ns), self.tier.origin.get(ino_id, self.tier.node)):
+        if not entry.newer_than(self.clock.version_of(ino.ctime_ns), self.origin.get(ino_id, self.node)):
             if not ino.is_dir and not self._same(ino, entry):
-                self.tier.behind.queue_upload(ino_id)  # ours is newer: Redis holds an older (or replayed) version
+                self.resend(ino_id)  # ours is newer: the tier holds an older (or replayed) version
             return
         if self._same(ino, entry):
             return
         if entry.is_tombstone and ino.is_dir:
             await self._purge_dir(ino)
-            if self.tier.ns.has_children(ino.id):
+            if self.ns.has_children(ino.id):
                 return  # it holds names nobody deleted: kept
         elif ino.is_dir or entry.type == "d":
             return  # a directory and a file under one name: keep the local one
@@ -126,9 +149,9 @@ class Reconciler:
 
     async def _purge_dir(self, d: Inode) -> None:
         """A directory deleted elsewhere: apply the tombstones of its names (a bounded walk)."""
-        await self.tier.sync_dir(d.id, force=True)
-        for _name, child in self.tier.ns.children(d.id):
-            node = self.tier.ns.get(child)
+        await self.resync(d.id)
+        for _name, child in self.ns.children(d.id):
+            node = self.ns.get(child)
             if node is not None and node.is_dir:
                 await self._purge_dir(node)
 
@@ -143,35 +166,35 @@ class Reconciler:
 
     def _note_conflict(self, path: str, ino: Inode, theirs: RemoteEntry) -> None:
         """A newer version from another writer replaces different local content."""
-        ours = self.tier.origin.get(ino.id, self.tier.node)
+        ours = self.origin.get(ino.id, self.node)
         if theirs.type == "f" and ino.is_reg and ours != theirs.node:
-            mine = RemoteEntry("f", self.tier.clock.version_of(ino.ctime_ns), ours, (ino.hash or EMPTY_DIGEST).hex(), ino.size)
+            mine = RemoteEntry("f", self.clock.version_of(ino.ctime_ns), ours, (ino.hash or EMPTY_DIGEST).hex(), ino.size)
             self.conflict(path, mine, theirs, kept=theirs.node)
 
     def conflict(self, path: str, a: RemoteEntry, b: RemoteEntry, *, kept: str) -> None:
         """Two writers gave one path different content: a non-deterministic build or a cache-key collision."""
-        self.tier.counters["remote_conflicts"] += 1
+        self.counters["remote_conflicts"] += 1
         log.warning("conflict at %s: %s wrote %s, %s wrote %s; keeping the newer (%s's)",
                     path, a.node, (a.hash or "")[:16], b.node, (b.hash or "")[:16], kept)
-        self.tier.events.emit("conflict", path=path, **{a.node: a.hash, b.node: b.hash}, kept=kept)
+        self.events.emit("conflict", path=path, **{a.node: a.hash, b.node: b.hash}, kept=kept)
 
     def replace(self, parent: int, name: bytes, old: Inode, entry: RemoteEntry | None) -> None:
         """Point a local name at a newer remote version (or remove it, for a tombstone)."""
-        parent_ino = self.tier.ns.get(parent)
+        parent_ino = self.ns.get(parent)
         if parent_ino is None:
             return
-        with self.tier.ns.txn():
-            self.tier.lifetimes.drop_name(parent_ino, name, old)
+        with self.ns.txn():
+            self.lifetimes.drop_name(parent_ino, name, old)
             if entry is not None:
                 self._create(parent_ino, name, entry)
-        self.tier.counters["remote_adopted"] += 1
+        self.counters["remote_adopted"] += 1
         try:
-            self.tier.lifetimes.delete_if_unused(old.id)
+            self.lifetimes.delete_if_unused(old.id)
         except OSError as e:
             log.warning("cannot delete inode %d yet: %s", old.id, e)
-            self.tier.lifetimes.doomed.add(old.id)
+            self.lifetimes.doomed.add(old.id)
         removed: list[Removed] = [(parent, name, old.id)]
-        self.tier.lifetimes.tell_kernel(removed)
+        self.lifetimes.tell_kernel(removed)
 
     def create(self, wanted: list[tuple[int, bytes, RemoteEntry]]) -> list[Inode | None]:
         """Local inodes and names for remote entries (parent, name, entry), all at once
@@ -182,7 +205,7 @@ class Reconciler:
             return []
         uid, gid = self._owner()
         digests = {e.hash: bytes.fromhex(e.hash) for _, _, e in wanted if e.type == "f"}  # type: ignore[arg-type]
-        known = self.tier.ns.sizes_known(list(digests.values()))
+        known = self.ns.sizes_known(list(digests.values()))
         new: list[NewName] = []
         at: list[int | None] = []  # each wanted's place in new
         now = time.time_ns()
@@ -197,33 +220,56 @@ class Reconciler:
                     at.append(None)
                     continue
                 new.append(NewName(parent, name, stat.S_IFREG | outside_mode(stat.S_IFREG, e.mode), uid, gid, digest,
-                                   e.size, mtime_ns, self.tier.clock.local_ns(e.version)))
+                                   e.size, mtime_ns, self.clock.local_ns(e.version)))
             elif e.type == "d":
                 new.append(NewName(parent, name, stat.S_IFDIR | outside_mode(stat.S_IFDIR, e.mode), uid, gid, None,
-                                   0, mtime_ns, self.tier.clock.local_ns(e.version)))
+                                   0, mtime_ns, self.clock.local_ns(e.version)))
             else:
                 target = (e.target or "").encode(errors="surrogateescape")
                 new.append(NewName(parent, name, stat.S_IFLNK | 0o777, uid, gid, None, len(target), mtime_ns,
-                                   self.tier.clock.local_ns(e.version), target))
+                                   self.clock.local_ns(e.version), target))
             at.append(len(new) - 1)
-        nodes = self.tier.ns.create_names(new)
+        nodes = self.ns.create_names(new)
         for node, (_, _, e) in zip(nodes, (w for w, i in zip(wanted, at) if i is not None)):
-            self.tier.origin[node.id] = e.node
+            self.origin[node.id] = e.node
         return [None if i is None else nodes[i] for i in at]
 
     def _owner(self) -> tuple[int, int]:
         """Who owns what the tier creates: the mount's owner (``--owner``), else the root's."""
-        if self.tier.owner is not None:
-            return self.tier.owner
-        root = self.tier.ns.get(ROOT_INODE)
+        if self.owner is not None:
+            return self.owner
+        root = self.ns.get(ROOT_INODE)
         assert root is not None
         return root.uid, root.gid
 
     def _reject(self, name: bytes, size: int, known: int) -> None:
         # this node holds that content: its size is a fact, and the entry says another
-        self.tier.counters["remote_rejected"] += 1
+        self.counters["remote_rejected"] += 1
         log.warning("remote entry %r ignored: size %d, but its content is %d bytes", name, size, known)
 
     def _create(self, parent: Inode, name: bytes, e: RemoteEntry) -> None:
         """A local inode and name for a remote entry (``create``, inside a transaction)."""
         self.create([(parent.id, name, e)])
+
+    def arrived(self, blobs: list[tuple[bytes, int]]) -> None:
+        """Contents (digest, size) now in the store: names that claim another size for one go.
+
+        An entry's size is the tier's word and the hash is the content's
+        name, so an entry naming that content with another size lies (hostile
+        or broken).  ``create`` refuses such entries when the content is
+        here first; this catches those that came first, before a read can
+        serve them the content cut or padded.  A file being written is left
+        alone (its size is its writer's).  One query for a batch (a prefetch's).
+        """
+        sizes = dict(blobs)
+        liars: dict[bytes, list[Inode]] = {}
+        for ino_id, digest, size in self.ns.inodes_with_hashes(sizes):
+            if size != sizes[digest] and not self.lifetimes.is_written(ino_id):
+                node = self.ns.get(ino_id)
+                if node is not None and node.is_reg and node.size != sizes[digest]:
+                    liars.setdefault(digest, []).append(node)
+        for digest, nodes in liars.items():
+            self.counters["remote_rejected"] += len(nodes)
+            log.warning("%d name(s) claim %d bytes for blob %s of %d: removed", len(nodes), nodes[0].size,
+                        digest.hex(), sizes[digest])
+            self.lifetimes.forget_content(digest, nodes)

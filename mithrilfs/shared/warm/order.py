@@ -1,21 +1,20 @@
 """A startup set put to use: its names materialized without manifests, its blobs wanted in its order,
 and the look-ahead that keeps a lazy load a few directories ahead of its workload.
 
-Measured on the landed main (issue 33, 20 ms a request, 1,500 Triton
-kernels): a lazy node paid two round trips per kernel, one after the
-other (the directory's manifest, then its blobs), 104 s where node A took
-7 s; and a prefetch listed all 1,502 directories before its first blob.
-The set now carries each name's entry (``startup_sets``), so loading it is
-a handful of requests (``RemoteStore.startup_records``) after which every
-name it holds is created locally: a lookup of one of them finds it and
-asks nothing.  Its directories, in the order the workload first read from
-them, are what the look-ahead walks: when a read reaches a directory of the
-order, the blobs of the next directories are fetched in the background,
-``LOOK_AHEAD_BATCH`` directories a batch whenever fewer than
-``LOOK_AHEAD_DIRS`` ahead are asked for, so the kernel the workload loads
-next is usually here when it asks.
+A set carries each name's entry (``stores.records``), so loading it is a
+handful of requests (``RemoteStore.startup_records``) after which every
+name it holds is created locally: a lookup of one of them finds it and asks
+nothing, where a lazy node would pay two round trips per directory, one
+after the other (its manifest, then its blobs).  Its directories, in the
+order the workload first read from them, are what the look-ahead walks:
+when a read reaches a directory of the order, the blobs of the next
+directories are fetched in the background, ``LOOK_AHEAD_BATCH`` directories
+a batch whenever fewer than ``LOOK_AHEAD_DIRS`` ahead are asked for, so the
+kernel the workload loads next is usually here when it asks (figures: see
+docs/benchmarks.md, "H, a new node across a 20 ms bucket" and "H6, the
+look-ahead in batches of 32").
 
-One per mount for the mount's own set (``RemoteTier.order``), loaded once,
+One per mount for the mount's own set (the tier's ``order``), loaded once,
 by the prefetch at mount or by the first read that needs the tier; the
 ``prefetch`` command of another set loads its own (no look-ahead).
 """
@@ -24,14 +23,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import trio
 
+from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.stores.records import merged
-from mithrilfs.shared.tier_state import OrderTier
-from mithrilfs.store.namespace import Inode
+from mithrilfs.store.namespace import DirPaths, Inode, Namespace
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,7 @@ log = logging.getLogger(__name__)
 LOOK_AHEAD_DIRS = 32
 #: ... asking for them this many at a time, in one batch (their manifests where their places are not
 #: known, then their blobs: two waves of parallel requests for the lot, not two round trips per directory
-#: through the tier's four threads; measured at 20 ms on 1,500 kernels, one directory a batch: 40 s; 16
-#: directories a batch, two in flight: 302-312 range GETs, a read catching up with a batch still waiting
-#: its turn reading its own directory ahead; 32, three in flight: 188-189).
+#: through the tier's four threads; see docs/benchmarks.md, "H6, the look-ahead in batches of 32").
 LOOK_AHEAD_BATCH = 32
 #: Batches in flight at once.
 LOOK_AHEAD_BATCHES = 3
@@ -49,12 +47,10 @@ LOOK_AHEAD_BATCHES = 3
 #: transaction: at most this many, ...
 MATERIALIZE_BATCH = 500
 #: ... and for at most about this long: a background prefetch materializes a set while the workload's
-#: first requests wait for the loop (measured on 1,500 kernels, 13,501 names at 20 ms: steps of 15-43 ms
-#: with 500 names a step, the first kernel's 8 files read 0.48-1.00 s after the mount returned; sliced,
-#: 0.21-0.48 s; the whole load's time did not move).
+#: first requests wait for the loop (see docs/benchmarks.md, "H9, where B default's last half second goes").
 MATERIALIZE_SLICE_SECONDS = 0.002
 #: Names created in one batch of statements (``Reconciler.merge_paths``): a kernel directory and its files
-#: in about five statements for a few directories, where one directory at a time cost about twelve.
+#: in a few statements for several directories, not a dozen for each.
 MATERIALIZE_STEP = 64
 #: Directories (ancestors included) a prefetch lists for the paths a set could not place (``unresolved``: a
 #: torn set, names older than the purges read), a request each in a bucket; the paths past it are left to
@@ -62,11 +58,33 @@ MATERIALIZE_STEP = 64
 UNRESOLVED_DIRS = 4096
 
 
+class Purges(Protocol):
+    """The deletions this mount knows of (``sync.changes.Changes``), as a set's loader checks them."""
+
+    def learn_kept(self, records: list[bytes]) -> None: ...
+
+    def deleted_since(self, path: str, entry: RemoteEntry) -> bool: ...
+
+
 class StartupOrder:
     """Startup set *name* as this mount knows it; *look_ahead*: reads reaching it fetch ahead."""
 
-    def __init__(self, tier: OrderTier, name: str, *, look_ahead: bool = False) -> None:
-        self.tier = tier
+    def __init__(self, name: str, *, ns: Namespace, paths: DirPaths, remote: RemoteStore, counters: dict[str, int],
+                 thread: Callable[..., Awaitable[Any]], purges: Purges,
+                 merge_paths: Callable[[list[tuple[str, RemoteEntry]], set[int]], list[str]],
+                 bring: Callable[[list[Inode], str], Awaitable[None]], look_ahead: bool = False) -> None:
+        self.ns = ns
+        self.paths = paths
+        self.remote = remote
+        self.counters = counters
+        #: The tier's worker threads, for the set's requests.
+        self.thread = thread
+        #: What the set's names are checked against.
+        self.purges = purges
+        #: Materializes a batch of the set's names (``Reconciler.merge_paths``).
+        self.merge_paths = merge_paths
+        #: Fetches small blobs ahead of their reads (``InFlight.bring``): the look-ahead's.
+        self.bring = bring
         self.name = name
         self.look_ahead = look_ahead
         #: (path, entry) in the set's order; None until loaded.
@@ -105,9 +123,9 @@ class StartupOrder:
             return
         self._attempt = trio.Event()
         try:
-            records = await self.tier.thread(self.tier.remote.startup_records, self.name)
-            kept, floor = await self.tier.thread(self.tier.remote.kept_purges)
-            self.tier.changes.learn_kept(kept)
+            records = await self.thread(self.remote.startup_records, self.name)
+            kept, floor = await self.thread(self.remote.kept_purges)
+            self.purges.learn_kept(kept)
             self.items = self._checked(merged(records), floor)
             await self._materialize(self.items, materialized)
             self.unresolved = self._to_list(self.unresolved)
@@ -119,7 +137,7 @@ class StartupOrder:
                         self.dirs.append(d)
                         self._files[d] = []
                     self._files[d].append(name.encode(errors="surrogateescape"))
-            self.tier.counters["startup_set_paths"] = len(self.items)
+            self.counters["startup_set_paths"] = len(self.items)
             self._loaded.set()
             log.info("startup set %s: %d names, %d directories of files", self.name, len(self.items), len(self.dirs))
         finally:
@@ -132,7 +150,7 @@ class StartupOrder:
         may be covered by one left unread: not taken from the set, its directory is listed instead."""
         out = []
         for path, entry in items:
-            if self.tier.changes.deleted_since(path, entry):
+            if self.purges.deleted_since(path, entry):
                 continue
             if entry.version < floor:
                 self.unresolved.append(path)
@@ -155,7 +173,7 @@ class StartupOrder:
 
     async def _materialize(self, items: list[tuple[str, RemoteEntry]],
                            materialized: Callable[[list[Inode]], None] | None) -> None:
-        """Create the set's names this node lacks (``RemoteTier.merge_paths``: never over a local name,
+        """Create the set's names this node lacks (``Reconciler.merge_paths``: never over a local name,
         never a pending tombstone), each directory before what it holds, ``MATERIALIZE_STEP`` names a
         batch of statements, in transactions of at most ``MATERIALIZE_BATCH`` names and about
         ``MATERIALIZE_SLICE_SECONDS`` each; what has no directory here goes to ``unresolved``."""
@@ -165,11 +183,11 @@ class StartupOrder:
                 await trio.lowlevel.checkpoint()
             end, until = start, time.perf_counter() + MATERIALIZE_SLICE_SECONDS
             made_here: set[int] = set()  # one transaction's: between two, the workload may name into them
-            with self.tier.ns.txn():  # one per slice: a commit per directory was most of the time
+            with self.ns.txn():  # one per slice: a commit per directory was most of the time
                 while end < len(items) and end - start < MATERIALIZE_BATCH and (
                         end == start or time.perf_counter() < until):
                     step = items[end:min(end + MATERIALIZE_STEP, start + MATERIALIZE_BATCH)]
-                    self.unresolved += self.tier.merge_paths(step, made_here)
+                    self.unresolved += self.merge_paths(step, made_here)
                     end += len(step)
             if materialized is not None:
                 materialized(self._batch_files(items[start:end]))
@@ -183,7 +201,7 @@ class StartupOrder:
         for path, entry in batch:
             if entry.type == "f":
                 d, _, name = path.rpartition("/")
-                ino = dirs[d] if d in dirs else dirs.setdefault(d, self.tier.paths.dir_at(d))
+                ino = dirs[d] if d in dirs else dirs.setdefault(d, self.paths.dir_at(d))
                 node = self._file(ino, name.encode(errors="surrogateescape")) if ino is not None else None
                 if node is not None:
                     out.append(node)
@@ -191,7 +209,7 @@ class StartupOrder:
 
     def _file(self, dir_ino: int, name: bytes) -> Inode | None:
         """The regular file with content named *name* in directory *dir_ino*, if this node has one."""
-        node = self.tier.ns.lookup_inode(dir_ino, name)
+        node = self.ns.lookup_inode(dir_ino, name)
         return node if node is not None and node.is_reg and node.hash is not None else None
 
     def files(self) -> list[Inode]:
@@ -202,7 +220,7 @@ class StartupOrder:
         return out
 
     def _files_of(self, d: str) -> list[Inode]:
-        ino = self.tier.paths.dir_at(d)
+        ino = self.paths.dir_at(d)
         if ino is None:
             return []
         return [node for name in self._files[d] if (node := self._file(ino, name)) is not None]
@@ -217,7 +235,7 @@ class StartupOrder:
             if self._attempt is None:
                 nursery.start_soon(self._load_quietly)
             return
-        path = self.tier.paths.of_dir(dir_ino)
+        path = self.paths.of_dir(dir_ino)
         at = self._index.get(path) if path is not None else None
         if at is None:
             return
@@ -240,8 +258,8 @@ class StartupOrder:
         """The small blobs of *dirs* in one batch: ``Prefetcher.fetch_small`` reads the manifests of those
         whose places are not known in one wave of parallel GETs, then the blobs in another."""
         async with self._in_flight:
-            if not self.tier.remote.available():
+            if not self.remote.available():
                 return
-            small = self.tier.remote.small_blob_bytes
+            small = self.remote.small_blob_bytes
             nodes = [n for d in dirs for n in self._files_of(d) if n.size <= small]
-            await self.tier.in_flight.bring(nodes, "remote_look_ahead")
+            await self.bring(nodes, "remote_look_ahead")

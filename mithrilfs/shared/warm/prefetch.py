@@ -4,15 +4,15 @@ A cold node that lets the framework pull its cache file by file pays one
 round trip per directory and per file, one after another as the framework
 asks.  ``Prefetcher`` instead takes a whole *startup set* (what workloads
 read in their first minutes, in order, with each name's entry:
-``startup_sets``) or the whole namespace.  A set's names are created from
-the set itself (``startup_order``; only what it cannot place is listed), the
+``stores.records``) or the whole namespace.  A set's names are created from
+the set itself (``warm.order``; only what it cannot place is listed), the
 whole namespace's by listing every directory in pipelined batches.  The
 blobs come with several workers, each asking for many small blobs in one
 pipeline (or a pack's range), a set's in the order its workload read them,
 from the first batch of names on (``Todo``: a set's thousands of names are
 created a batch at a time while the first blobs arrive).
 A blob a read (or a read-ahead) is already bringing is not asked for again,
-and a read of a blob a worker is bringing waits for it (``shared.in_flight``).
+and a read of a blob a worker is bringing waits for it (``sync.in_flight``).
 By default a mount runs it in the background as soon as it serves; ``mount
 --prefetch`` waits for it.  Every blob is verified
 (size and blake3) before it enters the store; a missing or corrupt one is a
@@ -30,23 +30,25 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import trio
 
 from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.writepath import crash_point
-from mithrilfs.shared.stores.entries import BlobBytes, RemoteError
+from mithrilfs.shared.stores.base import RemoteStore
+from mithrilfs.shared.stores.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.sync.local_disk import cause, disk_full_message
-from mithrilfs.shared.tier_state import PrefetchTier
-from mithrilfs.store.namespace import Inode
+from mithrilfs.shared.warm.order import StartupOrder
+from mithrilfs.store.blobs import Blobs
+from mithrilfs.store.namespace import DirPaths, Inode, Namespace
 from mithrilfs.store.open import is_disk_full
 
 log = logging.getLogger(__name__)
 
 #: Parallel fetch workers (threads blocked on the tier, hashing, writing staging files).  Each batch is
-#: one pipeline from Redis, or GETs over the bucket's pool of ``s3_conn.PARALLEL`` connections, which
+#: one pipeline from Redis, or GETs over the bucket's pool of ``stores.s3.conn.PARALLEL`` connections, which
 #: bounds the requests a prefetch has in flight; the mount's own reads use other threads.
 WORKERS = 4
 #: Blobs and bytes per batch of small blobs: a read waiting for one waits for its batch.
@@ -56,30 +58,63 @@ BATCH_BYTES = 8 << 20
 #: queue behind the batches in the bucket's pool, so they are kept short.
 BACKGROUND_BATCH_BLOBS = 16
 #: A store that packs blobs (a bucket: one range GET per pack a batch touches, not one per blob) has its
-#: batches cut by bytes and at the parts of its packs instead (``Placement.container_of``): a batch of
-#: this many bytes or more ends where the next blob is in another part.  Measured at 20 ms on 1,500
-#: kernels (386 MiB in 275 packs), batches of 64 (16) blobs: 427 (894) range GETs for the prefetch (the
-#: background one); cut at packs, 91; at their 8 MiB parts, 51.
+#: batches cut by bytes and at the parts of its packs instead (``RemoteStore.container_of``): a batch of
+#: this many bytes or more ends where the next blob is in another part (see docs/benchmarks.md, "H, a new
+#: node across a 20 ms bucket": prefetch batches at pack boundaries).
 PACKED_BATCH_MIN_BYTES = 4 << 20
 #: Ended prefetches whose final states the next ones keep (``earlier``): a command following one finds its
 #: result after another began.
 KEPT_ENDED = 4
 
 
+class BlobsOnTheWay(Protocol):
+    """``sync.in_flight.InFlight`` as the prefetch sees it: what a read is bringing is not asked again."""
+
+    missed: set[tuple[bytes, int]]
+
+    def claim(self, nodes: list[Inode]) -> tuple[list[Inode], dict[bytes, tuple[trio.Event, int]],
+                                                 list[trio.Event]]: ...
+
+    def release(self, events: dict[bytes, tuple[trio.Event, int]]) -> None: ...
+
+
+class SmallFetch(Protocol):
+    """``sync.small.SmallBlobs`` as the prefetch sees it: a batch of small blobs, which arrived."""
+
+    async def fetch(self, batch: list[Inode], limiter: trio.CapacityLimiter) -> list[bool]: ...
+
+
 class Prefetcher:
-    def __init__(self, shared: PrefetchTier, policy: EvictionPolicy, physical: Callable[[], int]) -> None:
-        self.shared = shared
-        self.ns = shared.ns
-        self.blobs = shared.blobs
-        self.remote = shared.remote
+    """The mount's prefetches, one at a time (see the module doc); ``state`` is the last one's."""
+
+    def __init__(self, *, ns: Namespace, paths: DirPaths, blobs: Blobs, remote: RemoteStore, counters: dict[str, int],
+                 policy: EvictionPolicy, physical: Callable[[], int], in_flight: BlobsOnTheWay, small: SmallFetch,
+                 fetch_blob: Callable[[Inode, int], Awaitable[bool]], order_of: Callable[[str], StartupOrder],
+                 merge: Callable[[int, str, dict[bytes, RemoteEntry], set[bytes] | None], object],
+                 mark_synced: Callable[[int], None], thread: Callable[..., Awaitable[Any]]) -> None:
+        self.ns = ns
+        self.paths = paths
+        self.blobs = blobs
+        self.remote = remote
+        self.counters = counters
         self.policy = policy
         #: Bytes the store holds now (``Operations.physical``).
         self.physical = physical
+        self.in_flight = in_flight
+        self.small = small
+        #: Brings one (large) blob, streamed (``RemoteFetch.fetch_blob``).
+        self.fetch_blob = fetch_blob
+        #: A startup set as this mount knows it (the tier's ``order_of``).
+        self.order_of = order_of
+        #: Materializes a directory's listed names (``Reconciler.merge``).
+        self.merge = merge
+        #: Tells the tier's directory syncs a directory was just merged.
+        self.mark_synced = mark_synced
+        #: The tier's worker threads, for the listings.
+        self.thread = thread
         self.state: dict[str, Any] = {"state": "idle"}
         #: Prefetches begun by this daemon: each state's ``run``.
         self.runs = 0
-        #: One thread writes the blobs' files, a batch at a time (``_write``).
-        self._writer = trio.CapacityLimiter(1)
 
     @property
     def running(self) -> bool:
@@ -134,8 +169,7 @@ class Prefetcher:
     # -- names -----------------------------------------------------------
     async def _prefetch(self, set_name: str | None, batch_blobs: int) -> None:
         """Name what is wanted and fetch it, at once: the workers fetch the first batches while the rest
-        of a set's names are created (measured on 600 kernels: naming 4,800 files took 0.6 s of a 1.9 s
-        prefetch, before any fetch began)."""
+        of a set's names are created, rather than wait for all of them."""
         send, receive = trio.open_memory_channel[list[Inode]](math.inf)
         todo = Todo(self, send, batch_blobs, in_order=set_name is not None)
         limiter = trio.CapacityLimiter(WORKERS)
@@ -151,9 +185,9 @@ class Prefetcher:
         """Materialize the names wanted; *wanted* is told the inodes whose content is not here yet (a set's
         in its order, a batch of names at a time)."""
         if set_name is None:
-            wanted(await self._listed(await self.shared.thread(self.remote.all_dirs), None))
+            wanted(await self._listed(await self.thread(self.remote.all_dirs), None))
             return
-        order = self.shared.order_of(set_name)
+        order = self.order_of(set_name)
         told = False
 
         def materialized(files: list[Inode]) -> None:
@@ -183,15 +217,15 @@ class Prefetcher:
                     parent = "/".join(parts[:i])
                     dirs.add(parent)
                     only.setdefault(parent, set()).add(parts[i].encode(errors="surrogateescape"))
-        listing = await self.shared.thread(self.remote.list_dirs, sorted(dirs))
+        listing = await self.thread(self.remote.list_dirs, sorted(dirs))
         wanted: list[Inode] = []
         # parents before children: a directory's own name is materialized by its parent's pass
         for d in sorted(listing, key=lambda x: (x.count("/") if x else -1, x)):
-            ino = self.shared.paths.dir_at(d)
+            ino = self.paths.dir_at(d)
             if ino is None:
                 continue
-            self.shared.merge(ino, d, listing[d], None if only is None else only.get(d, set()))
-            self.shared.mark_synced(ino)
+            self.merge(ino, d, listing[d], None if only is None else only.get(d, set()))
+            self.mark_synced(ino)
             for name, entry in listing[d].items():
                 if entry.type != "f" or (only is not None and name not in only.get(d, set())):
                     continue
@@ -208,13 +242,13 @@ class Prefetcher:
     async def _worker(self, receive: trio.MemoryReceiveChannel, limiter: trio.CapacityLimiter) -> None:
         async with receive:
             async for batch in receive:
-                mine, events, others = self.shared.in_flight.claim(batch)  # what a read is bringing is not asked again
+                mine, events, others = self.in_flight.claim(batch)  # what a read is bringing is not asked again
                 try:
                     await self._fetch_batch_of(mine, limiter)
                 finally:
-                    self.shared.in_flight.release(events)
+                    self.in_flight.release(events)
                 for event in others:  # brought by a read or a read-ahead: counted once it is here
-                    self.shared.counters["remote_fetch_joined"] = self.shared.counters.get("remote_fetch_joined", 0) + 1
+                    self.counters["remote_fetch_joined"] = self.counters.get("remote_fetch_joined", 0) + 1
                     await event.wait()
                 fetched = {id(node) for node in mine}  # by identity: a batch holds hundreds (packs)
                 for node in batch:
@@ -225,12 +259,12 @@ class Prefetcher:
         if not batch:
             return
         if len(batch) == 1 and batch[0].size > self.remote.small_blob_bytes:
-            ok = await self.shared.fetch_blob(batch[0], self.policy.max_bytes)
+            ok = await self.fetch_blob(batch[0], self.policy.max_bytes)
             self._count(batch[0], ok)
             return
         digests = [node.hash for node in batch]  # now: a read that fails meanwhile drops an inode's content
         try:
-            arrived = await self.fetch_small(batch, limiter)
+            arrived = await self.small.fetch(batch, limiter)
         except OSError as e:
             if is_disk_full(e):  # the batch stopped part way: what it wrote is fetched
                 for node, digest in zip(batch, digests):
@@ -240,66 +274,7 @@ class Prefetcher:
         for node, digest, ok in zip(batch, digests, arrived):
             self._count(node, ok)
             if not ok:  # missing or bad (counted): a read that waited for it answers at once
-                self.shared.in_flight.missed.add(digest)  # type: ignore[arg-type]
-
-    async def fetch_small(self, batch: list[Inode], limiter: trio.CapacityLimiter) -> list[bool]:
-        """One batch of small blobs: fetched in a thread, verified, recorded, written; which arrived.
-
-        The blobs are taken (hash, size) from the inodes now, on the event loop: an inode is the index's
-        live object, and a read that fails meanwhile drops its content (its hash becomes None).
-        """
-        blobs = [(node.hash, node.size) for node in batch if node.hash is not None]
-        if len(blobs) < len(batch):  # content dropped since it was claimed: fetched at its next read
-            return [False] * len(batch)
-        unplaced = self._directories_to_relearn(batch)
-        if unplaced:  # named without where their blobs are (a set recorded by a node that never fetched them)
-            await trio.to_thread.run_sync(self.remote.list_dirs, unplaced, limiter=limiter)
-        fetched = await trio.to_thread.run_sync(self._fetch_batch, blobs, limiter=limiter)
-        good = [(digest, size, data) for (digest, size), data in zip(blobs, fetched) if data is not None]
-        self.blobs.intend([(digest, size) for digest, size, _ in good])
-        new: list[bool] = []
-        try:
-            await trio.to_thread.run_sync(self._write, good, new, limiter=self._writer)
-        finally:  # a full disk stops the batch: what was written counts, the rest is fetched when read
-            for (digest, size, _), is_new in zip(good, new):
-                self.blobs.written(digest, size, is_new)
-            self.shared.arrived([(digest, size) for digest, size, _ in good[:len(new)]])
-            if len(new) < len(good):
-                self.blobs.never_came([digest for digest, _, _ in good[len(new):]])
-        return [data is not None for data in fetched]
-
-    def _directories_to_relearn(self, batch: list[Inode]) -> list[str]:
-        """The directories of the blobs the store cannot find by their hash alone: a bucket's packs are found
-        from the entries (``s3_packs``), so their manifests are read first (one request each, the batch's
-        files sharing a few directories).  Stores that find blobs by hash: none."""
-        dirs: set[str] = set()
-        for node in batch:
-            if node.hash is not None and not self.remote.placement.knows_where(node.hash.hex()):
-                names = self.ns.names_of(node.id)
-                d = self.shared.paths.of_dir(names[0][0]) if names else None
-                if d is not None:
-                    dirs.add(d)
-        return sorted(dirs)
-
-    def _fetch_batch(self, blobs: list[tuple[bytes, int]]) -> list[BlobBytes | None]:
-        """In a worker thread: one pipelined GET (or a pack's ranges) for the batch, each blob verified (size
-        and blake3) by the store that read it (``RemoteStore.fetch_small_blobs``)."""
-        return self.remote.fetch_small_blobs([(digest.hex(), size) for digest, size in blobs])
-
-    def _write(self, good: list[tuple[bytes, int, BlobBytes]], new: list[bool]) -> None:
-        """The verified blobs become files (their rows were recorded first); *new* gets, in order, whether
-        each was new, up to the one whose write failed (a full disk).
-
-        In one thread, one batch at a time, handed to the store's writing
-        process while a prefetch runs (``blob_writer``: from a thread of
-        this process, each blob's system calls waited for the event loop's
-        lock, 300-450 us a blob where they cost 70): measured here, creating
-        the files from several threads at once was slower (they contend for
-        the same directories); on the event loop it was most of the loop's
-        time (a prefetch from a bucket at 34 MB/s: 2.3 s of 6.3 s creating
-        4,800 files, the loop busy 89% of the time).
-        """
-        self.blobs.writer.write([(digest, data) for digest, _, data in good], new)
+                self.in_flight.missed.add(digest)  # type: ignore[arg-type]
 
     def _count(self, node: Inode, ok: bool) -> None:
         if ok:

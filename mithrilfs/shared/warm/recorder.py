@@ -1,13 +1,12 @@
 """This mount's record of its startup set: its workload's first reads, in order, written rarely.
 
-Measured on the landed main (issue 33): sending the first reads with every
-uploader batch made node A's one load write about 1,500 objects to the
-bucket, a lazy node about 3,000 more, and the next reader spent 12-15 s
-merging them at 20 ms a request.  Here the first reads are buffered, and
-the mount writes its own record (``startup_sets``: one object or key per
-mount, written over) at most once every ``WRITE_SECONDS`` while it records,
-and once at its unmount: a handful of writes per mount, whatever its
-workload reads, and nothing for a reader to merge or compact.
+The first reads are buffered, and the mount writes its own record
+(``stores.records``: one object or key per mount, written over) at most once
+every ``WRITE_SECONDS`` while it records, and once at its unmount: a handful
+of writes per mount, whatever its workload reads, and nothing for a reader
+to merge or compact (a write per uploader batch would be thousands of
+objects for one load, each merged by every reader: see docs/benchmarks.md,
+"H, a new node across a 20 ms bucket").
 
 Each path goes with its entry as the tier holds it (the origin node and
 version the name was materialized with, or this node's for its own
@@ -21,13 +20,15 @@ from __future__ import annotations
 import logging
 import stat
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
+from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.stores.records import MAX_RECORD_PATHS, new_record_id
-from mithrilfs.shared.tier_state import RecorderTier
-from mithrilfs.store.namespace import ROOT_INODE, join_path
+from mithrilfs.store.namespace import ROOT_INODE, DirPaths, Namespace, join_path
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,21 @@ UNMOUNT_WAIT = 5.0
 class StartupRecorder:
     """Records first reads into set *name* (see the module doc); ``due``/``write`` are the uploader's."""
 
-    def __init__(self, tier: RecorderTier, name: str) -> None:
-        self.tier = tier
+    def __init__(self, name: str, *, ns: Namespace, paths: DirPaths, remote: RemoteStore, counters: dict[str, int],
+                 node: str, origin: dict[int, str], thread: Callable[..., Awaitable[Any]]) -> None:
+        self.ns = ns
+        self.paths = paths
+        self.remote = remote
+        #: The tier's time here: what the record and its entries are dated by.
+        self.clock = remote.clock
+        self.counters = counters
+        self.node = node
+        #: Writer of content materialized this mount, by inode (``Reconciler.origin``).
+        self.origin = origin
+        #: The tier's worker threads, for the record's write.
+        self.thread = thread
         self.name = name
-        #: This mount's record: sorts newest first among the set's (``startup_sets.new_record_id``), dated by
+        #: This mount's record: sorts newest first among the set's (``stores.records.new_record_id``), dated by
         #: the tier's clock when first written (measured by then: the uploader's first look at the epoch),
         #: back to the mount's start.
         self.record_id = ""
@@ -75,17 +87,17 @@ class StartupRecorder:
             return
         items = self.items()
         if not self.record_id:
-            started_us = self.tier.clock.now_us() - round((time.monotonic() - self._started) * 1e6)
+            started_us = self.clock.now_us() - round((time.monotonic() - self._started) * 1e6)
             self.record_id = new_record_id(started_us * 1000)
         self._dirty = False
         self._written_at = time.monotonic()
         try:
-            await self.tier.thread(lambda: self.tier.remote.write_startup_record(
+            await self.thread(lambda: self.remote.write_startup_record(
                 self.name, self.record_id, items, last=last))
         except BaseException:
             self._dirty = True
             raise
-        counters = self.tier.counters
+        counters = self.counters
         counters["startup_set_writes"] = counters.get("startup_set_writes", 0) + 1
 
     async def unmounting(self) -> None:
@@ -98,7 +110,7 @@ class StartupRecorder:
 
     def items(self) -> list[tuple[str, RemoteEntry]]:
         """(path, entry) of the files read, in order, each published directory once, before what it holds."""
-        ns = self.tier.ns
+        ns = self.ns
         out: list[tuple[str, RemoteEntry]] = []
         dirs_done: set[int] = {ROOT_INODE}
         for ino in self._order:
@@ -113,7 +125,7 @@ class StartupRecorder:
             if dir_path is None:
                 continue
             out.append((join_path(dir_path, name), RemoteEntry(
-                "f", self.tier.clock.version_of(node.ctime_ns), self.tier.origin.get(ino, self.tier.node), node.hash.hex(), node.size,
+                "f", self.clock.version_of(node.ctime_ns), self.origin.get(ino, self.node), node.hash.hex(), node.size,
                 stat.S_IMODE(node.mode), node.mtime_ns)))
         return out
 
@@ -122,18 +134,18 @@ class StartupRecorder:
         chain: list[tuple[int, int, bytes]] = []
         at = d
         while at not in done:
-            up = self.tier.ns.names_of(at)
+            up = self.ns.names_of(at)
             if not up:
                 return None
             chain.append((at, up[0][0], up[0][1]))
             at = up[0][0]
         for child, parent, name in reversed(chain):
-            node = self.tier.ns.get(child)
-            parent_path = self.tier.paths.of_dir(parent)
+            node = self.ns.get(child)
+            parent_path = self.paths.of_dir(parent)
             if node is None or parent_path is None:
                 return None
             done.add(child)
             out.append((join_path(parent_path, name), RemoteEntry(
-                "d", self.tier.clock.version_of(node.ctime_ns), self.tier.origin.get(child, self.tier.node), mode=stat.S_IMODE(node.mode),
+                "d", self.clock.version_of(node.ctime_ns), self.origin.get(child, self.node), mode=stat.S_IMODE(node.mode),
                 mtime_ns=node.mtime_ns)))
-        return self.tier.paths.of_dir(d)
+        return self.paths.of_dir(d)

@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -22,7 +21,9 @@ from mithrilfs.shared.stores.entries import RemoteEntry
 from mithrilfs.shared.stores.memory.feed import MemoryFeed
 from mithrilfs.shared.stores.memory.store import MemoryServer, MemoryStore
 from mithrilfs.shared.sync.changes import ChangeCodec, Changes
+from mithrilfs.shared.sync.outbox import Outbox
 from mithrilfs.shared.sync.reconcile import Reconciler
+from mithrilfs.shared.sync.tasks import Threads
 from mithrilfs.store.namespace import DirPaths, join_path
 from mithrilfs.store.open import Store, open_store
 from mithrilfs.store.tier_queue import TierQueue
@@ -39,7 +40,7 @@ DIR = RemoteEntry("d", 50, "node-a", mode=0o755)
 
 class Node:
     """One mounted node's tier state, below the mount: a real index and CAS, its own store on the memory
-    server, the reconciler, and the uploader's queue as the reconciler sees it (what it asked to send)."""
+    server, and the parts built as ``RemoteTier`` builds them (the reconciler, the outbox, the feed)."""
 
     def __init__(self, store: Store, server: MemoryServer, name: str, tmp: Path) -> None:
         self.node = name
@@ -49,21 +50,24 @@ class Node:
         self.counters = self.remote.counters
         self.clock = self.remote.clock
         self.origin: dict[int, str] = {}
-        self.pending_tombstones: dict[str, int] = {}
-        self.owner: tuple[int, int] | None = None
         self.lifetimes = Lifetimes(store.ns, store.blobs, Recency(store.ns), lambda ino: False, NoKernelCaches())
         self.events = EventLog(tmp / f"{name}-events.jsonl")
-        self.queue = TierQueue(store.ns)
-        self.reconciler = Reconciler(self)  # type: ignore[arg-type]
-        self.behind = self
+        self.outbox = Outbox(store.ns, TierQueue(store.ns), self.paths, self.clock)
+        self.pending_tombstones = self.outbox.pending_tombstones
         self.sent_again: list[int] = []
-        self._wake = trio.Event()
+        self.reconciler = Reconciler(
+            ns=self.ns, paths=self.paths, lifetimes=self.lifetimes, events=self.events, counters=self.counters,
+            clock=self.clock, node=name, owner=None, origin=self.origin, pending_tombstones=self.pending_tombstones,
+            resend=self.sent_again.append, resync=self.resync)
 
-    def queue_upload(self, ino: int) -> None:
-        self.sent_again.append(ino)
+    async def resync(self, d: int) -> None:
+        await self.sync_dir(d, force=True)
 
-    async def thread(self, fn: Any, *args: Any) -> Any:
-        return await trio.to_thread.run_sync(fn, *args)
+    def changes(self, wire: MemoryFeed) -> Changes:
+        """The change feed of this node on *wire*, built as ``RemoteTier`` builds it."""
+        return Changes(ns=self.ns, lifetimes=self.lifetimes, remote=self.remote, counters=self.counters,
+                       node=self.node, origin=self.origin, outbox=self.outbox, reconciler=self.reconciler,
+                       resync=self.resync, thread=Threads(trio.CapacityLimiter(4)), wire=wire, key=None)
 
     async def sync_dir(self, d: int, *, force: bool = False) -> None:
         """The tier's directory sync: list it in the store, create what is missing, reconcile the rest."""
@@ -153,8 +157,8 @@ def test_a_deletion_announced_on_the_feed_reaches_another_node_which_stops_servi
     for node in (b, c):
         node.sync("")
         node.sync("k")
-    follower = Changes(b, MemoryFeed(b.remote), None)  # type: ignore[arg-type]
-    announcer = Changes(c, MemoryFeed(c.remote), None)  # type: ignore[arg-type]
+    follower = b.changes(MemoryFeed(b.remote))
+    announcer = c.changes(MemoryFeed(c.remote))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -202,7 +206,7 @@ def test_a_follower_survives_hostile_records_and_a_dead_feed(nodes) -> None:
     b.sync("")
     b.sync("k")
     wire = MemoryFeed(b.remote)
-    follower = Changes(b, wire, None)  # type: ignore[arg-type]
+    follower = b.changes(wire)
     other = MemoryFeed(MemoryStore(server))
 
     async def main() -> None:

@@ -43,7 +43,12 @@ def _f(n: int, size: int = 10) -> RemoteEntry:
 
 def _merge(tier: TierState, items: list[tuple[str, RemoteEntry]], step: int) -> list[str]:
     """The items in steps of *step* in one transaction, as ``StartupOrder`` does."""
-    reconciler, made_here, unresolved = Reconciler(tier), set(), []  # type: ignore[arg-type]
+    reconciler = Reconciler(ns=tier.ns, paths=tier.paths, lifetimes=None, events=None,  # type: ignore[arg-type]
+                            counters=tier.counters, clock=tier.clock, node="node-a", owner=tier.owner,
+                            origin=tier.origin, pending_tombstones=tier.pending_tombstones,
+                            resend=None, resync=None)  # type: ignore[arg-type]
+    made_here: set[int] = set()
+    unresolved: list[str] = []
     with tier.ns.txn():
         for i in range(0, len(items), step):
             unresolved += reconciler.merge_paths(items[i:i + step], made_here)
