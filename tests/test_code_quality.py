@@ -275,8 +275,8 @@ def test_no_class_or_module_is_too_big() -> None:
 def test_no_import_cycle(typing: bool) -> None:
     """The modules' imports (at module level and inside functions, as run; with *typing*, the
     ``TYPE_CHECKING`` ones too) form no cycle: an import moved into a function hides a cycle, it does not
-    break it; a part handed its owner types it by a protocol of what it uses (``shared.tier_state``),
-    never by importing the owner's module back."""
+    break it; a part is handed its collaborators (``shared.remote_tier`` builds them), never its owner,
+    so it never imports the owner's module back."""
     found = cycles(import_graph(REPO / "mithrilfs", typing=typing))
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
 
