@@ -225,7 +225,7 @@ def test_a_bucket_answering_slow_down_slows_a_node_but_fails_nothing(
         assert s["remote_verify_failures"] == 0 and s["remote_bad_blobs_reported"] == 0, s
         level = s["remote_levels"][0]
         assert level["reachable"] and level["errors"] == 0, level
-        said = log_lines(m, "SlowDown", "503", "slow down")
+        said = log_lines(m, "SlowDown", "slow down")  # not "503": a byte count in a logged state may hold it
         assert len(said) <= 1 and (said or not level["slowdowns"]), said
     assert keys(shared_seaweedfs, bucket, BASE + "bad/") == []
 
