@@ -120,7 +120,7 @@ class RedisFeed(FeedWire):
         self._checked_gap = False
 
     def head(self) -> str:
-        last = self.store._call(lambda: self.store.client.xrevrange(self.key, "+", "-", count=1))
+        last = self.store.call(lambda: self.store.client.xrevrange(self.key, "+", "-", count=1))
         return last[0][0].decode() if last else "0-0"
 
     def read(self, cursor: str) -> tuple[list[bytes | None], str, bool]:
@@ -130,7 +130,7 @@ class RedisFeed(FeedWire):
         if not self._checked_gap:  # only a reader away for FEED_MAXLEN records can miss some: at its start
             gap = self._missed(cursor)
             self._checked_gap = True
-        got = self.store._call(lambda: self.store.client.xread({self.key: cursor}, count=READ_BATCH))
+        got = self.store.call(lambda: self.store.client.xread({self.key: cursor}, count=READ_BATCH))
         out: list[bytes | None] = []
         for _key, records in got or []:
             for record_id, fields in records:
@@ -149,7 +149,7 @@ class RedisFeed(FeedWire):
             except redis.ResponseError:  # no stream (yet, or Redis restarted empty): nothing was trimmed
                 return None
 
-        got = self.store._call(info)
+        got = self.store.call(info)
         if not got:
             return False
 
@@ -168,7 +168,7 @@ class RedisFeed(FeedWire):
         return removed > 0 and oldest > after
 
     def append(self, raw: bytes) -> None:
-        self.store._call(lambda: self.store.client.xadd(self.key, {"r": raw}, maxlen=FEED_MAXLEN, approximate=True))
+        self.store.call(lambda: self.store.client.xadd(self.key, {"r": raw}, maxlen=FEED_MAXLEN, approximate=True))
 
 
 def _stream_id(text: str) -> tuple[int, int]:
@@ -219,13 +219,13 @@ class S3Feed(FeedWire):
         start = max(0, since - S3_WINDOW_NS)
 
         def read() -> tuple[list[bytes | None], int]:
-            from mithrilfs.shared.stores.s3.store import _obstore
+            from mithrilfs.shared.stores.s3.store import obstore_api
 
             base = self.store.base + self.prefix
             new: list[tuple[int, str]] = []
             out: list[bytes | None] = []
             for prefix in self._prefixes(start, now):
-                for pages, batch in enumerate(_obstore().list(self.store.names, prefix=prefix, chunk_size=1000)):
+                for pages, batch in enumerate(obstore_api().list(self.store.names, prefix=prefix, chunk_size=1000)):
                     self.store.level.moved()
                     for meta in batch:
                         key = meta["path"][len(base):]
@@ -242,38 +242,38 @@ class S3Feed(FeedWire):
             new.sort()
             latest = since
             for stamp, key in new[:READ_BATCH]:  # the rest at the next read
-                got = self.store._get(self.store.names, self.prefix + key, MAX_RECORD_BYTES)
+                got = self.store.get_object(self.store.names, self.prefix + key, MAX_RECORD_BYTES)
                 out.append(got[0] if got is not None else None)
                 self._seen.add(key)
                 latest = max(latest, min(stamp, now))  # a key dated ahead (a clock, or planted) must not
                 # move the cursor past records still to come
             return out, latest
 
-        records, latest = self.store._call(read)
+        records, latest = self.store.call(read)
         self._seen = {k for k in self._seen if (_stamp(k) or latest) >= latest - 2 * S3_WINDOW_NS}
         return records, f"{latest:020d}", gap
 
     def append(self, raw: bytes) -> None:
         now = self._now_ns()
         key = f"{self.prefix}{now // S3_BUCKET_NS:08d}/{now:020d}-{secrets.token_hex(8)}"
-        self.store._call(lambda: self.store._put(self.store.names, key, raw, "create", len(raw)))
+        self.store.call(lambda: self.store.put_object(self.store.names, key, raw, "create", len(raw)))
         if time.monotonic() - self._pruned_at > S3_PRUNE_SECONDS or not self._pruned_at:
             self._pruned_at = time.monotonic()
-            self.store._call(self._prune)
+            self.store.call(self._prune)
 
     def _prune(self) -> None:
         """Delete journal objects older than ``S3_KEEP_SECONDS`` (at most one page per announcement): only
         keys that are journal keys (``_stamp``), never what else lies below ``changes/``."""
-        from mithrilfs.shared.stores.s3.store import _obstore
+        from mithrilfs.shared.stores.s3.store import obstore_api
 
         base = self.store.base + self.prefix
         old = self._now_ns() - S3_KEEP_SECONDS * 10**9
-        batch: Any = next(iter(_obstore().list(self.store.names, prefix=base, chunk_size=1000)), [])
+        batch: Any = next(iter(obstore_api().list(self.store.names, prefix=base, chunk_size=1000)), [])
         self.store.level.moved()
         stale = [meta["path"] for meta in batch if (stamp := _stamp(meta["path"][len(base):])) is not None
                  and stamp < old]
         for path in stale:
-            _obstore().delete(self.store.names, path)
+            obstore_api().delete(self.store.names, path)
         self.store.level.moved(requests=len(stale))
 
 

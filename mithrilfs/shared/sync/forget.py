@@ -74,7 +74,7 @@ def dirs_under(remote: RemoteStore, paths: list[str]) -> set[str]:
     """The tier's directories at or under *paths*: a bucket lists only the manifests under each (a purge of
     one entry must not list a whole fleet's names); other stores filter ``all_dirs``."""
     from mithrilfs.shared.stores.layered.store import LayeredStore
-    from mithrilfs.shared.stores.s3.store import S3Store, _component, _obstore
+    from mithrilfs.shared.stores.s3.store import S3Store, obstore_api, unquote_component
 
     if isinstance(remote, LayeredStore):
         found = dirs_under(remote.back, paths)
@@ -90,7 +90,7 @@ def dirs_under(remote: RemoteStore, paths: list[str]) -> set[str]:
     def scan(path: str) -> set[str]:
         prefix = s3.base + s3._manifest_key(path)[:-1]  # "names/~a/~b/": the manifest "#" and those below
         out = set()
-        for batch in _obstore().list(s3.names, prefix=prefix, chunk_size=1000):
+        for batch in obstore_api().list(s3.names, prefix=prefix, chunk_size=1000):
             s3.level.moved()
             for meta in batch:
                 rest = meta["path"][len(prefix):]
@@ -98,12 +98,12 @@ def dirs_under(remote: RemoteStore, paths: list[str]) -> set[str]:
                 if parts is None or not all(q.startswith("~") for q in parts):
                     continue
                 try:
-                    out.add("/".join([path, *(_component(q) for q in parts)]))
+                    out.add("/".join([path, *(unquote_component(q) for q in parts)]))
                 except UnicodeError:
                     continue
         return out
 
-    return set().union(*s3._call(lambda: [scan(p) for p in paths]))
+    return set().union(*s3.call(lambda: [scan(p) for p in paths]))
 
 
 def mount_path(path: str) -> bool:

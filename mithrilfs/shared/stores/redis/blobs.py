@@ -44,10 +44,10 @@ class RedisBlobs:
         return self.conn.client
 
     def _call(self, fn: Any, *args: Any) -> Any:
-        return self.conn._call(fn, *args)
+        return self.conn.call(fn, *args)
 
     def _blob_key(self, hex_digest: str, i: int) -> str:
-        return self.conn._blob_key(hex_digest, i)
+        return self.conn.blob_key(hex_digest, i)
 
     def note_blob_names(self, names: dict[str, str]) -> None:
         """One key per blob, set only if absent (the first node's path stays), living as long as the blob:
