@@ -15,12 +15,12 @@ A run, on any store (``Collector``: ``redis_gc``, ``s3_gc``):
    between steps, a race the check above lost);
 5. delete blob containers (a blob object or chunks; a bucket's pack) that
    no name references, and last written before the names were listed less
-   the grace (``usage.min_grace``): a blob a writer relied on is never
+   the grace (``ages.min_grace``): a blob a writer relied on is never
    deleted before its name is published and listed.  A pack (issue 33) is
    one container, referenced by the entries that locate a blob in it
    (``pk``): deleted when none does; a partly dead pack stays (compaction
    is not built).  Writers trust a pack's place only while the pack is
-   younger than ``usage.BLOB_TRUST_SECONDS`` (its time is in the place), so
+   younger than ``ages.BLOB_TRUST_SECONDS`` (its time is in the place), so
    the grace covers packs as it covers blobs.
 
 Everything read is hostile: entries are validated (``parse_entry``, without

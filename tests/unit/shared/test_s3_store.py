@@ -258,14 +258,14 @@ def test_a_publish_refuses_a_place_it_adds_in_a_pack_old_enough_for_gc_to_delete
     import time
     from dataclasses import replace
 
-    from mithrilfs.shared.fleet import usage
+    from mithrilfs.shared.stores import ages
     from mithrilfs.shared.stores.s3.packs import Packs
 
     now = int(time.time())
     bare = RemoteEntry("f", 1, "a", "ab" * 32, 10)
     before = [("d/old", bare), ("d/unknown", bare), ("d/fresh", bare), ("d/kept", replace(bare, pack="cd" * 16)),
               ("d/own", bare), ("d/ahead", bare)]
-    old = now - int(usage.min_grace()) - 5
+    old = now - int(ages.min_grace()) - 5
     located = [("d/old", replace(bare, pack="ef" * 16, packed=old)),
                ("d/unknown", replace(bare, pack="ef" * 16)),
                ("d/fresh", replace(bare, pack="ef" * 16, packed=now)),

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 
 import blake3
 
-from mithrilfs.shared.fleet import usage
+from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.entries import BlobBytes
 from mithrilfs.shared.stores.redis.conn import RedisConnection
 from mithrilfs.shared.stores.stream import HashedCopy
@@ -136,8 +136,8 @@ class RedisBlobs:
                 whole = all([bool(next(flags)) for _ in range(n)])
                 written = next(flags) if timed else None
                 # a blob written long ago (or before times were kept) may be gc's next: written again
-                if not whole or (timed and (written is None or not usage.younger(now - float(written),
-                                                                                    usage.BLOB_TRUST_SECONDS))):
+                if not whole or (timed and (written is None or not ages.younger(now - float(written),
+                                                                                    ages.BLOB_TRUST_SECONDS))):
                     out.append(h)
             return out
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mithrilfs.shared.fleet import usage
 from mithrilfs.shared.fleet.gc import Collector, Container
+from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.entries import is_hex_digest
 from mithrilfs.shared.stores.redis.store import BATCH, COMPLETE, RedisStore, glob_escape
 
@@ -58,7 +58,7 @@ class RedisCollector(Collector):
         self.r = store
         self._remove_if: Any = None
         self._delete_blob: Any = None
-        #: Directories whose recorded use is no time (``usage.use_time``): ``adopt`` writes over it.
+        #: Directories whose recorded use is no time (``ages.use_time``): ``adopt`` writes over it.
         self._refused: set[str] = set()
 
     def _script(self, name: str, text: str) -> Any:
@@ -121,7 +121,7 @@ class RedisCollector(Collector):
         def get() -> dict[str, float]:
             out, refused = {}, set()
             for k, v in self.r.client.zscan_iter(self.r.used_key, count=1000):
-                d, t = k.decode(errors="surrogateescape"), usage.use_time(v)
+                d, t = k.decode(errors="surrogateescape"), ages.use_time(v)
                 if t is None:
                     refused.add(d)
                 else:

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 import blake3
 
-from mithrilfs.shared.fleet import usage
+from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.entries import BlobBytes
 from mithrilfs.shared.stores.s3.conn import PART_BYTES, PROGRESS_BYTES, S3Connection, obstore_api
 from mithrilfs.shared.stores.s3.packs import PACK_BLOB_BYTES, Packs
@@ -140,14 +140,14 @@ class S3Blobs:
             if loc is not None:
                 # a pack written longer ago than the trust period may be one ``fleet gc`` deletes once no
                 # name locates it: the blob is packed again (a new place), as an old loose blob is written again
-                return None if usage.younger(self.store.clock.now() - loc[2], usage.BLOB_TRUST_SECONDS) else h
+                return None if ages.younger(self.store.clock.now() - loc[2], ages.BLOB_TRUST_SECONDS) else h
             if size <= PACK_BLOB_BYTES and not self.packs.knows(h):
                 return h
             meta = self.store.unless_absent(lambda: obstore_api().head(self.store.quick, self.store.base + self.blob_key(h)))
             if meta is None:
                 return h
-            if meta["size"] != size or not usage.younger(object_age(meta, self.store.clock.now()),
-                                                             usage.BLOB_TRUST_SECONDS):
+            if meta["size"] != size or not ages.younger(object_age(meta, self.store.clock.now()),
+                                                             ages.BLOB_TRUST_SECONDS):
                 # the wrong size, or old enough that ``fleet gc`` may delete it once unreferenced: written
                 # over (renewing its time, ``fleet.usage``)
                 with self._lock:

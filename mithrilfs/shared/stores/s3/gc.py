@@ -25,8 +25,8 @@ import json
 import time
 from typing import Any
 
-from mithrilfs.shared.fleet import usage
 from mithrilfs.shared.fleet.gc import Collector, Container
+from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.entries import RemoteError, is_hex_digest, is_pack_id
 from mithrilfs.shared.stores.layered.store import LayeredStore
@@ -161,7 +161,7 @@ class S3Collector(Collector):
         if not isinstance(d, dict):
             self.s3.count("remote_rejected")
             return {}
-        out = {k: t for k, v in d.items() if isinstance(k, str) and (t := usage.use_time(v)) is not None}
+        out = {k: t for k, v in d.items() if isinstance(k, str) and (t := ages.use_time(v)) is not None}
         self.s3.count("remote_rejected", len(d) - len(out))
         return out
 
@@ -201,7 +201,7 @@ class S3Collector(Collector):
 
     def delete_container(self, c: Container, older_than: float) -> int | None:
         key = self.s3.base + (pack_key(c.id) if c.kind == "pack" else self.s3.blobs.blob_key(c.id))
-        if time.monotonic() - self._swept_at > usage.GC_RUN_SECONDS / 2:
+        if time.monotonic() - self._swept_at > ages.GC_RUN_SECONDS / 2:
             self.begin_sweep()  # renewed: writers ignore a marker older than GC_RUN_SECONDS (a dead gc's)
 
         def delete() -> int | None:
@@ -228,7 +228,7 @@ class S3Collector(Collector):
         def delete() -> None:
             now = self.s3.clock.now()
             dead = [m["path"] for m in self._list(SWEEPS) if is_record_key(SWEEPS, m["path"][len(self.s3.base):])
-                    and not usage.younger(object_age(m, now), usage.GC_RUN_SECONDS)]
+                    and not ages.younger(object_age(m, now), ages.GC_RUN_SECONDS)]
             for path in [self.s3.base + key, *dead]:
                 obstore_api().delete(self.s3.names, path)
             self.s3.level.moved(requests=1 + len(dead))

@@ -37,9 +37,9 @@ forgotten when the bucket's epoch changes (emptied: every pack is gone).
 ``fleet gc`` deletes a pack no entry locates once it is older than its
 grace (``stores.s3.gc``).  So a place carries when its pack was written
 (``RemoteEntry.packed``, ``pt``), a writer counts a blob present only in a
-pack younger than ``usage.BLOB_TRUST_SECONDS`` (``S3Blobs.missing``: an
+pack younger than ``ages.BLOB_TRUST_SECONDS`` (``S3Blobs.missing``: an
 older one is packed again), a publish refuses a place it adds in a pack
-older than ``usage.min_grace`` (one learned from a read after the check:
+older than ``ages.min_grace`` (one learned from a read after the check:
 ``stale``), and the places in packs written over while a gc sweep runs are
 forgotten (``swept``).
 """
@@ -56,7 +56,7 @@ from typing import Any
 import blake3
 
 from mithrilfs.cache.writepath import crash_point
-from mithrilfs.shared.fleet import usage
+from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.entries import MAX_PACK_BYTES, BlobBytes, RemoteEntry, is_hex_digest, is_pack_id
 from mithrilfs.shared.stores.s3.conn import PART_BYTES, S3Connection, obstore_api
 
@@ -196,13 +196,13 @@ class Packs:
 
     @staticmethod
     def stale(before: list[tuple[str, RemoteEntry]], located: list[tuple[str, RemoteEntry]], now: float) -> list[str]:
-        """The paths ``locate`` gave a place in a pack written longer than ``usage.min_grace`` ago: a place
+        """The paths ``locate`` gave a place in a pack written longer than ``ages.min_grace`` ago: a place
         learned (from a read) after the blob was checked, which ``fleet gc`` may be deleting; the publish
         refuses the batch, whose next check packs those blobs again.  A place the entry had already is not
         this node's to judge (a live name's, kept by ``_merge_into``).  *now*: the bucket's time; a pack dated
         past it (a writer's clock ahead) is no fresher than an old one."""
         return [path for (path, was), (_, e) in zip(before, located)
-                if was.pack is None and e.pack is not None and not usage.younger(now - e.packed, usage.min_grace())]
+                if was.pack is None and e.pack is not None and not ages.younger(now - e.packed, ages.min_grace())]
 
     # -- writing -----------------------------------------------------------------
     def upload(self, files: list[tuple[str, str, int]], gone: set[str]) -> None:

@@ -62,7 +62,7 @@ from dataclasses import replace
 from typing import Any, BinaryIO
 from urllib.parse import unquote_to_bytes
 
-from mithrilfs.shared.fleet import usage
+from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.clock import TierClock
 from mithrilfs.shared.stores.entries import MAX_DIR_NAMES, BlobBytes, EntryCodec, RemoteEntry, RemoteError
@@ -103,7 +103,7 @@ class S3Store(S3Connection, RemoteStore):
 
     small_blob_bytes = SMALL_BLOB_BYTES
     packs_by_directory = True
-    use_flush_seconds = usage.USE_FLUSH_SECONDS
+    use_flush_seconds = ages.USE_FLUSH_SECONDS
 
     def __init__(self, location: S3Location, namespace: str, key: bytes | None, settings: S3Settings, *,
                  counters: dict[str, int] | None = None) -> None:
@@ -364,7 +364,7 @@ class S3Store(S3Connection, RemoteStore):
             self.level.moved()
             now = self.clock.now()
             return any(is_record_key(SWEEPS, m["path"][len(self.base):])
-                       and usage.younger(object_age(m, now), usage.GC_RUN_SECONDS) for m in batch)
+                       and ages.younger(object_age(m, now), ages.GC_RUN_SECONDS) for m in batch)
 
         if not self.call(get):
             return False
