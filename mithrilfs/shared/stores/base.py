@@ -231,6 +231,11 @@ class RemoteStore(ABC):
     def all_dirs(self) -> list[str]:
         """The path of every directory the namespace has entries in."""
 
+    def dirs_under(self, paths: list[str]) -> set[str]:
+        """The directories at or under *paths* that the namespace has entries in (``forget --fleet``): by
+        default ``all_dirs`` filtered; a store that can list below a path lists only there."""
+        return {d for d in self.all_dirs() if any(d == p or d.startswith(p + "/") for p in paths)}
+
     @abstractmethod
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         """Write entries where they are newer than what the store holds.

@@ -9,8 +9,8 @@ writes it).
 
 from __future__ import annotations
 
-from mithrilfs.shared.fleet.gc import Collector, Container
 from mithrilfs.shared.stores import ages
+from mithrilfs.shared.stores.collector import Collector, Container
 from mithrilfs.shared.stores.memory.store import MemoryStore, Space
 
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mithrilfs.shared.fleet.gc import Collector, Container
 from mithrilfs.shared.stores import ages
+from mithrilfs.shared.stores.collector import Collector, Container
 from mithrilfs.shared.stores.entries import is_hex_digest
-from mithrilfs.shared.stores.redis.store import BATCH, COMPLETE, RedisStore, glob_escape
+from mithrilfs.shared.stores.redis.conn import BATCH
+from mithrilfs.shared.stores.redis.store import COMPLETE, RedisStore, glob_escape
 
 # KEYS[1] a directory hash; ARGV: name, value, name, value...: each name deleted if it holds that value
 _REMOVE_IF = """
@@ -67,7 +68,7 @@ class RedisCollector(Collector):
         return getattr(self, name)
 
     def _scan(self, pattern: str) -> list[bytes]:
-        import redis.cluster
+        import redis.cluster  # redis-py is imported where it is used (``redis.conn``)
 
         kwargs = {"target_nodes": redis.cluster.RedisCluster.PRIMARIES} if self.r.cluster else {}
         return list(self.r.client.scan_iter(match=pattern, count=1000, **kwargs))
@@ -107,9 +108,6 @@ class RedisCollector(Collector):
             n += self.r.call(lambda a=args[start:start + 2 * BATCH]: self._script("_remove_if", _REMOVE_IF)(
                 keys=[self.r.dir_key(dir_path)], args=a))
         return n
-
-    def remove_entry_if(self, dir_path: str, name: bytes, raw: bytes) -> bool:
-        return self.remove_names(dir_path, {name: raw}) == 1
 
     def put_back(self, dir_path: str, name: bytes, raw: bytes) -> None:
         self.r.call(lambda: self.r.client.hsetnx(self.r.dir_key(dir_path), name, raw))

@@ -13,7 +13,7 @@ blobs again after the sweep: ``write_behind``, ``Packs.swept``).  S3 has no
 conditional DELETE that SeaweedFS and obstore both offer, hence the marker;
 one per run, so a run that ends removes its own and never another's.
 
-Only keys that parse as this namespace's own (``s3_layout``) are read,
+Only keys that parse as this namespace's own (``s3.layout``) are read,
 merged or deleted: a listing of ``usage/``, ``blobs/`` or ``packs/`` also
 returns whatever lies below them (another fleet nested there, a planted
 object).
@@ -25,16 +25,14 @@ import json
 import time
 from typing import Any
 
-from mithrilfs.shared.fleet.gc import Collector, Container
 from mithrilfs.shared.stores import ages
-from mithrilfs.shared.stores.base import RemoteStore
+from mithrilfs.shared.stores.collector import Collector, Container
 from mithrilfs.shared.stores.entries import RemoteError, is_hex_digest, is_pack_id
-from mithrilfs.shared.stores.layered.store import LayeredStore
-from mithrilfs.shared.stores.redis.gc import RedisCollector
 from mithrilfs.shared.stores.s3.blobs import object_age
+from mithrilfs.shared.stores.s3.conn import obstore_api
 from mithrilfs.shared.stores.s3.layout import SWEEPS, USAGE, is_record_key, record_key
 from mithrilfs.shared.stores.s3.packs import pack_key
-from mithrilfs.shared.stores.s3.store import CAS_ATTEMPTS, S3Store, obstore_api, unquote_component
+from mithrilfs.shared.stores.s3.store import CAS_ATTEMPTS, S3Store, unquote_component
 
 #: A gc that finds more use-record objects than this merges them into one.
 USAGE_COMPACTED = 64
@@ -43,11 +41,11 @@ MAX_USAGE_BYTES = 32 << 20
 
 
 class S3Collector(Collector):
-    def __init__(self, store: RemoteStore, bucket: S3Store | None = None) -> None:
-        s3 = bucket if bucket is not None else store
-        assert isinstance(s3, S3Store)
-        super().__init__(store, s3.codec)
-        self.s3: S3Store = s3
+    """The bucket's half of gc (see the module doc); behind Redis, ``layered.gc`` wraps it."""
+
+    def __init__(self, s3: S3Store) -> None:
+        super().__init__(s3, s3.codec)
+        self.s3 = s3
         self._usage_keys: list[str] = []
         self._usage: dict[str, float] = {}
         self._swept_at = 0.0
@@ -114,9 +112,6 @@ class S3Collector(Collector):
             return len(gone)
 
         return self._cas(dir_path, change)
-
-    def remove_entry_if(self, dir_path: str, name: bytes, raw: bytes) -> bool:
-        return self.remove_names(dir_path, {name: raw}) == 1
 
     def put_back(self, dir_path: str, name: bytes, raw: bytes) -> None:
         def change(cur: dict[bytes, bytes]) -> int:
@@ -238,30 +233,3 @@ class S3Collector(Collector):
 
     def write_summary(self, data: bytes) -> None:
         self.s3.call(lambda: self.s3.put_object(self.s3.names, "gc", data, "overwrite", len(data)))
-
-
-class LayeredCollector(S3Collector):
-    """The bucket is collected; a directory whose names went is dropped from Redis too (read from the
-    bucket again at its next listing), and Redis's blobs expire on their own (``layered.HOT_TTL``)."""
-
-    def __init__(self, store: LayeredStore) -> None:
-        assert isinstance(store.back, S3Store)
-        super().__init__(store, store.back)
-        self.front = RedisCollector(store.front)
-
-    def remove_names(self, dir_path: str, raw: dict[bytes, bytes]) -> int:
-        n = super().remove_names(dir_path, raw)
-        self.front.remove_names(dir_path, raw)
-        self.front.r.unmark_complete([dir_path])
-        return n
-
-    def remove_entry_if(self, dir_path: str, name: bytes, raw: bytes) -> bool:
-        gone = super().remove_entry_if(dir_path, name, raw)
-        if gone:
-            self.front.remove_names(dir_path, {name: raw})
-            self.front.r.unmark_complete([dir_path])
-        return gone
-
-    def put_back(self, dir_path: str, name: bytes, raw: bytes) -> None:
-        super().put_back(dir_path, name, raw)
-        self.front.r.unmark_complete([dir_path])

@@ -258,6 +258,10 @@ class S3Store(S3Connection, RemoteStore):
 
         return self.call(scan)
 
+    def dirs_under(self, paths: list[str]) -> set[str]:
+        """One listing of the manifests below each path (a purge of one entry never lists a whole fleet's)."""
+        return set().union(*self.call(lambda: [_dirs_below(self, p) for p in paths]))
+
     # -- where blobs are (``stores.s3.placement``) ----------------------------------------
     def read_places(self, dirs: list[str]) -> None:
         """Read these directories' manifests (in parallel) for where their blobs are (``Packs.learn``); inside
@@ -380,3 +384,21 @@ class S3Store(S3Connection, RemoteStore):
 
 def _depth(dir_path: str) -> int:
     return dir_path.count("/") + 1 if dir_path else 0
+
+
+def _dirs_below(s3: S3Store, path: str) -> set[str]:
+    """*path* and the directories below it that have a manifest: one listing of the manifests under it."""
+    prefix = s3.base + s3._manifest_key(path)[:-1]  # "names/~a/~b/": the manifest "#" and those below
+    out = set()
+    for batch in obstore_api().list(s3.names, prefix=prefix, chunk_size=1000):
+        s3.level.moved()
+        for meta in batch:
+            rest = meta["path"][len(prefix):]
+            parts = [q for q in rest[:-1].split("/") if q] if rest.endswith("#") else None
+            if parts is None or not all(q.startswith("~") for q in parts):
+                continue
+            try:
+                out.add("/".join([path, *(unquote_component(q) for q in parts)]))
+            except UnicodeError:
+                continue
+    return out
