@@ -39,6 +39,9 @@ from mithrilfs.shared.stores.records import (
 log = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 30.0
+#: Seconds a request of the mount waits on the tier without a byte arriving (design.md, "Requests"; the
+#: bound is ``sync.bounded``'s, a bucket's patience with a throttled request is the same).
+REMOTE_WAIT = 2.0
 #: A level asked to slow down says so in the log at most this often (``Level.slowed``).
 SLOWED_LOG_SECONDS = 60.0
 

@@ -20,17 +20,16 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from mithrilfs.shared.stores.base import Level, new_counters
+from mithrilfs.shared.stores.base import REMOTE_WAIT, Level, new_counters
 from mithrilfs.shared.stores.clock import TierClock
 from mithrilfs.shared.stores.s3.settings import S3Location, S3Settings
-from mithrilfs.shared.sync.bounded import REMOTE_WAIT
 
 # obstore is imported where it is used: a mount without an s3 remote starts without it
 
 log = logging.getLogger("mithrilfs.shared.s3_wire")  # the name operators know from the logs
 
 #: Bodies are read in chunks of this size, each counted as it arrives: the mount's bound on a wait
-#: (``bounded.REMOTE_WAIT`` without progress) then holds for links down to 128 KiB/s.
+#: (``REMOTE_WAIT`` without progress) then holds for links down to 128 KiB/s.
 PROGRESS_BYTES = 256 << 10
 #: A blob up to this size is put in one request; larger ones in parts of it, streamed from the file.
 PART_BYTES = 8 << 20
@@ -47,7 +46,7 @@ BULK_TIMEOUT = timedelta(seconds=120)
 QUICK_BLOB_BYTES = 1 << 20
 #: The first pause before a request the bucket asked to slow down for is sent again (the client's own two
 #: quick retries spent); it doubles up to ``SLOWED_PAUSE_MAX``, each drawn at random below it (full jitter:
-#: the nodes of a burst do not come back together).  Retried for ``bounded.REMOTE_WAIT`` at most.
+#: the nodes of a burst do not come back together).  Retried for ``REMOTE_WAIT`` at most.
 SLOWED_PAUSE = 0.1
 SLOWED_PAUSE_MAX = 1.0
 #: An answer asking for fewer requests, not a failure of the bucket: S3's ``503 Slow Down`` (a HEAD's has no
