@@ -18,14 +18,15 @@ from mithrilfs.units import format_duration_short, format_size
 
 
 def _cmd_fleet(args: argparse.Namespace) -> int:
-    from mithrilfs.shared.fleet import gc, usage
-    from mithrilfs.shared.stores.connect import RemoteError, RemoteSpec, open_remote
+    from mithrilfs.shared.fleet import gc
+    from mithrilfs.shared.stores import ages
+    from mithrilfs.shared.stores.connect import RemoteError, RemoteSpec, collector_for, open_remote
 
     args.remote_owner = None  # what ``_remote_password`` checks for mount
     behind, s3 = _remote_stores(args)
     key = remote_key(args)
     check_namespace(args)
-    least = usage.min_grace()
+    least = ages.min_grace()
     grace = least if args.grace is None else args.grace
     if grace < least:
         usage_error(f"--grace must be at least {format_duration_short(least)}: a writer may rely on a blob"
@@ -35,7 +36,7 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
                       behind, s3)
     store = open_remote(spec)
     try:
-        report = gc.run(gc.collector_for(store), max_size=args.max_size, max_age=args.max_age, grace=grace,
+        report = gc.run(collector_for(store), max_size=args.max_size, max_age=args.max_age, grace=grace,
                         dry_run=args.dry_run)
     except RemoteError as e:
         print(f"mithrilfs: error: fleet gc of {store.url}: {e}", file=sys.stderr)

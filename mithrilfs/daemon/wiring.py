@@ -36,7 +36,7 @@ from mithrilfs.observe.stats import KeptCounters
 from mithrilfs.observe.tops import TopDirs
 from mithrilfs.shared.remote_tier import RemoteTier
 from mithrilfs.shared.stores.base import RemoteStore
-from mithrilfs.shared.stores.feed import open_feed
+from mithrilfs.shared.stores.connect import open_feed
 from mithrilfs.shared.tier import NullTier, Tier
 from mithrilfs.store.namespace import DirPaths
 from mithrilfs.store.open import Store

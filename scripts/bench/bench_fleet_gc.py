@@ -35,7 +35,7 @@ from _benchlib import redis_server, seaweedfs_s3
 
 from mithrilfs.shared.fleet import gc
 from mithrilfs.shared.stores.base import RemoteStore
-from mithrilfs.shared.stores.connect import RemoteSpec, open_remote
+from mithrilfs.shared.stores.connect import RemoteSpec, collector_for, open_remote
 from mithrilfs.shared.stores.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.stores.s3.settings import from_environment
 from mithrilfs.store.cas import hash_bytes
@@ -94,10 +94,10 @@ def one(kind: str, spec: RemoteSpec, names: int, file_bytes: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out: dict = {"store": kind, "names": names, "files": 2 * names, "file_bytes": file_bytes}
         out.update(fill(store, names, file_bytes, Path(tmp)))
-    first = gc.run(gc.collector_for(store), max_size=None, max_age=7 * 86400, grace=0.0, dry_run=False)
+    first = gc.run(collector_for(store), max_size=None, max_age=7 * 86400, grace=0.0, dry_run=False)
     store.close()
     store = open_remote(spec)  # a run of its own, as the next CronJob's (nothing cached from the first)
-    second = gc.run(gc.collector_for(store), max_size=None, max_age=7 * 86400, grace=0.0, dry_run=False)
+    second = gc.run(collector_for(store), max_size=None, max_age=7 * 86400, grace=0.0, dry_run=False)
     store.close()
     for label, r in (("gc", first), ("gc_again", second)):
         out[label] = {"seconds": r.seconds, "requests": r.requests, "deleted_dirs": r.deleted_dirs,

@@ -85,11 +85,11 @@ class Tier:
                 with level.server.lock:
                     level.space.dirs.setdefault(dir_path, {})[name] = raw
             elif isinstance(level, RedisStore):
-                level.client.hset(level._dir_key(dir_path), name, raw)
+                level.client.hset(level.dir_key(dir_path), name, raw)
             else:
                 assert isinstance(level, S3Store)
-                held, etag = level._read_manifest(dir_path)
-                assert level._write_manifest(dir_path, held | {name: raw}, etag)
+                held, etag = level.read_manifest(dir_path)
+                assert level.write_manifest(dir_path, held | {name: raw}, etag)
 
     def plant_blob(self, store: RemoteStore, hex_digest: str, data: bytes) -> None:
         """Put *data* where the store keeps the blob *hex_digest* (in its own object), unchecked."""
@@ -100,10 +100,10 @@ class Tier:
                 with level.server.lock:
                     level.space.blobs[hex_digest] = (data, level.server.time())
             elif isinstance(level, RedisStore):
-                level.client.set(level._blob_key(hex_digest, 0), data)
+                level.client.set(level.blob_key(hex_digest, 0), data)
             else:
                 assert isinstance(level, S3Store)
-                obstore.put(level.quick, level.base + level.blobs._blob_key(hex_digest), data)
+                obstore.put(level.quick, level.base + level.blobs.blob_key(hex_digest), data)
 
 
 def _levels(store: RemoteStore) -> list[RemoteStore]:

@@ -1,8 +1,8 @@
 """``fleet gc``: a budget for the shared tier -- delete what has gone unused longest, then what nothing names.
 
-A run, on any store (``Collector``: ``redis_gc``, ``s3_gc``):
+A run, on any store (its ``collector.Collector``, built by ``connect.collector_for``):
 
-1. list every directory's entries and the use records (``shared.usage``);
+1. list every directory's entries and the use records (``fleet.usage``);
    directories no node ever recorded are given "now" (they start aging);
 2. choose: the cache entries (directories holding files) unused longer than
    ``max_age``, then the least recently used until the bytes the remaining
@@ -15,12 +15,12 @@ A run, on any store (``Collector``: ``redis_gc``, ``s3_gc``):
    between steps, a race the check above lost);
 5. delete blob containers (a blob object or chunks; a bucket's pack) that
    no name references, and last written before the names were listed less
-   the grace (``usage.min_grace``): a blob a writer relied on is never
-   deleted before its name is published and listed.  A pack (issue 33) is
-   one container, referenced by the entries that locate a blob in it
-   (``pk``): deleted when none does; a partly dead pack stays (compaction
-   is not built).  Writers trust a pack's place only while the pack is
-   younger than ``usage.BLOB_TRUST_SECONDS`` (its time is in the place), so
+   the grace (``ages.min_grace``): a blob a writer relied on is never
+   deleted before its name is published and listed.  A pack is one
+   container, referenced by the entries that locate a blob in it (``pk``):
+   deleted when none does; a partly dead pack stays (compaction is not
+   built).  Writers trust a pack's place only while the pack is
+   younger than ``ages.BLOB_TRUST_SECONDS`` (its time is in the place), so
    the grace covers packs as it covers blobs.
 
 Everything read is hostile: entries are validated (``parse_entry``, without
@@ -36,14 +36,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared.stores.base import RemoteStore
-from mithrilfs.shared.stores.entries import EntryCodec, RemoteEntry, RemoteError, parse_entry
+from mithrilfs.shared.stores.collector import Collector, Container
+from mithrilfs.shared.stores.entries import RemoteEntry, parse_entry
 from mithrilfs.shared.stores.summary import make_summary
 from mithrilfs.store.namespace import join_path, valid_name
 
@@ -51,20 +51,6 @@ log = logging.getLogger(__name__)
 
 #: The node id of the directory entries gc puts back (re-linking an orphaned directory).
 GC_NODE = "fleet-gc"
-
-
-@dataclass(frozen=True)
-class Container:
-    """What a store deletes as one: a blob (its object or chunks), or a bucket's pack of blobs."""
-
-    id: str
-    #: What a name references to keep it: the blob's hash; a pack's id (the entries locating a blob in it).
-    hashes: tuple[str, ...]
-    size: int
-    #: When it was last written (unix seconds).
-    written: float
-    #: "blob" or "pack" (counted apart in the report).
-    kind: str = "blob"
 
 
 @dataclass
@@ -92,100 +78,6 @@ def _entry(raw: bytes) -> RemoteEntry | None:
         return parse_entry(raw)[0]
     except ValueError:
         return None
-
-
-class Collector(ABC):
-    """The store-specific half of gc (requests are counted by the store's levels)."""
-
-    def __init__(self, store: RemoteStore, codec: EntryCodec) -> None:
-        self.store = store
-        #: Entries as nodes read them (with gc's key, when it has one): what the report counts as names.
-        self.codec = codec
-
-    @abstractmethod
-    def list_names(self) -> dict[str, dict[bytes, bytes]]:
-        """Every directory's entries, raw (name -> value)."""
-
-    @abstractmethod
-    def use_times(self) -> dict[str, float]:
-        """Directory -> its last use (unix seconds)."""
-
-    @abstractmethod
-    def adopt(self, dirs: list[str], when: float, *, replace: bool = False) -> None:
-        """Record *when* as the last use of directories nobody recorded (they start aging now); *replace*:
-        of directories whose records are dated past *when* (a writer's clock ahead), lowered to it."""
-
-    @abstractmethod
-    def forget_use(self, dirs: list[str]) -> None:
-        """Drop the use records of deleted directories."""
-
-    @abstractmethod
-    def remove_names(self, dir_path: str, raw: dict[bytes, bytes]) -> int:
-        """Delete these names where they still hold these values; how many went."""
-
-    @abstractmethod
-    def names_of(self, dir_path: str) -> dict[bytes, bytes]:
-        """One directory's entries, raw."""
-
-    @abstractmethod
-    def is_empty(self, dir_path: str) -> bool:
-        """Whether the directory holds no entry at all."""
-
-    @abstractmethod
-    def remove_entry_if(self, dir_path: str, name: bytes, raw: bytes) -> bool:
-        """Delete one name if it still holds *raw*."""
-
-    @abstractmethod
-    def put_back(self, dir_path: str, name: bytes, raw: bytes) -> None:
-        """Write a name back where it is absent."""
-
-    @abstractmethod
-    def containers(self, *, adopt: bool = True) -> list[Container]:
-        """Every blob container with its age (blobs with no known age are given "now", and with *adopt*
-        that time is kept: they age from this run on)."""
-
-    @abstractmethod
-    def delete_container(self, c: Container, older_than: float) -> int | None:
-        """Delete *c* if it was still last written before *older_than*: the bytes freed; None when kept."""
-
-    def begin_sweep(self) -> None:
-        """Before listing containers to delete: writers hold names back from now (a bucket)."""
-        return None
-
-    def end_sweep(self) -> None:
-        """After the last container deletion."""
-        return None
-
-    @abstractmethod
-    def write_summary(self, data: bytes) -> None:
-        """Keep the run's summary in the tier (``gc_summary``)."""
-
-    def requests(self) -> int:
-        return sum(lv.requests for lv in self.store.levels())
-
-    def rejected(self) -> int:
-        """Refused data seen so far (entries, manifests, use records): ``remote_rejected``."""
-        return self.store.counters["remote_rejected"]
-
-
-def collector_for(store: RemoteStore) -> Collector:
-    from mithrilfs.shared.stores.layered.store import LayeredStore
-    from mithrilfs.shared.stores.redis.store import RedisStore
-    from mithrilfs.shared.stores.s3.store import S3Store
-
-    if isinstance(store, RedisStore):
-        from mithrilfs.shared.stores.redis.gc import RedisCollector
-
-        return RedisCollector(store)
-    if isinstance(store, S3Store):
-        from mithrilfs.shared.stores.s3.gc import S3Collector
-
-        return S3Collector(store)
-    if isinstance(store, LayeredStore):
-        from mithrilfs.shared.stores.s3.gc import LayeredCollector
-
-        return LayeredCollector(store)
-    raise RemoteError(f"no gc for {store.url}")
 
 
 @dataclass
@@ -453,7 +345,7 @@ def _sweep(collector: Collector, now: float, grace: float, report: Report, key_s
         report.names, report.dirs = served(collector, units_of(names))
         report.bytes = sum(refs.values())
         # relative to the listing: a name published after it was checked at most UPLOAD_LAG before, on a blob
-        # written at most BLOB_TRUST before that (``usage``), so never before this, however long the run
+        # written at most BLOB_TRUST before that (``ages``), so never before this, however long the run
         cutoff = listed_at - grace
         report.blobs = sum(1 for c in containers if c.kind != "pack")
         report.packs = len(containers) - report.blobs

@@ -3,7 +3,7 @@
 Built by ``remote_tier`` (the tier's ``fleet``), stepped by the uploader's loop
 (``WriteBehind.uploader``) so it costs no task of its own: use records go
 out when due (Redis: with the next batch; a bucket: at most every
-``usage.USE_FLUSH_SECONDS``), and the tier's gc record is read at most
+``ages.USE_FLUSH_SECONDS``), and the tier's gc record is read at most
 every ``stores.summary.SUMMARY_SECONDS``; a new one is logged as a
 ``fleet_gc`` event and shown in ``stats`` (``remote_tier_*``).
 """

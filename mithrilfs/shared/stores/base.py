@@ -39,6 +39,9 @@ from mithrilfs.shared.stores.records import (
 log = logging.getLogger(__name__)
 
 _MAX_BACKOFF = 30.0
+#: Seconds a request of the mount waits on the tier without a byte arriving (design.md, "Requests"; the
+#: bound is ``sync.bounded``'s, a bucket's patience with a throttled request is the same).
+REMOTE_WAIT = 2.0
 #: A level asked to slow down says so in the log at most this often (``Level.slowed``).
 SLOWED_LOG_SECONDS = 60.0
 
@@ -230,6 +233,11 @@ class RemoteStore(ABC):
     @abstractmethod
     def all_dirs(self) -> list[str]:
         """The path of every directory the namespace has entries in."""
+
+    def dirs_under(self, paths: list[str]) -> set[str]:
+        """The directories at or under *paths* that the namespace has entries in (``forget --fleet``): by
+        default ``all_dirs`` filtered; a store that can list below a path lists only there."""
+        return {d for d in self.all_dirs() if any(d == p or d.startswith(p + "/") for p in paths)}
 
     @abstractmethod
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:

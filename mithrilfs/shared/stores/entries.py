@@ -72,7 +72,7 @@ class RemoteEntry:
     offset: int = 0
     #: When the writer wrote that pack (unix seconds, its clock before the PUT; 0: unknown, an entry from
     #: before ``fleet gc`` collected packs).  A writer trusts a place only while this is younger than
-    #: ``usage.BLOB_TRUST_SECONDS`` (``s3_blobs.missing``), so gc may delete a pack no listed name locates.
+    #: ``ages.BLOB_TRUST_SECONDS`` (``s3_blobs.missing``), so gc may delete a pack no listed name locates.
     packed: int = 0
 
     @property

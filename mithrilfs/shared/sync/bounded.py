@@ -24,11 +24,9 @@ from typing import Any
 
 import trio
 
-from mithrilfs.shared.stores.base import RemoteStore
+from mithrilfs.shared.stores.base import REMOTE_WAIT, RemoteStore
 from mithrilfs.shared.stores.entries import RemoteError
 
-#: Seconds a request of the mount waits on the tier without a byte arriving (design.md, "Requests").
-REMOTE_WAIT = 2.0
 #: How often the watcher looks for progress.
 _POLL = 0.1
 

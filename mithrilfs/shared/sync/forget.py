@@ -4,10 +4,10 @@ A bad entry (a stale or poisoned kernel) must go from every node, including
 from processes that open its files by path.  The mount that is asked:
 
 1. finds every name under each PATH, in the tier (its directories, listed:
-   a node need not hold a name to purge it) and in its own index (names not
-   uploaded yet);
+   ``RemoteStore.dirs_under``; a node need not hold a name to purge it)
+   and in its own index (names not uploaded yet);
 2. publishes a tombstone for each, all with one version (this microsecond on
-   the tier's clock, ``tier_clock``), written where newer, like any
+   the tier's clock, ``stores.clock``), written where newer, like any
    tombstone: a name written anywhere after the purge began is newer and
    stays; so a remount, a new node, or a node's queued upload of an older
    version never brings a purged name back (the tombstone wins at
@@ -16,7 +16,7 @@ from processes that open its files by path.  The mount that is asked:
 3. keeps the purge's record beside the startup sets (``RemoteStore.keep_purge``): a new node, which
    never read the feed, creates a set's names without listing their directories, and checks them
    against it (``StartupOrder``);
-4. announces the PATHs on the change feed (``changes``), whole trees;
+4. announces the PATHs on the change feed (``sync.changes``), whole trees;
 5. removes them here the same way every follower does (the kernel told);
 6. lists the tier again: a live name left under a PATH (written after the purge began, or a tier that
    kept it) is named, and the command fails: it never says "forgot" of what every node still serves.
@@ -70,42 +70,6 @@ def _under(path: str, d: str) -> bool:
     return d == path or d.startswith(path + "/")
 
 
-def dirs_under(remote: RemoteStore, paths: list[str]) -> set[str]:
-    """The tier's directories at or under *paths*: a bucket lists only the manifests under each (a purge of
-    one entry must not list a whole fleet's names); other stores filter ``all_dirs``."""
-    from mithrilfs.shared.stores.layered.store import LayeredStore
-    from mithrilfs.shared.stores.s3.store import S3Store, _component, _obstore
-
-    if isinstance(remote, LayeredStore):
-        found = dirs_under(remote.back, paths)
-        try:
-            found |= dirs_under(remote.front, paths)
-        except RemoteError:
-            pass
-        return found
-    if not isinstance(remote, S3Store):
-        return {d for d in remote.all_dirs() if any(_under(p, d) for p in paths)}
-    s3 = remote
-
-    def scan(path: str) -> set[str]:
-        prefix = s3.base + s3._manifest_key(path)[:-1]  # "names/~a/~b/": the manifest "#" and those below
-        out = set()
-        for batch in _obstore().list(s3.names, prefix=prefix, chunk_size=1000):
-            s3.level.moved()
-            for meta in batch:
-                rest = meta["path"][len(prefix):]
-                parts = [q for q in rest[:-1].split("/") if q] if rest.endswith("#") else None
-                if parts is None or not all(q.startswith("~") for q in parts):
-                    continue
-                try:
-                    out.add("/".join([path, *(_component(q) for q in parts)]))
-                except UnicodeError:
-                    continue
-        return out
-
-    return set().union(*s3._call(lambda: [scan(p) for p in paths]))
-
-
 def mount_path(path: str) -> bool:
     """A path a purge may name: every component a name, the first not the control directory (``servable``,
     the check the CLI makes too)."""
@@ -116,7 +80,7 @@ def mount_path(path: str) -> bool:
 def remote_names(tier: PurgeTier, paths: list[str]) -> set[str]:
     """Every live name at or under *paths* in the tier (blocking: run in a thread)."""
     remote = tier.remote
-    dirs = dirs_under(remote, paths)
+    dirs = remote.dirs_under(paths)
     parents = sorted({p.rpartition("/")[0] for p in paths})
     listed = remote.list_dirs(sorted(set(dirs) | set(parents)))
     found: set[str] = set()

@@ -23,7 +23,7 @@ from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.fleet.state import FleetState
-from mithrilfs.shared.fleet.usage import UPLOAD_LAG_SECONDS
+from mithrilfs.shared.stores.ages import UPLOAD_LAG_SECONDS
 from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.sync.changes import Changes

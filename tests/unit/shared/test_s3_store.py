@@ -128,11 +128,11 @@ def test_a_manifest_too_large_to_read_is_still_replaced_only_if_unchanged(stores
     monkeypatch.setattr(s3_store, "MAX_MANIFEST_BYTES", 1000)
     a, b = stores[0], stores[1]
     obstore.put(a.names, a.base + a._manifest_key("big"), b"x" * 2000)
-    raw_b, etag_b = b._read_manifest("big")
+    raw_b, etag_b = b.read_manifest("big")
     assert raw_b == {} and etag_b  # too large: read as empty, but with its ETag
     a.publish_entries([("big/first", RemoteEntry("f", 10, "a", HASH, 1))])
     raw_b[b"second"] = b.codec.encode("big/second", RemoteEntry("f", 11, "b", HASH, 1))
-    assert not b._write_manifest("big", raw_b, etag_b)  # the junk it read is gone: its put must fail
+    assert not b.write_manifest("big", raw_b, etag_b)  # the junk it read is gone: its put must fail
     b.publish_entries([("big/second", RemoteEntry("f", 11, "b", HASH, 1))])  # read, merge, put again
     assert set(a.list_dir("big")) == {b"first", b"second"}
 
@@ -258,14 +258,14 @@ def test_a_publish_refuses_a_place_it_adds_in_a_pack_old_enough_for_gc_to_delete
     import time
     from dataclasses import replace
 
-    from mithrilfs.shared.fleet import usage
+    from mithrilfs.shared.stores import ages
     from mithrilfs.shared.stores.s3.packs import Packs
 
     now = int(time.time())
     bare = RemoteEntry("f", 1, "a", "ab" * 32, 10)
     before = [("d/old", bare), ("d/unknown", bare), ("d/fresh", bare), ("d/kept", replace(bare, pack="cd" * 16)),
               ("d/own", bare), ("d/ahead", bare)]
-    old = now - int(usage.min_grace()) - 5
+    old = now - int(ages.min_grace()) - 5
     located = [("d/old", replace(bare, pack="ef" * 16, packed=old)),
                ("d/unknown", replace(bare, pack="ef" * 16)),
                ("d/fresh", replace(bare, pack="ef" * 16, packed=now)),
@@ -287,7 +287,7 @@ def test_a_small_blob_with_other_bytes_is_reported_for_a_writer_to_mend(stores: 
     a = stores[0]
     good = os.urandom(5000)
     h = hash_bytes(good).hex()
-    obstore.put(a.quick, a.base + a.blobs._blob_key(h), os.urandom(5000))  # planted: the right size, other bytes
+    obstore.put(a.quick, a.base + a.blobs.blob_key(h), os.urandom(5000))  # planted: the right size, other bytes
     assert a.fetch_small_blobs([(h, 5000)]) == [None]
     assert a.counters["remote_verify_failures"] == 1
     assert a.missing_blobs({h: 5000}) == [h]  # reported: a node holding the good bytes writes them over
@@ -316,14 +316,14 @@ def test_purge_records_cost_one_list_and_a_get_each_and_a_record_pruned_before_i
     # a record listed and pruned before its GET: not a hostile record (nothing counted), but its paths are
     # unknown, so its version is the floor
     pruned = next(p for p in listed if bytes(obstore.get(stores[0].names, p).bytes()) == b"r300")
-    real_get = stores[2]._get
+    real_get = stores[2].get_object
 
     def pruned_first(bucket, key, limit):
         if stores[2].base + key == pruned:
             obstore.delete(bucket, pruned)
         return real_get(bucket, key, limit)
 
-    monkeypatch.setattr(stores[2], "_get", pruned_first)
+    monkeypatch.setattr(stores[2], "get_object", pruned_first)
     assert stores[2].kept_purges() == ([b"r400"], 300)
 
 

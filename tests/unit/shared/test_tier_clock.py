@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from mithrilfs.shared.fleet.usage import younger
+from mithrilfs.shared.stores.ages import younger
 from mithrilfs.shared.stores.clock import FUTURE_SLACK_US, STEP_US, TierClock
 from mithrilfs.shared.stores.entries import EntryCodec, RemoteEntry
 from mithrilfs.shared.sync.changes import ChangeCodec

@@ -174,6 +174,14 @@ class LayeredStore(RemoteStore):
             pass
         return sorted(dirs)
 
+    def dirs_under(self, paths: list[str]) -> set[str]:
+        found = self.back.dirs_under(paths)
+        try:
+            found |= self.front.dirs_under(paths)
+        except RemoteError:
+            pass
+        return found
+
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         items = self.placement.locate_for_publish(items)  # Redis's names say where the bucket holds each blob too
         results = self.back.publish_entries(items)

@@ -9,8 +9,8 @@ writes it).
 
 from __future__ import annotations
 
-from mithrilfs.shared.fleet import usage
-from mithrilfs.shared.fleet.gc import Collector, Container
+from mithrilfs.shared.stores import ages
+from mithrilfs.shared.stores.collector import Collector, Container
 from mithrilfs.shared.stores.memory.store import MemoryStore, Space
 
 
@@ -19,7 +19,7 @@ class MemoryCollector(Collector):
 
     def __init__(self, store: MemoryStore) -> None:
         super().__init__(store, store.codec)
-        #: Directories whose recorded use is no time (``usage.use_time``): ``adopt`` writes over it.
+        #: Directories whose recorded use is no time (``ages.use_time``): ``adopt`` writes over it.
         self._refused: set[str] = set()
 
     @property
@@ -60,7 +60,7 @@ class MemoryCollector(Collector):
         def get() -> dict[str, float]:
             out, refused = {}, set()
             for d, v in self.space.used.items():
-                t = usage.use_time(v)
+                t = ages.use_time(v)
                 if t is None:
                     refused.add(d)
                 else:

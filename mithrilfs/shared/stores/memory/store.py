@@ -15,7 +15,7 @@ runs the same scenarios on every backend): the newest (version, node) per
 name stays, an entry that is not valid for the reader (forged, unsigned,
 dated past the tier's time) never keeps a write out; a blob must come to
 exactly its size, a small one is verified (size and blake3) where it is
-read; a blob written longer ago than ``usage.BLOB_TRUST_SECONDS`` counts as
+read; a blob written longer ago than ``ages.BLOB_TRUST_SECONDS`` counts as
 missing (gc may delete it once unreferenced), as in Redis alone; the
 newest ``RECORDS_READ`` records are read, a last write keeps the
 ``RECORDS_KEPT`` newest; the newest ``PURGES_READ`` purges with the floor.
@@ -37,7 +37,7 @@ from typing import Any, BinaryIO, TypeVar
 
 import blake3
 
-from mithrilfs.shared.fleet import usage
+from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.base import Level, RemoteStore, new_counters
 from mithrilfs.shared.stores.clock import TierClock
 from mithrilfs.shared.stores.entries import BlobBytes, EntryCodec, RemoteEntry
@@ -228,7 +228,7 @@ class MemoryStore(RemoteStore):
             out = []
             for h, size in blobs.items():
                 held = self.space.blobs.get(h)
-                if held is None or len(held[0]) != size or not usage.younger(now - held[1], usage.BLOB_TRUST_SECONDS):
+                if held is None or len(held[0]) != size or not ages.younger(now - held[1], ages.BLOB_TRUST_SECONDS):
                     out.append(h)
             return out
 

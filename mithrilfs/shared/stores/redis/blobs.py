@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 
 import blake3
 
-from mithrilfs.shared.fleet import usage
+from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.entries import BlobBytes
 from mithrilfs.shared.stores.redis.conn import RedisConnection
 from mithrilfs.shared.stores.stream import HashedCopy
@@ -44,10 +44,10 @@ class RedisBlobs:
         return self.conn.client
 
     def _call(self, fn: Any, *args: Any) -> Any:
-        return self.conn._call(fn, *args)
+        return self.conn.call(fn, *args)
 
     def _blob_key(self, hex_digest: str, i: int) -> str:
-        return self.conn._blob_key(hex_digest, i)
+        return self.conn.blob_key(hex_digest, i)
 
     def note_blob_names(self, names: dict[str, str]) -> None:
         """One key per blob, set only if absent (the first node's path stays), living as long as the blob:
@@ -136,8 +136,8 @@ class RedisBlobs:
                 whole = all([bool(next(flags)) for _ in range(n)])
                 written = next(flags) if timed else None
                 # a blob written long ago (or before times were kept) may be gc's next: written again
-                if not whole or (timed and (written is None or not usage.younger(now - float(written),
-                                                                                    usage.BLOB_TRUST_SECONDS))):
+                if not whole or (timed and (written is None or not ages.younger(now - float(written),
+                                                                                    ages.BLOB_TRUST_SECONDS))):
                     out.append(h)
             return out
 

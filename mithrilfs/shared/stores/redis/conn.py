@@ -27,7 +27,7 @@ log = logging.getLogger("mithrilfs.shared.redis_wire")  # the name operators kno
 CONNECT_TIMEOUT = 0.5
 OP_TIMEOUT = 2.0
 #: Keys per pipelined batch of reads.
-_BATCH = 512
+BATCH = 512
 
 
 class RedisConnection:
@@ -79,7 +79,7 @@ class RedisConnection:
     def _scrub(self, text: str) -> str:
         return text.replace(self._password, "***") if self._password else text
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if not self.level.available():
             raise self.level.refuse()
         import redis
@@ -102,7 +102,7 @@ class RedisConnection:
     def ping(self) -> None:
         """Raise RemoteError naming the cause unless the server answers now (ignores the back-off)."""
         self.level.retry_now()
-        self._call(lambda: self.client.ping())
+        self.call(lambda: self.client.ping())
 
     def date_by(self, clock: TierClock) -> None:
         self.clock = clock
@@ -116,7 +116,7 @@ class RedisConnection:
                 answer = next(iter(answer.values()))
             return int(answer[0]) + int(answer[1]) / 1e6
 
-        return float(self._call(ask))
+        return float(self.call(ask))
 
     # -- epoch -------------------------------------------------------------
     def _epoch_keys(self) -> list[str]:
@@ -150,10 +150,10 @@ class RedisConnection:
                 self.client.set(k, token)
             return token, True
 
-        return self._call(check)
+        return self.call(check)
 
     # -- key names shared by the parts ----------------------------------------
-    def _blob_key(self, hex_digest: str, i: int) -> str:
+    def blob_key(self, hex_digest: str, i: int) -> str:
         return f"{self.prefix}b:{{{hex_digest}}}:{i}"
 
     @property
@@ -173,7 +173,7 @@ class RedisConnection:
 
     def redis_memory(self) -> int:
         """Bytes of memory the server (all masters) uses, for benchmarks."""
-        info = self._call(lambda: self.client.info("memory"))
+        info = self.call(lambda: self.client.info("memory"))
         if self.cluster:
             return sum(v["used_memory"] for v in info.values())
         return info["used_memory"]

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mithrilfs.shared.fleet import usage
-from mithrilfs.shared.fleet.gc import Collector, Container
+from mithrilfs.shared.stores import ages
+from mithrilfs.shared.stores.collector import Collector, Container
 from mithrilfs.shared.stores.entries import is_hex_digest
-from mithrilfs.shared.stores.redis.store import _BATCH, COMPLETE, RedisStore, _glob_escape
+from mithrilfs.shared.stores.redis.conn import BATCH
+from mithrilfs.shared.stores.redis.store import COMPLETE, RedisStore, glob_escape
 
 # KEYS[1] a directory hash; ARGV: name, value, name, value...: each name deleted if it holds that value
 _REMOVE_IF = """
@@ -58,7 +59,7 @@ class RedisCollector(Collector):
         self.r = store
         self._remove_if: Any = None
         self._delete_blob: Any = None
-        #: Directories whose recorded use is no time (``usage.use_time``): ``adopt`` writes over it.
+        #: Directories whose recorded use is no time (``ages.use_time``): ``adopt`` writes over it.
         self._refused: set[str] = set()
 
     def _script(self, name: str, text: str) -> Any:
@@ -67,20 +68,20 @@ class RedisCollector(Collector):
         return getattr(self, name)
 
     def _scan(self, pattern: str) -> list[bytes]:
-        import redis.cluster
+        import redis.cluster  # redis-py is imported where it is used (``redis.conn``)
 
         kwargs = {"target_nodes": redis.cluster.RedisCluster.PRIMARIES} if self.r.cluster else {}
         return list(self.r.client.scan_iter(match=pattern, count=1000, **kwargs))
 
     # -- names ---------------------------------------------------------------
     def list_names(self) -> dict[str, dict[bytes, bytes]]:
-        prefix = self.r._dir_key("")
+        prefix = self.r.dir_key("")
 
         def get() -> dict[str, dict[bytes, bytes]]:
-            keys = self._scan(_glob_escape(prefix) + "*")
+            keys = self._scan(glob_escape(prefix) + "*")
             out = {}
-            for start in range(0, len(keys), _BATCH):
-                batch = keys[start:start + _BATCH]
+            for start in range(0, len(keys), BATCH):
+                batch = keys[start:start + BATCH]
                 pipe = self.r.client.pipeline(transaction=False)
                 for k in batch:
                     pipe.hgetall(k)
@@ -90,10 +91,10 @@ class RedisCollector(Collector):
                         out[k[len(prefix):].decode(errors="surrogateescape")] = raw
             return out
 
-        return self.r._call(get)
+        return self.r.call(get)
 
     def names_of(self, dir_path: str) -> dict[bytes, bytes]:
-        raw = self.r._call(lambda: self.r.client.hgetall(self.r._dir_key(dir_path)))
+        raw = self.r.call(lambda: self.r.client.hgetall(self.r.dir_key(dir_path)))
         raw.pop(COMPLETE, None)
         return raw
 
@@ -103,16 +104,13 @@ class RedisCollector(Collector):
     def remove_names(self, dir_path: str, raw: dict[bytes, bytes]) -> int:
         args = [x for pair in raw.items() for x in pair]
         n = 0
-        for start in range(0, len(args), 2 * _BATCH):
-            n += self.r._call(lambda a=args[start:start + 2 * _BATCH]: self._script("_remove_if", _REMOVE_IF)(
-                keys=[self.r._dir_key(dir_path)], args=a))
+        for start in range(0, len(args), 2 * BATCH):
+            n += self.r.call(lambda a=args[start:start + 2 * BATCH]: self._script("_remove_if", _REMOVE_IF)(
+                keys=[self.r.dir_key(dir_path)], args=a))
         return n
 
-    def remove_entry_if(self, dir_path: str, name: bytes, raw: bytes) -> bool:
-        return self.remove_names(dir_path, {name: raw}) == 1
-
     def put_back(self, dir_path: str, name: bytes, raw: bytes) -> None:
-        self.r._call(lambda: self.r.client.hsetnx(self.r._dir_key(dir_path), name, raw))
+        self.r.call(lambda: self.r.client.hsetnx(self.r.dir_key(dir_path), name, raw))
 
     # -- use records ------------------------------------------------------------
     def use_times(self) -> dict[str, float]:
@@ -121,7 +119,7 @@ class RedisCollector(Collector):
         def get() -> dict[str, float]:
             out, refused = {}, set()
             for k, v in self.r.client.zscan_iter(self.r.used_key, count=1000):
-                d, t = k.decode(errors="surrogateescape"), usage.use_time(v)
+                d, t = k.decode(errors="surrogateescape"), ages.use_time(v)
                 if t is None:
                     refused.add(d)
                 else:
@@ -130,13 +128,13 @@ class RedisCollector(Collector):
             self.r.counters["remote_rejected"] += len(refused)
             return out
 
-        return self.r._call(get)
+        return self.r.call(get)
 
     def adopt(self, dirs: list[str], when: float, *, replace: bool = False) -> None:
         def add() -> None:
             pipe = self.r.client.pipeline(transaction=False)
-            for start in range(0, len(dirs), _BATCH):
-                batch = dirs[start:start + _BATCH]
+            for start in range(0, len(dirs), BATCH):
+                batch = dirs[start:start + BATCH]
                 if replace:  # records dated past *when*: lowered to it (LT)
                     pipe.zadd(self.r.used_key, dict.fromkeys(batch, when), lt=True)
                     continue
@@ -147,17 +145,17 @@ class RedisCollector(Collector):
             pipe.execute()
 
         if dirs:
-            self.r._call(add)
+            self.r.call(add)
 
     def forget_use(self, dirs: list[str]) -> None:
         def rem() -> None:
             pipe = self.r.client.pipeline(transaction=False)
-            for start in range(0, len(dirs), _BATCH):
-                pipe.zrem(self.r.used_key, *dirs[start:start + _BATCH])
+            for start in range(0, len(dirs), BATCH):
+                pipe.zrem(self.r.used_key, *dirs[start:start + BATCH])
             pipe.execute()
 
         if dirs:
-            self.r._call(rem)
+            self.r.call(rem)
 
     # -- blobs -------------------------------------------------------------------
     def containers(self, *, adopt: bool = True) -> list[Container]:
@@ -168,7 +166,7 @@ class RedisCollector(Collector):
         def get() -> list[Container]:
             times = {k.decode(): float(v) for k, v in self.r.client.zscan_iter(self.r.blob_times_key, count=1000)}
             hexes = []
-            for k in self._scan(_glob_escape(prefix) + "{*}:0"):
+            for k in self._scan(glob_escape(prefix) + "{*}:0"):
                 h = k[len(prefix):].decode(errors="replace")[1:-3]
                 if is_hex_digest(h):
                     hexes.append(h)
@@ -176,21 +174,21 @@ class RedisCollector(Collector):
             untimed = [h for h in hexes if h not in times] if adopt else []
             sizes: list[int] = []
             pipe = self.r.client.pipeline(transaction=False)
-            for start in range(0, len(untimed), _BATCH):
-                pipe.zadd(self.r.blob_times_key, dict.fromkeys(untimed[start:start + _BATCH], now), nx=True)
+            for start in range(0, len(untimed), BATCH):
+                pipe.zadd(self.r.blob_times_key, dict.fromkeys(untimed[start:start + BATCH], now), nx=True)
             for h in hexes:
-                pipe.strlen(self.r._blob_key(h, 0))
+                pipe.strlen(self.r.blob_key(h, 0))
             sizes = pipe.execute()[-len(hexes):] if hexes else []
             return [Container(h, (h,), int(size), times.get(h, now)) for h, size in zip(hexes, sizes)]
 
-        return self.r._call(get)
+        return self.r.call(get)
 
     def delete_container(self, c: Container, older_than: float) -> int | None:
         h = c.id
         bt, note = self.r.blob_times_key, f"{self.r.prefix}bn:{{{h}}}"
         if not self.r.cluster:
-            freed = self.r._call(lambda: self._script("_delete_blob", _DELETE_BLOB)(
-                keys=[bt, note], args=[h, older_than, self.r._blob_key(h, 0)[:-1]]))
+            freed = self.r.call(lambda: self._script("_delete_blob", _DELETE_BLOB)(
+                keys=[bt, note], args=[h, older_than, self.r.blob_key(h, 0)[:-1]]))
             return None if freed < 0 else int(freed)
 
         def delete() -> int | None:  # a cluster: the time and the chunks are in different slots
@@ -199,7 +197,7 @@ class RedisCollector(Collector):
                 return None
             freed, i = 0, 0
             while True:
-                k = self.r._blob_key(h, i)
+                k = self.r.blob_key(h, i)
                 n = self.r.client.strlen(k)
                 if not self.r.client.delete(k):
                     break
@@ -209,7 +207,7 @@ class RedisCollector(Collector):
             self.r.client.zrem(bt, h)
             return freed
 
-        return self.r._call(delete)
+        return self.r.call(delete)
 
     def write_summary(self, data: bytes) -> None:
-        self.r._call(lambda: self.r.client.set(f"{self.r.prefix}gc", data))
+        self.r.call(lambda: self.r.client.set(f"{self.r.prefix}gc", data))

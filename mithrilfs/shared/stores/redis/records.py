@@ -38,7 +38,7 @@ class RedisShelf(Shelf):
         return self.conn.client
 
     def run(self, fn: Callable[[], T]) -> T:
-        return self.conn._call(fn)
+        return self.conn.call(fn)
 
     def _index(self, shelf: str) -> str:
         name = shelf_set_name(shelf)

@@ -36,7 +36,7 @@ from mithrilfs.shared.stores.entries import (  # noqa: F401  (the entry model, r
     parse_entry,
 )
 from mithrilfs.shared.stores.redis.blobs import CHUNK, RedisBlobs
-from mithrilfs.shared.stores.redis.conn import _BATCH, RedisConnection
+from mithrilfs.shared.stores.redis.conn import BATCH, RedisConnection
 from mithrilfs.shared.stores.redis.records import RedisShelf
 
 #: The field that marks a directory hash complete (no entry name holds a NUL byte); its value is when.
@@ -96,7 +96,7 @@ class RedisStore(RedisConnection, RemoteStore):
         return self.blobs.blob_ttl
 
     # -- entries -----------------------------------------------------------
-    def _dir_key(self, dir_path: str) -> str:
+    def dir_key(self, dir_path: str) -> str:
         return f"{self.prefix}d:{dir_path}"
 
     def encode(self, path: str, entry: RemoteEntry) -> bytes:
@@ -108,9 +108,9 @@ class RedisStore(RedisConnection, RemoteStore):
     def list_dirs_complete(self, dir_paths: list[str]) -> dict[str, tuple[dict[bytes, RemoteEntry], bool]]:
         """Directories' entries, and whether each was marked complete (``mark_complete``), pipelined."""
         out = {}
-        for start in range(0, len(dir_paths), _BATCH):
-            batch = dir_paths[start:start + _BATCH]
-            for d, raw in zip(batch, self._call(self._hgetall_many, batch)):
+        for start in range(0, len(dir_paths), BATCH):
+            batch = dir_paths[start:start + BATCH]
+            for d, raw in zip(batch, self.call(self._hgetall_many, batch)):
                 complete = _fresh_mark(raw.pop(COMPLETE, None), self.clock.now())
                 out[d] = (self._entries(d, raw), complete)
         return out
@@ -123,11 +123,11 @@ class RedisStore(RedisConnection, RemoteStore):
         def unmark() -> None:
             pipe = self.client.pipeline(transaction=False)
             for d in dir_paths:
-                pipe.hdel(self._dir_key(d), COMPLETE)
+                pipe.hdel(self.dir_key(d), COMPLETE)
             pipe.execute()
 
         if dir_paths:
-            self._call(unmark)
+            self.call(unmark)
 
     def mark_complete(self, dir_paths: list[str]) -> None:
         """These directories hold every name of the store behind Redis (``stores.layered.store``): read them alone."""
@@ -135,11 +135,11 @@ class RedisStore(RedisConnection, RemoteStore):
             pipe = self.client.pipeline(transaction=False)
             now = str(self.clock.now()).encode()
             for d in dir_paths:
-                pipe.hset(self._dir_key(d), COMPLETE, now)
+                pipe.hset(self.dir_key(d), COMPLETE, now)
             pipe.execute()
 
         if dir_paths:
-            self._call(mark)
+            self.call(mark)
 
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
         """Write entries where they are newer than what Redis holds.
@@ -151,7 +151,7 @@ class RedisStore(RedisConnection, RemoteStore):
         """
         if not items:
             return []
-        out = self._call(self._publish_entries, items)
+        out = self.call(self._publish_entries, items)
         self.level.wrote()
         return out
 
@@ -177,7 +177,7 @@ class RedisStore(RedisConnection, RemoteStore):
         calls = []
         for path, entry in items:
             dir_path, _, name = path.rpartition("/")
-            calls.append((self._dir_key(dir_path), name.encode(errors="surrogateescape"), self.encode(path, entry),
+            calls.append((self.dir_key(dir_path), name.encode(errors="surrogateescape"), self.encode(path, entry),
                           entry.version, entry.node, "1" if force else "0", FUTURE_SLACK_US))
         if not self.cluster:
             return self._pipelined_script(self.client, calls)
@@ -243,7 +243,7 @@ class RedisStore(RedisConnection, RemoteStore):
     def _hgetall_many(self, dir_paths: list[str]) -> list[dict]:
         pipe = self.client.pipeline(transaction=False)
         for d in dir_paths:
-            pipe.hgetall(self._dir_key(d))
+            pipe.hgetall(self.dir_key(d))
         return pipe.execute()
 
     def _entries(self, dir_path: str, raw: dict) -> dict[bytes, RemoteEntry]:
@@ -252,34 +252,34 @@ class RedisStore(RedisConnection, RemoteStore):
 
     def all_dirs(self) -> list[str]:
         """The path of every directory hash in the namespace (SCAN: never blocks the server)."""
-        prefix = self._dir_key("")
+        prefix = self.dir_key("")
 
         def scan() -> list[str]:
             import redis.cluster
 
             kwargs = {"target_nodes": redis.cluster.RedisCluster.PRIMARIES} if self.cluster else {}
-            keys = self.client.scan_iter(match=_glob_escape(prefix) + "*", count=1000, **kwargs)
+            keys = self.client.scan_iter(match=glob_escape(prefix) + "*", count=1000, **kwargs)
             return sorted({k[len(prefix):].decode(errors="surrogateescape") for k in keys})
 
-        return self._call(scan)
+        return self.call(scan)
     # -- use records (``fleet.usage``) -------------------------------------------------
     def record_use(self, records: dict[str, float]) -> None:
         """``ZADD GT`` into a sorted set of directories by last use: a record never moves one back."""
         def add() -> None:
             pipe = self.client.pipeline(transaction=False)
             items = list(records.items())
-            for start in range(0, len(items), _BATCH):
-                pipe.zadd(self.used_key, dict(items[start:start + _BATCH]), gt=True)
+            for start in range(0, len(items), BATCH):
+                pipe.zadd(self.used_key, dict(items[start:start + BATCH]), gt=True)
             pipe.execute()
 
         if records:
-            self._call(add)
+            self.call(add)
 
     def tier_summary(self) -> dict[str, Any] | None:
         from mithrilfs.shared.stores.summary import parse_summary
 
-        return parse_summary(self._call(lambda: self.client.get(f"{self.prefix}gc")))
+        return parse_summary(self.call(lambda: self.client.get(f"{self.prefix}gc")))
 
 
-def _glob_escape(text: str) -> str:
+def glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -1,7 +1,7 @@
 """A bucket's blobs: fetched from their packs or their own objects, found missing, uploaded.
 
 Part of ``stores.s3.store.S3Store`` (its ``blobs``), which runs these in its
-``_call`` (failures become a ``RemoteError`` and a back-off).  Small blobs
+``call`` (failures become a ``RemoteError`` and a back-off).  Small blobs
 travel in packs (``stores.s3.packs``); larger ones, and blobs written over
 (found at the wrong size, or reported bad by a reader: ``stores.s3.repair``), are
 objects of their own, ``blobs/HH/HEX``.  It speaks to the bucket through the
@@ -18,9 +18,9 @@ from typing import Any, BinaryIO
 
 import blake3
 
-from mithrilfs.shared.fleet import usage
+from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.entries import BlobBytes
-from mithrilfs.shared.stores.s3.conn import PART_BYTES, PROGRESS_BYTES, S3Connection, _obstore
+from mithrilfs.shared.stores.s3.conn import PART_BYTES, PROGRESS_BYTES, S3Connection, obstore_api
 from mithrilfs.shared.stores.s3.packs import PACK_BLOB_BYTES, Packs
 from mithrilfs.shared.stores.s3.repair import BadBlobReports, hashes_to
 from mithrilfs.shared.stores.stream import HashedCopy
@@ -45,7 +45,7 @@ class S3Blobs:
         #: must not let a corrupt local file replace a good object), and the report goes once replaced.
         self.verify_first: set[str] = set()
 
-    def _blob_key(self, hex_digest: str) -> str:
+    def blob_key(self, hex_digest: str) -> str:
         return f"blobs/{hex_digest[:2]}/{hex_digest}"
 
     def fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
@@ -68,12 +68,12 @@ class S3Blobs:
     def _bad_in_pack(self, hex_digest: str) -> None:
         """A blob its pack did not give right and that has no good object of its own: never served, and
         reported, so a node holding it writes it again (``missing_blobs``)."""
-        self.store._count("remote_verify_failures")
+        self.store.count("remote_verify_failures")
         self.reports.report(hex_digest)
 
     def _fetch_own_object(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
-        result = self.store._unless_absent(
-            lambda: _obstore().get(self.store.blobs_for(size), self.store.base + self._blob_key(hex_digest)))
+        result = self.store.unless_absent(
+            lambda: obstore_api().get(self.store.blobs_for(size), self.store.base + self.blob_key(hex_digest)))
         if result is None:
             return None
         if result.meta["size"] != size:
@@ -85,7 +85,7 @@ class S3Blobs:
         digest = copy.digest()
         if not digest:
             return b""
-        self.store._count("remote_fetched_bytes", copy.got)
+        self.store.count("remote_fetched_bytes", copy.got)
         if digest.hex() != hex_digest:
             self.reports.report(hex_digest)
         return digest
@@ -95,15 +95,15 @@ class S3Blobs:
         give right) from their own objects, concurrently; each verified (``RemoteStore.fetch_small_blobs``)."""
         def own(i: int) -> bytes | None:
             h, size = blobs[i]
-            got = self.store._get(self.store.blobs_for(size), self._blob_key(h), size)
+            got = self.store.get_object(self.store.blobs_for(size), self.blob_key(h), size)
             if got is None:
                 return None
             if got[0] is None or len(got[0]) != size:  # another size than its entry says: bad data
-                self.store._count("remote_verify_failures")
+                self.store.count("remote_verify_failures")
                 return None
-            self.store._count("remote_fetched_bytes", size)
+            self.store.count("remote_fetched_bytes", size)
             if blake3.blake3(got[0]).hexdigest() != h:  # never served; the bucket learns it is bad
-                self.store._count("remote_verify_failures")
+                self.store.count("remote_verify_failures")
                 log.error("remote blob %s does not match its hash: rejected", h)
                 self.reports.report(h)
                 return None
@@ -113,7 +113,7 @@ class S3Blobs:
             out: list[BlobBytes | None] = [b"" if size == 0 else None for _, size in blobs]
             failed = set(self.packs.fetch(blobs, out))
             rest = [i for i, (_, size) in enumerate(blobs) if size and out[i] is None]
-            for i, data in zip(rest, self.store._parallel(own, rest)):
+            for i, data in zip(rest, self.store.parallel(own, rest)):
                 out[i] = data
                 if data is None and i in failed:
                     self._bad_in_pack(blobs[i][0])
@@ -140,14 +140,14 @@ class S3Blobs:
             if loc is not None:
                 # a pack written longer ago than the trust period may be one ``fleet gc`` deletes once no
                 # name locates it: the blob is packed again (a new place), as an old loose blob is written again
-                return None if usage.younger(self.store.clock.now() - loc[2], usage.BLOB_TRUST_SECONDS) else h
+                return None if ages.younger(self.store.clock.now() - loc[2], ages.BLOB_TRUST_SECONDS) else h
             if size <= PACK_BLOB_BYTES and not self.packs.knows(h):
                 return h
-            meta = self.store._unless_absent(lambda: _obstore().head(self.store.quick, self.store.base + self._blob_key(h)))
+            meta = self.store.unless_absent(lambda: obstore_api().head(self.store.quick, self.store.base + self.blob_key(h)))
             if meta is None:
                 return h
-            if meta["size"] != size or not usage.younger(object_age(meta, self.store.clock.now()),
-                                                             usage.BLOB_TRUST_SECONDS):
+            if meta["size"] != size or not ages.younger(object_age(meta, self.store.clock.now()),
+                                                             ages.BLOB_TRUST_SECONDS):
                 # the wrong size, or old enough that ``fleet gc`` may delete it once unreferenced: written
                 # over (renewing its time, ``fleet.usage``)
                 with self._lock:
@@ -163,7 +163,7 @@ class S3Blobs:
             with self._lock:
                 self.bad |= bad
                 self.verify_first.update(bad)
-            return [h for h in self.store._parallel(one, blobs.items()) if h is not None]
+            return [h for h in self.store.parallel(one, blobs.items()) if h is not None]
 
         bad: set[str] = set()
         return check()
@@ -209,12 +209,12 @@ class S3Blobs:
                         gone.add(h)
                     return
                 if size <= PART_BYTES:
-                    written = self.store._put(self.store.blobs_for(size), self._blob_key(h), f.read(),
+                    written = self.store.put_object(self.store.blobs_for(size), self.blob_key(h), f.read(),
                                         "overwrite" if bad else "create", size)
                 else:
-                    written = self.store._put(self.store.blobs_for(size), self._blob_key(h), f, "overwrite", size)
+                    written = self.store.put_object(self.store.blobs_for(size), self.blob_key(h), f, "overwrite", size)
                 if written:
-                    self.store._count("remote_uploaded_bytes", size)
+                    self.store.count("remote_uploaded_bytes", size)
             if verify:
                 self.reports.repaired(h)
             if bad:
@@ -225,7 +225,7 @@ class S3Blobs:
 
         def run() -> None:
             self.packs.upload(packed, gone)
-            self.store._parallel(one, alone)
+            self.store.parallel(one, alone)
 
         run()
         return gone

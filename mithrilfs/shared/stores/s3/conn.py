@@ -20,17 +20,16 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from mithrilfs.shared.stores.base import Level, new_counters
+from mithrilfs.shared.stores.base import REMOTE_WAIT, Level, new_counters
 from mithrilfs.shared.stores.clock import TierClock
 from mithrilfs.shared.stores.s3.settings import S3Location, S3Settings
-from mithrilfs.shared.sync.bounded import REMOTE_WAIT
 
 # obstore is imported where it is used: a mount without an s3 remote starts without it
 
 log = logging.getLogger("mithrilfs.shared.s3_wire")  # the name operators know from the logs
 
 #: Bodies are read in chunks of this size, each counted as it arrives: the mount's bound on a wait
-#: (``bounded.REMOTE_WAIT`` without progress) then holds for links down to 128 KiB/s.
+#: (``REMOTE_WAIT`` without progress) then holds for links down to 128 KiB/s.
 PROGRESS_BYTES = 256 << 10
 #: A blob up to this size is put in one request; larger ones in parts of it, streamed from the file.
 PART_BYTES = 8 << 20
@@ -47,7 +46,7 @@ BULK_TIMEOUT = timedelta(seconds=120)
 QUICK_BLOB_BYTES = 1 << 20
 #: The first pause before a request the bucket asked to slow down for is sent again (the client's own two
 #: quick retries spent); it doubles up to ``SLOWED_PAUSE_MAX``, each drawn at random below it (full jitter:
-#: the nodes of a burst do not come back together).  Retried for ``bounded.REMOTE_WAIT`` at most.
+#: the nodes of a burst do not come back together).  Retried for ``REMOTE_WAIT`` at most.
 SLOWED_PAUSE = 0.1
 SLOWED_PAUSE_MAX = 1.0
 #: An answer asking for fewer requests, not a failure of the bucket: S3's ``503 Slow Down`` (a HEAD's has no
@@ -57,7 +56,7 @@ _SLOWED = re.compile(r"status code: (?:503|429)\b|<Code>(?:SlowDown|Throttling|T
 
 
 class Throttled(OSError):
-    """The bucket kept asking for fewer requests for ``REMOTE_WAIT``: the request gave up (``_call`` makes it a
+    """The bucket kept asking for fewer requests for ``REMOTE_WAIT``: the request gave up (``call`` makes it a
     failure of the level, which backs off)."""
 
 
@@ -122,7 +121,7 @@ class S3Connection:
         """The client for a blob of *size* bytes: a small one must not wait minutes on a stalled endpoint."""
         return self._made(QUICK_TIMEOUT if size <= QUICK_BLOB_BYTES else BULK_TIMEOUT)
 
-    def _count(self, counter: str, n: int = 1) -> None:
+    def count(self, counter: str, n: int = 1) -> None:
         """Counters are added to from the pool's threads."""
         with self._lock:
             self.counters[counter] += n
@@ -130,7 +129,7 @@ class S3Connection:
     def levels(self) -> list[Level]:
         return [self.level]
 
-    def _why(self, e: BaseException) -> str:
+    def why(self, e: BaseException) -> str:
         """One line naming the cause of a failed request (the client's messages run to many lines)."""
         text = str(e)
         endpoint = self.settings.endpoint or "AWS S3"
@@ -151,13 +150,13 @@ class S3Connection:
         first = next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)
         return first[:300]
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run *fn* against the bucket: its failures become a RemoteError and a back-off.
 
         Data the bucket holds is never a failure of the bucket: every parser
         here handles what it cannot read itself (counted in ``remote_rejected``).
         Nor is the bucket asking for fewer requests: the requests that carry
-        a node's work (GETs, HEADs, PUTs: ``_unless_absent``, ``_put``) are sent
+        a node's work (GETs, HEADs, PUTs: ``unless_absent``, ``put_object``) are sent
         again one by one (``patiently``); *fn* as a whole is run again when one
         of its other requests (a listing, a delete) was answered so.
         """
@@ -168,7 +167,7 @@ class S3Connection:
         try:
             result = self.patiently(lambda: fn(*args))
         except (obstore.exceptions.BaseError, OSError) as e:
-            raise self.level.failed(self._why(e), log) from None
+            raise self.level.failed(self.why(e), log) from None
         except BaseException as e:
             if type(e).__name__ != "PanicException":  # the Rust client's panic is no Exception
                 raise
@@ -198,11 +197,11 @@ class S3Connection:
                 deadline = deadline or now + REMOTE_WAIT
                 self.level.slowed(log)
                 if now >= deadline:
-                    raise Throttled(f"asked to slow down for {REMOTE_WAIT:g} s: {self._why(e)}") from None
+                    raise Throttled(f"asked to slow down for {REMOTE_WAIT:g} s: {self.why(e)}") from None
                 time.sleep(min(random.uniform(0, pause), deadline - now))
                 pause = min(2 * pause, SLOWED_PAUSE_MAX)
 
-    def _unless_absent(self, call: Callable[[], Any]) -> Any:
+    def unless_absent(self, call: Callable[[], Any]) -> Any:
         """*call*'s answer (a GET or HEAD, counted as one request), None when the object does not exist;
         a missing bucket is no missing object, but an error."""
         try:
@@ -214,10 +213,10 @@ class S3Connection:
         self.level.moved()
         return result
 
-    def _get(self, client: Any, key: str, limit: int) -> tuple[bytes | None, str | None] | None:
+    def get_object(self, client: Any, key: str, limit: int) -> tuple[bytes | None, str | None] | None:
         """(an object's bytes, its ETag), None when absent; the bytes are None when it holds more than
         *limit* (never read: hostile or broken), the ETag None when the server gave none."""
-        result = self._unless_absent(lambda: _obstore().get(client, self.base + key))
+        result = self.unless_absent(lambda: obstore_api().get(client, self.base + key))
         if result is None:
             return None
         etag = result.meta.get("e_tag") or None
@@ -229,12 +228,12 @@ class S3Connection:
             self.level.moved(down=len(parts[-1]), requests=0)  # as it arrives: the bound on a wait sees progress
         return b"".join(parts), etag
 
-    def _put(self, client: Any, key: str, data: Any, mode: Any, size: int) -> bool:
+    def put_object(self, client: Any, key: str, data: Any, mode: Any, size: int) -> bool:
         """Put an object; False when the condition failed (someone else wrote it first)."""
         import obstore.exceptions
 
         try:
-            self.patiently(lambda: _obstore().put(client, self.base + key, data, mode=mode, chunk_size=PART_BYTES))
+            self.patiently(lambda: obstore_api().put(client, self.base + key, data, mode=mode, chunk_size=PART_BYTES))
         except (obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
             self.level.moved()
             return False
@@ -245,7 +244,7 @@ class S3Connection:
         """The keys under *prefix* (relative to the namespace), one LIST page: a few records are listed there,
         and a flood of planted keys costs one request."""
         keys = []
-        for batch in _obstore().list(self.names, prefix=self.base + prefix, chunk_size=1000):
+        for batch in obstore_api().list(self.names, prefix=self.base + prefix, chunk_size=1000):
             keys += [meta["path"][len(self.base):] for meta in batch]
             break
         self.level.moved()
@@ -256,22 +255,22 @@ class S3Connection:
         per namespace, a few bytes; a PUT and a HEAD), plus half a second: it has whole seconds, cut down,
         so the middle of its second is the best guess (``stores.clock`` allows for the error)."""
         def ask() -> float:
-            self._put(self.quick, "clock", b"t", "overwrite", 1)
-            meta = self._unless_absent(lambda: _obstore().head(self.quick, self.base + "clock"))
+            self.put_object(self.quick, "clock", b"t", "overwrite", 1)
+            meta = self.unless_absent(lambda: obstore_api().head(self.quick, self.base + "clock"))
             if meta is None:
                 raise FileNotFoundError("the clock object vanished as it was written")
             return float(meta["last_modified"].timestamp()) + 0.5
 
-        return float(self._call(ask))
+        return float(self.call(ask))
 
-    def _parallel(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+    def parallel(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
         return list(self._pool.map(fn, items))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _obstore() -> Any:
+def obstore_api() -> Any:
     """The obstore module, imported at first use (a mount without an s3 remote starts without it)."""
     import obstore
 

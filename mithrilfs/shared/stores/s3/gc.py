@@ -13,7 +13,7 @@ blobs again after the sweep: ``write_behind``, ``Packs.swept``).  S3 has no
 conditional DELETE that SeaweedFS and obstore both offer, hence the marker;
 one per run, so a run that ends removes its own and never another's.
 
-Only keys that parse as this namespace's own (``s3_layout``) are read,
+Only keys that parse as this namespace's own (``s3.layout``) are read,
 merged or deleted: a listing of ``usage/``, ``blobs/`` or ``packs/`` also
 returns whatever lies below them (another fleet nested there, a planted
 object).
@@ -25,16 +25,14 @@ import json
 import time
 from typing import Any
 
-from mithrilfs.shared.fleet import usage
-from mithrilfs.shared.fleet.gc import Collector, Container
-from mithrilfs.shared.stores.base import RemoteStore
+from mithrilfs.shared.stores import ages
+from mithrilfs.shared.stores.collector import Collector, Container
 from mithrilfs.shared.stores.entries import RemoteError, is_hex_digest, is_pack_id
-from mithrilfs.shared.stores.layered.store import LayeredStore
-from mithrilfs.shared.stores.redis.gc import RedisCollector
 from mithrilfs.shared.stores.s3.blobs import object_age
+from mithrilfs.shared.stores.s3.conn import obstore_api
 from mithrilfs.shared.stores.s3.layout import SWEEPS, USAGE, is_record_key, record_key
 from mithrilfs.shared.stores.s3.packs import pack_key
-from mithrilfs.shared.stores.s3.store import CAS_ATTEMPTS, S3Store, _component, _obstore
+from mithrilfs.shared.stores.s3.store import CAS_ATTEMPTS, S3Store, unquote_component
 
 #: A gc that finds more use-record objects than this merges them into one.
 USAGE_COMPACTED = 64
@@ -43,11 +41,11 @@ MAX_USAGE_BYTES = 32 << 20
 
 
 class S3Collector(Collector):
-    def __init__(self, store: RemoteStore, bucket: S3Store | None = None) -> None:
-        s3 = bucket if bucket is not None else store
-        assert isinstance(s3, S3Store)
-        super().__init__(store, s3.codec)
-        self.s3: S3Store = s3
+    """The bucket's half of gc (see the module doc); behind Redis, ``layered.gc`` wraps it."""
+
+    def __init__(self, s3: S3Store) -> None:
+        super().__init__(s3, s3.codec)
+        self.s3 = s3
         self._usage_keys: list[str] = []
         self._usage: dict[str, float] = {}
         self._swept_at = 0.0
@@ -58,7 +56,7 @@ class S3Collector(Collector):
 
     def _list(self, prefix: str) -> list[dict[str, Any]]:
         out = []
-        for batch in _obstore().list(self.s3.names, prefix=self.s3.base + prefix, chunk_size=1000):
+        for batch in obstore_api().list(self.s3.names, prefix=self.s3.base + prefix, chunk_size=1000):
             self.s3.level.moved()
             out += batch
         return out
@@ -75,20 +73,20 @@ class S3Collector(Collector):
                     continue
                 parts = [p for p in rest[:-1].split("/") if p]
                 try:
-                    names = [_component(p) for p in parts if p.startswith("~")]
+                    names = [unquote_component(p) for p in parts if p.startswith("~")]
                 except UnicodeError:
                     continue
                 if len(names) == len(parts):
                     listed["/".join(names)] = meta.get("e_tag") or ""
             todo = [d for d, etag in listed.items() if not etag or self._manifests.get(d, ("", {}))[0] != etag]
-            for d, (raw, etag) in zip(todo, self.s3._parallel(self.s3._read_manifest, todo)):
+            for d, (raw, etag) in zip(todo, self.s3.parallel(self.s3.read_manifest, todo)):
                 self._manifests[d] = (etag or "", raw)
             return {d: self._manifests[d][1] for d in listed if self._manifests[d][1]}
 
-        return self.s3._call(get)
+        return self.s3.call(get)
 
     def names_of(self, dir_path: str) -> dict[bytes, bytes]:
-        return self.s3._call(lambda: self.s3._read_manifest(dir_path)[0])
+        return self.s3.call(lambda: self.s3.read_manifest(dir_path)[0])
 
     def is_empty(self, dir_path: str) -> bool:
         return not self.names_of(dir_path)
@@ -97,14 +95,14 @@ class S3Collector(Collector):
         """Read, change (returns how many names it changed), put ``If-Match``; again on a 412."""
         def go() -> int:
             for _ in range(CAS_ATTEMPTS):
-                raw, etag = self.s3._read_manifest(dir_path)
+                raw, etag = self.s3.read_manifest(dir_path)
                 n = change(raw)
-                if not n or self.s3._write_manifest(dir_path, raw, etag):
+                if not n or self.s3.write_manifest(dir_path, raw, etag):
                     return n
                 time.sleep(0.05)
             raise RemoteError(f"directory {dir_path!r}: writers kept changing it")
 
-        return self.s3._call(go)
+        return self.s3.call(go)
 
     def remove_names(self, dir_path: str, raw: dict[bytes, bytes]) -> int:
         def change(cur: dict[bytes, bytes]) -> int:
@@ -114,9 +112,6 @@ class S3Collector(Collector):
             return len(gone)
 
         return self._cas(dir_path, change)
-
-    def remove_entry_if(self, dir_path: str, name: bytes, raw: bytes) -> bool:
-        return self.remove_names(dir_path, {name: raw}) == 1
 
     def put_back(self, dir_path: str, name: bytes, raw: bytes) -> None:
         def change(cur: dict[bytes, bytes]) -> int:
@@ -134,11 +129,11 @@ class S3Collector(Collector):
         def get() -> dict[str, float]:
             listed = [(m["path"][len(self.s3.base):], m) for m in self._list(USAGE)]
             records = [(k, m) for k, m in listed if is_record_key(USAGE, k) and int(m["size"]) <= MAX_USAGE_BYTES]
-            self.s3._count("remote_rejected", sum(1 for k, _ in listed if is_record_key(USAGE, k)) - len(records))
+            self.s3.count("remote_rejected", sum(1 for k, _ in listed if is_record_key(USAGE, k)) - len(records))
             keys = [k for k, _ in records]
             metas = [m for _, m in records]
             merged: dict[str, float] = {}
-            for meta, chunk in zip(metas, self.s3._parallel(self._read_usage, keys)):
+            for meta, chunk in zip(metas, self.s3.parallel(self._read_usage, keys)):
                 written = meta.get("last_modified")
                 latest = written.timestamp() if written is not None else float("inf")
                 for d, t in chunk.items():
@@ -146,12 +141,12 @@ class S3Collector(Collector):
             self._usage_keys, self._usage = keys, merged
             return merged
 
-        return self.s3._call(get)
+        return self.s3.call(get)
 
     def _read_usage(self, key: str) -> dict[str, float]:
         """One record object's directory -> time; what is not (not JSON, a time that is no time) is refused
         and counted in ``remote_rejected``."""
-        got = self.s3._get(self.s3.names, key, MAX_USAGE_BYTES)
+        got = self.s3.get_object(self.s3.names, key, MAX_USAGE_BYTES)
         if got is None:
             return {}
         try:
@@ -159,10 +154,10 @@ class S3Collector(Collector):
         except (ValueError, RecursionError):
             d = None
         if not isinstance(d, dict):
-            self.s3._count("remote_rejected")
+            self.s3.count("remote_rejected")
             return {}
-        out = {k: t for k, v in d.items() if isinstance(k, str) and (t := usage.use_time(v)) is not None}
-        self.s3._count("remote_rejected", len(d) - len(out))
+        out = {k: t for k, v in d.items() if isinstance(k, str) and (t := ages.use_time(v)) is not None}
+        self.s3.count("remote_rejected", len(d) - len(out))
         return out
 
     def adopt(self, dirs: list[str], when: float, *, replace: bool = False) -> None:
@@ -176,11 +171,11 @@ class S3Collector(Collector):
 
         def compact() -> None:
             data = json.dumps(keep, sort_keys=True).encode(errors="surrogateescape")
-            self.s3._put(self.s3.names, record_key(USAGE), data, "create", len(data))
-            self.s3._parallel(lambda key: _obstore().delete(self.s3.names, self.s3.base + key), self._usage_keys)
+            self.s3.put_object(self.s3.names, record_key(USAGE), data, "create", len(data))
+            self.s3.parallel(lambda key: obstore_api().delete(self.s3.names, self.s3.base + key), self._usage_keys)
             self.s3.level.moved(requests=len(self._usage_keys))
 
-        self.s3._call(compact)
+        self.s3.call(compact)
 
     # -- blobs -------------------------------------------------------------------
     def containers(self, *, adopt: bool = True) -> list[Container]:
@@ -189,7 +184,7 @@ class S3Collector(Collector):
             out = []
             for meta in self._list("blobs/"):
                 h = meta["path"].rpartition("/")[2]
-                if is_hex_digest(h) and meta["path"] == self.s3.base + self.s3.blobs._blob_key(h):
+                if is_hex_digest(h) and meta["path"] == self.s3.base + self.s3.blobs.blob_key(h):
                     out.append(Container(h, (h,), int(meta["size"]), meta["last_modified"].timestamp()))
             for meta in self._list("packs/"):
                 p = meta["path"].rpartition("/")[2]
@@ -197,27 +192,27 @@ class S3Collector(Collector):
                     out.append(Container(p, (p,), int(meta["size"]), meta["last_modified"].timestamp(), "pack"))
             return out
 
-        return self.s3._call(get)
+        return self.s3.call(get)
 
     def delete_container(self, c: Container, older_than: float) -> int | None:
-        key = self.s3.base + (pack_key(c.id) if c.kind == "pack" else self.s3.blobs._blob_key(c.id))
-        if time.monotonic() - self._swept_at > usage.GC_RUN_SECONDS / 2:
+        key = self.s3.base + (pack_key(c.id) if c.kind == "pack" else self.s3.blobs.blob_key(c.id))
+        if time.monotonic() - self._swept_at > ages.GC_RUN_SECONDS / 2:
             self.begin_sweep()  # renewed: writers ignore a marker older than GC_RUN_SECONDS (a dead gc's)
 
         def delete() -> int | None:
-            meta = self.s3._unless_absent(lambda: _obstore().head(self.s3.quick, key))
+            meta = self.s3.unless_absent(lambda: obstore_api().head(self.s3.quick, key))
             if meta is None or meta["last_modified"].timestamp() >= older_than:
                 return None  # gone already, or written again since it was listed
-            _obstore().delete(self.s3.quick, key)
+            obstore_api().delete(self.s3.quick, key)
             self.s3.level.moved()
             return int(meta["size"])
 
-        return self.s3._call(delete)
+        return self.s3.call(delete)
 
     def begin_sweep(self) -> None:
         """Write this run's marker (again: renewed while the sweep lasts)."""
         self._sweep_key = self._sweep_key or record_key(SWEEPS)
-        self.s3._call(lambda: self.s3._put(self.s3.names, self._sweep_key, b"gc", "overwrite", 2))
+        self.s3.call(lambda: self.s3.put_object(self.s3.names, self._sweep_key, b"gc", "overwrite", 2))
         self._swept_at = time.monotonic()
 
     def end_sweep(self) -> None:
@@ -228,40 +223,13 @@ class S3Collector(Collector):
         def delete() -> None:
             now = self.s3.clock.now()
             dead = [m["path"] for m in self._list(SWEEPS) if is_record_key(SWEEPS, m["path"][len(self.s3.base):])
-                    and not usage.younger(object_age(m, now), usage.GC_RUN_SECONDS)]
+                    and not ages.younger(object_age(m, now), ages.GC_RUN_SECONDS)]
             for path in [self.s3.base + key, *dead]:
-                _obstore().delete(self.s3.names, path)
+                obstore_api().delete(self.s3.names, path)
             self.s3.level.moved(requests=1 + len(dead))
 
         if key:
-            self.s3._call(delete)
+            self.s3.call(delete)
 
     def write_summary(self, data: bytes) -> None:
-        self.s3._call(lambda: self.s3._put(self.s3.names, "gc", data, "overwrite", len(data)))
-
-
-class LayeredCollector(S3Collector):
-    """The bucket is collected; a directory whose names went is dropped from Redis too (read from the
-    bucket again at its next listing), and Redis's blobs expire on their own (``layered.HOT_TTL``)."""
-
-    def __init__(self, store: LayeredStore) -> None:
-        assert isinstance(store.back, S3Store)
-        super().__init__(store, store.back)
-        self.front = RedisCollector(store.front)
-
-    def remove_names(self, dir_path: str, raw: dict[bytes, bytes]) -> int:
-        n = super().remove_names(dir_path, raw)
-        self.front.remove_names(dir_path, raw)
-        self.front.r.unmark_complete([dir_path])
-        return n
-
-    def remove_entry_if(self, dir_path: str, name: bytes, raw: bytes) -> bool:
-        gone = super().remove_entry_if(dir_path, name, raw)
-        if gone:
-            self.front.remove_names(dir_path, {name: raw})
-            self.front.r.unmark_complete([dir_path])
-        return gone
-
-    def put_back(self, dir_path: str, name: bytes, raw: bytes) -> None:
-        super().put_back(dir_path, name, raw)
-        self.front.r.unmark_complete([dir_path])
+        self.s3.call(lambda: self.s3.put_object(self.s3.names, "gc", data, "overwrite", len(data)))

@@ -37,9 +37,9 @@ forgotten when the bucket's epoch changes (emptied: every pack is gone).
 ``fleet gc`` deletes a pack no entry locates once it is older than its
 grace (``stores.s3.gc``).  So a place carries when its pack was written
 (``RemoteEntry.packed``, ``pt``), a writer counts a blob present only in a
-pack younger than ``usage.BLOB_TRUST_SECONDS`` (``S3Blobs.missing``: an
+pack younger than ``ages.BLOB_TRUST_SECONDS`` (``S3Blobs.missing``: an
 older one is packed again), a publish refuses a place it adds in a pack
-older than ``usage.min_grace`` (one learned from a read after the check:
+older than ``ages.min_grace`` (one learned from a read after the check:
 ``stale``), and the places in packs written over while a gc sweep runs are
 forgotten (``swept``).
 """
@@ -56,9 +56,9 @@ from typing import Any
 import blake3
 
 from mithrilfs.cache.writepath import crash_point
-from mithrilfs.shared.fleet import usage
+from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.entries import MAX_PACK_BYTES, BlobBytes, RemoteEntry, is_hex_digest, is_pack_id
-from mithrilfs.shared.stores.s3.conn import PART_BYTES, S3Connection, _obstore
+from mithrilfs.shared.stores.s3.conn import PART_BYTES, S3Connection, obstore_api
 
 log = logging.getLogger(__name__)
 
@@ -196,13 +196,13 @@ class Packs:
 
     @staticmethod
     def stale(before: list[tuple[str, RemoteEntry]], located: list[tuple[str, RemoteEntry]], now: float) -> list[str]:
-        """The paths ``locate`` gave a place in a pack written longer than ``usage.min_grace`` ago: a place
+        """The paths ``locate`` gave a place in a pack written longer than ``ages.min_grace`` ago: a place
         learned (from a read) after the blob was checked, which ``fleet gc`` may be deleting; the publish
         refuses the batch, whose next check packs those blobs again.  A place the entry had already is not
         this node's to judge (a live name's, kept by ``_merge_into``).  *now*: the bucket's time; a pack dated
         past it (a writer's clock ahead) is no fresher than an old one."""
         return [path for (path, was), (_, e) in zip(before, located)
-                if was.pack is None and e.pack is not None and not usage.younger(now - e.packed, usage.min_grace())]
+                if was.pack is None and e.pack is not None and not ages.younger(now - e.packed, ages.min_grace())]
 
     # -- writing -----------------------------------------------------------------
     def upload(self, files: list[tuple[str, str, int]], gone: set[str]) -> None:
@@ -238,13 +238,13 @@ class Packs:
         s = self.store
         # before the PUT, whole seconds down, on the bucket's clock: never after the object's Last-Modified
         written = int(s.clock.now())
-        if not s._put(s.blobs_for(len(data)), pack_key(pack_id), data, "create", len(data)):
+        if not s.put_object(s.blobs_for(len(data)), pack_key(pack_id), data, "create", len(data)):
             # a pack with these very bytes is there already (its id is their hash), maybe old enough for
             # ``fleet gc`` to be deleting it: written again, which renews its time (as an old loose blob is)
-            s._put(s.blobs_for(len(data)), pack_key(pack_id), data, "overwrite", len(data))
+            s.put_object(s.blobs_for(len(data)), pack_key(pack_id), data, "overwrite", len(data))
             with self._lock:
                 self._renewed.add(pack_id)
-        s._count("remote_uploaded_bytes", len(data))
+        s.count("remote_uploaded_bytes", len(data))
         with self._lock:
             for h, offset in members:
                 self._remember(h, (pack_id, offset, written))
@@ -288,18 +288,18 @@ class Packs:
                 piece = data[offset - start:offset - start + size] if data is not None else b""
                 if len(piece) == size and blake3.blake3(piece).hexdigest() == blobs[i][0]:
                     out[i] = piece
-                    self.store._count("remote_fetched_bytes", size)
+                    self.store.count("remote_fetched_bytes", size)
                 else:
                     with lock:
                         failed.append(i)
 
-        self.store._parallel(one, runs)
+        self.store.parallel(one, runs)
         return sorted(failed)
 
     def exists(self, pack_id: str) -> bool:
         """One HEAD: whether the pack is in the bucket (a range it did not give: gone, or a place that lies)."""
         s = self.store
-        return s._unless_absent(lambda: _obstore().head(s.quick, s.base + pack_key(pack_id))) is not None
+        return s.unless_absent(lambda: obstore_api().head(s.quick, s.base + pack_key(pack_id))) is not None
 
     def read_range(self, pack_id: str, start: int, end: int) -> memoryview | None:
         """Bytes [start, end) of a pack (fewer when it is shorter), counted as they arrive; None when the
@@ -314,7 +314,7 @@ class Packs:
         s = self.store
         client = s.blobs_for(end - start)
         try:
-            result = s._unless_absent(lambda: _obstore().get(client, s.base + pack_key(pack_id),
+            result = s.unless_absent(lambda: obstore_api().get(client, s.base + pack_key(pack_id),
                                                              options={"range": (start, end)}))
         except obstore.exceptions.GenericError as e:
             if "416" not in str(e) and "Range" not in str(e):

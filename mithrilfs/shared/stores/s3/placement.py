@@ -34,7 +34,7 @@ class PackPlacement(Placement):
         self.seen = seen
         self._now = now
         self._read_places = read_places
-        self._call = call
+        self.call = call
 
     def container_of(self, hex_digest: str) -> str | None:
         """The part of its pack a blob begins in (``packs.RANGE_BYTES``): a batch that follows the parts is
@@ -66,7 +66,7 @@ class PackPlacement(Placement):
         which blobs the bucket holds (no HEAD per blob), and the publish merges into what was read."""
         dirs = sorted(d for d in {p.rpartition("/")[0] for p in paths} if self.seen.get(d) is None)
         if dirs:
-            self._call(self._read_places, dirs)
+            self.call(self._read_places, dirs)
 
     def for_record(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[str, RemoteEntry]]:
         """Read the manifests of the record's directories whose blobs' places this mount does not know (at

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from mithrilfs.shared.stores.entries import MAX_VERSION
 from mithrilfs.shared.stores.records import Shelf, record_time, shelf_set_name, valid_record_id
-from mithrilfs.shared.stores.s3.conn import S3Connection, _obstore
+from mithrilfs.shared.stores.s3.conn import S3Connection, obstore_api
 from mithrilfs.shared.stores.s3.layout import is_record_key
 
 PURGES_PREFIX = "purges/"
@@ -45,7 +45,7 @@ class S3Shelf(Shelf):
         self.s3 = s3
 
     def run(self, fn: Callable[[], T]) -> T:
-        return self.s3._call(fn)
+        return self.s3.call(fn)
 
     @staticmethod
     def _prefix(shelf: str) -> str:
@@ -56,7 +56,7 @@ class S3Shelf(Shelf):
         """A startup record written over (no read, no merge); a purge's only if absent."""
         prefix = self._prefix(shelf)
         mode = "create" if prefix == PURGES_PREFIX else "overwrite"
-        self.s3._put(self.s3.names, prefix + record_id, data, mode, len(data))
+        self.s3.put_object(self.s3.names, prefix + record_id, data, mode, len(data))
 
     def newest(self, shelf: str, n: int | None = None) -> list[tuple[str, float]]:
         """One LIST page, sorted newest first."""
@@ -79,12 +79,12 @@ class S3Shelf(Shelf):
         prefix = self._prefix(shelf)
 
         def one(record_id: str) -> Any:
-            return self.s3._get(self.s3.names, prefix + record_id, limit)
+            return self.s3.get_object(self.s3.names, prefix + record_id, limit)
 
-        return {r: got[0] for r, got in zip(ids, self.s3._parallel(one, ids)) if got is not None}
+        return {r: got[0] for r, got in zip(ids, self.s3.parallel(one, ids)) if got is not None}
 
     def delete(self, shelf: str, ids: list[str]) -> None:
         """One DELETE each, in parallel."""
         keys = [self.s3.base + self._prefix(shelf) + r for r in ids]
-        self.s3._parallel(lambda key: _obstore().delete(self.s3.names, key), keys)
+        self.s3.parallel(lambda key: obstore_api().delete(self.s3.names, key), keys)
         self.s3.level.moved(requests=len(keys))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import blake3
 
-from mithrilfs.shared.stores.s3.conn import _obstore
+from mithrilfs.shared.stores.s3.conn import obstore_api
 
 if TYPE_CHECKING:
     from mithrilfs.shared.stores.s3.conn import S3Connection
@@ -58,11 +58,11 @@ class BadBlobReports:
         s = self.store
         log.error("blob %s in %s does not match its hash: reported for repair", hex_digest, s.url)
         try:
-            s._put(s.quick, self._key(hex_digest), b"", "overwrite", 0)
-            s._count("remote_bad_blobs_reported")
+            s.put_object(s.quick, self._key(hex_digest), b"", "overwrite", 0)
+            s.count("remote_bad_blobs_reported")
             self._listed.add(hex_digest)
         except (obstore.exceptions.BaseError, OSError) as e:
-            log.warning("cannot report bad blob %s: %s", hex_digest, s._why(e))
+            log.warning("cannot report bad blob %s: %s", hex_digest, s.why(e))
 
     def reported(self) -> set[str]:
         """The blobs reported bad (one listing, at most every ``REPORTS_SECONDS``; what is not a blake3 hex
@@ -76,7 +76,7 @@ class BadBlobReports:
     def _list(self) -> set[str]:
         s = self.store
         prefix = s.base + "bad/"
-        pages: Any = _obstore().list(s.quick, prefix=prefix, chunk_size=REPORTS_READ)
+        pages: Any = obstore_api().list(s.quick, prefix=prefix, chunk_size=REPORTS_READ)
         first: list[Any] = next(iter(pages), [])
         s.level.moved()
         return {h for meta in first if len(h := meta["path"][len(prefix):]) == 64 and set(h) <= _HEX}
@@ -84,9 +84,9 @@ class BadBlobReports:
     def repaired(self, hex_digest: str) -> None:
         """The blob was written over with bytes that hash to its name: its report goes."""
         s = self.store
-        _obstore().delete(s.quick, s.base + self._key(hex_digest))
+        obstore_api().delete(s.quick, s.base + self._key(hex_digest))
         self._listed.discard(hex_digest)
-        s._count("remote_blobs_repaired")
+        s.count("remote_blobs_repaired")
         log.warning("blob %s in %s written over with verified bytes (a reader reported it bad)", hex_digest, s.url)
 
 

@@ -62,12 +62,12 @@ from dataclasses import replace
 from typing import Any, BinaryIO
 from urllib.parse import unquote_to_bytes
 
-from mithrilfs.shared.fleet import usage
+from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.clock import TierClock
 from mithrilfs.shared.stores.entries import MAX_DIR_NAMES, BlobBytes, EntryCodec, RemoteEntry, RemoteError
 from mithrilfs.shared.stores.s3.blobs import S3Blobs, object_age
-from mithrilfs.shared.stores.s3.conn import S3Connection, _obstore
+from mithrilfs.shared.stores.s3.conn import S3Connection, obstore_api
 from mithrilfs.shared.stores.s3.layout import SWEEPS, USAGE, is_record_key, record_key
 from mithrilfs.shared.stores.s3.packs import Packs
 from mithrilfs.shared.stores.s3.placement import PackPlacement
@@ -87,7 +87,7 @@ SMALL_BLOB_BYTES = 8 << 20
 CAS_ATTEMPTS = 25
 
 
-def _component(part: str) -> str:
+def unquote_component(part: str) -> str:
     return unquote_to_bytes(part[1:]).decode(errors="surrogateescape")
 
 
@@ -103,7 +103,7 @@ class S3Store(S3Connection, RemoteStore):
 
     small_blob_bytes = SMALL_BLOB_BYTES
     packs_by_directory = True
-    use_flush_seconds = usage.USE_FLUSH_SECONDS
+    use_flush_seconds = ages.USE_FLUSH_SECONDS
 
     def __init__(self, location: S3Location, namespace: str, key: bytes | None, settings: S3Settings, *,
                  counters: dict[str, int] | None = None) -> None:
@@ -115,7 +115,7 @@ class S3Store(S3Connection, RemoteStore):
         #: Each manifest as last read or written: a publish merges into it without reading (``stores.s3.seen``).
         self.seen = SeenManifests()
         self.placement = PackPlacement(self.packs, self.seen, now=lambda: self.clock.now(),
-                                       read_places=self.read_places, call=self._call)
+                                       read_places=self.read_places, call=self.call)
         self.shelf = S3Shelf(self)
         #: The epoch token last seen: another one means the bucket was emptied (its packs are gone).
         self._epoch_seen: str | None = None
@@ -132,14 +132,14 @@ class S3Store(S3Connection, RemoteStore):
         self.reports.refresh()
 
         def probe() -> None:
-            stream = _obstore().list(self.quick, prefix=self.base + "epoch", chunk_size=1)
+            stream = obstore_api().list(self.quick, prefix=self.base + "epoch", chunk_size=1)
             next(iter(stream), None)
             self.level.moved()
 
-        self._call(probe)
+        self.call(probe)
 
     def epoch(self) -> tuple[str, bool]:
-        token, made = self._call(self._check_epoch)
+        token, made = self.call(self._check_epoch)
         if made or (self._epoch_seen is not None and token != self._epoch_seen):
             self.packs.forget_all()  # emptied: no pack this node knew of is there any more, no manifest
             self.seen.forget_all()
@@ -148,13 +148,13 @@ class S3Store(S3Connection, RemoteStore):
 
     def _check_epoch(self) -> tuple[str, bool]:
         for _ in range(3):
-            got = self._get(self.names, "epoch", 64)
+            got = self.get_object(self.names, "epoch", 64)
             if got is not None and got[0] is not None and got[0].isascii() and got[0].isalnum():
                 return got[0].decode(), False
             # none: the bucket was emptied; not a token: planted or broken, replaced (nodes upload again)
             token = secrets.token_hex(8)
             mode: Any = "create" if got is None else ({"e_tag": got[1]} if got[1] else "overwrite")
-            if self._put(self.names, "epoch", token.encode(), mode, len(token)):
+            if self.put_object(self.names, "epoch", token.encode(), mode, len(token)):
                 return token, True
         raise RemoteError("the epoch object keeps changing")
 
@@ -163,7 +163,7 @@ class S3Store(S3Connection, RemoteStore):
         parts = dir_path.split("/") if dir_path else []
         return "names/" + "".join(f"~{quoted(p)}/" for p in parts) + "#"
 
-    def _read_manifest(self, dir_path: str) -> tuple[dict[bytes, bytes], str | None]:
+    def read_manifest(self, dir_path: str) -> tuple[dict[bytes, bytes], str | None]:
         """(name -> raw entry, the manifest's ETag; None when it does not exist).
 
         A manifest too large or not a manifest reads empty (counted), and
@@ -175,14 +175,14 @@ class S3Store(S3Connection, RemoteStore):
         return raw, etag
 
     def _parse_manifest(self, dir_path: str) -> tuple[dict[bytes, bytes], str | None]:
-        got = self._get(self.names, self._manifest_key(dir_path), MAX_MANIFEST_BYTES)
+        got = self.get_object(self.names, self._manifest_key(dir_path), MAX_MANIFEST_BYTES)
         if got is None:
             return {}, None
         data, etag = got
         if etag is None:
             raise RemoteError(f"{self.url} gives objects no ETag: names cannot be merged safely")
         if data is None:
-            self._count("remote_rejected")
+            self.count("remote_rejected")
             log.warning("manifest of %r ignored: larger than %d bytes", dir_path, MAX_MANIFEST_BYTES)
             return {}, etag
         try:
@@ -193,7 +193,7 @@ class S3Store(S3Connection, RemoteStore):
             if len(entries) > MAX_DIR_NAMES:
                 raise ValueError(f"{len(entries)} names, more than {MAX_DIR_NAMES}")
         except (ValueError, KeyError, TypeError, RecursionError) as e:
-            self._count("remote_rejected")
+            self.count("remote_rejected")
             log.warning("manifest of %r ignored: not a manifest (%s)", dir_path, e)
             return {}, etag
         out: dict[bytes, bytes] = {}
@@ -203,7 +203,7 @@ class S3Store(S3Connection, RemoteStore):
                     raise ValueError("not a string")
                 out[name.encode(errors="surrogateescape")] = raw.encode(errors="surrogateescape")
             except (ValueError, UnicodeError):  # a lone surrogate JSON allows, no name can hold
-                self._count("remote_rejected")
+                self.count("remote_rejected")
         return out, etag
 
     @staticmethod
@@ -211,7 +211,7 @@ class S3Store(S3Connection, RemoteStore):
         return json.dumps({"mithrilfs": 1, "entries": {n.decode(errors="surrogateescape"): v.decode(
             errors="surrogateescape") for n, v in raw.items()}}, sort_keys=True).encode(errors="surrogateescape")
 
-    def _write_manifest(self, dir_path: str, raw: dict[bytes, bytes], etag: str | None) -> bool:
+    def write_manifest(self, dir_path: str, raw: dict[bytes, bytes], etag: str | None) -> bool:
         """Put If-Match *etag* (None: only if absent); False when another writer got there first."""
         import obstore.exceptions
 
@@ -219,7 +219,7 @@ class S3Store(S3Connection, RemoteStore):
         mode: Any = "create" if etag is None else {"e_tag": etag}
         try:
             result = self.patiently(
-                lambda: _obstore().put(self.names, self.base + self._manifest_key(dir_path), data, mode=mode))
+                lambda: obstore_api().put(self.names, self.base + self._manifest_key(dir_path), data, mode=mode))
         except (obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
             self.level.moved()
             self.seen.forget(dir_path)
@@ -230,17 +230,17 @@ class S3Store(S3Connection, RemoteStore):
 
     def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
         def one(d: str) -> dict[bytes, RemoteEntry]:
-            entries = self.codec.entries(d, self._read_manifest(d)[0])
+            entries = self.codec.entries(d, self.read_manifest(d)[0])
             self.packs.learn(entries.values())  # where their blobs are: the names say
             return entries
 
-        return self._call(lambda: dict(zip(dir_paths, self._parallel(one, dir_paths))))
+        return self.call(lambda: dict(zip(dir_paths, self.parallel(one, dir_paths))))
 
     def all_dirs(self) -> list[str]:
         def scan() -> list[str]:
             prefix = self.base + "names/"
             out = []
-            for batch in _obstore().list(self.names, prefix=prefix, chunk_size=1000):
+            for batch in obstore_api().list(self.names, prefix=prefix, chunk_size=1000):
                 self.level.moved()
                 for meta in batch:
                     rest = meta["path"][len(prefix):]
@@ -248,21 +248,25 @@ class S3Store(S3Connection, RemoteStore):
                         continue
                     parts = [p for p in rest[:-1].split("/") if p]
                     try:
-                        names = [_component(p) for p in parts if p.startswith("~")]
+                        names = [unquote_component(p) for p in parts if p.startswith("~")]
                         if len(names) == len(parts) and all(valid_name(n.encode(errors="surrogateescape"))
                                                             for n in names):
                             out.append("/".join(names))
                     except UnicodeError:
-                        self._count("remote_rejected")
+                        self.count("remote_rejected")
             return sorted(out)
 
-        return self._call(scan)
+        return self.call(scan)
+
+    def dirs_under(self, paths: list[str]) -> set[str]:
+        """One listing of the manifests below each path (a purge of one entry never lists a whole fleet's)."""
+        return set().union(*self.call(lambda: [_dirs_below(self, p) for p in paths]))
 
     # -- where blobs are (``stores.s3.placement``) ----------------------------------------
     def read_places(self, dirs: list[str]) -> None:
         """Read these directories' manifests (in parallel) for where their blobs are (``Packs.learn``); inside
-        a request (``_call``)."""
-        for d, (raw, _) in zip(dirs, self._parallel(self._read_manifest, dirs)):
+        a request (``call``)."""
+        for d, (raw, _) in zip(dirs, self.parallel(self.read_manifest, dirs)):
             self.packs.learn(self.codec.entries(d, raw).values())
 
     def publish_entries(self, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
@@ -282,10 +286,10 @@ class S3Store(S3Connection, RemoteStore):
             """A directory's names before its entry in its parent: ``fleet gc`` removes a directory's entry
             only once the directory is empty, and checks again after (docs/design.md, *Fleet gc*)."""
             for depth in sorted({_depth(d) for d in by_dir}, reverse=True):
-                self._parallel(one, [d for d in by_dir if _depth(d) == depth])
+                self.parallel(one, [d for d in by_dir if _depth(d) == depth])
 
-        self._call(deepest_first)
-        self._count("remote_uploaded_entries", sum(1 for w, _ in results if w))
+        self.call(deepest_first)
+        self.count("remote_uploaded_entries", sum(1 for w, _ in results if w))
         return results
 
     def _merge_into(self, dir_path: str, items: list[tuple[str, RemoteEntry]]) -> list[tuple[bool, RemoteEntry | None]]:
@@ -300,7 +304,7 @@ class S3Store(S3Connection, RemoteStore):
             if attempt == 0:
                 raw, etag = seen if seen is not None else ({}, None)
             else:
-                raw, etag = self._read_manifest(dir_path)
+                raw, etag = self.read_manifest(dir_path)
             out: list[tuple[bool, RemoteEntry | None]] = []
             changed = False
             for path, entry in items:
@@ -316,7 +320,7 @@ class S3Store(S3Connection, RemoteStore):
                     entry = replace(entry, pack=cur.pack, offset=cur.offset, packed=cur.packed)
 
                 if held is None and len(raw) >= MAX_DIR_NAMES:  # readers would refuse the manifest whole
-                    self._count("remote_rejected")
+                    self.count("remote_rejected")
                     log.warning("%r not published: directory %r holds %d names already", path, dir_path, len(raw))
                     out.append((False, None))
                     continue
@@ -327,7 +331,7 @@ class S3Store(S3Connection, RemoteStore):
                 out.append((True, cur))
             if attempt == 0 and seen is not None and not all(w for w, _ in out):
                 continue  # lost to what this node saw: the newest that stayed is read, not remembered
-            if not changed or self._write_manifest(dir_path, raw, etag):
+            if not changed or self.write_manifest(dir_path, raw, etag):
                 return out
             if attempt:  # the first try merged into what this node saw last: read it at once
                 time.sleep(random.uniform(0, min(0.5, 0.01 * (2 ** attempt))))  # another writer won: merge again
@@ -335,38 +339,38 @@ class S3Store(S3Connection, RemoteStore):
 
     # -- blobs (``stores.s3.blobs``) ------------------------------------------------------
     def fetch_blob(self, hex_digest: str, size: int, out: BinaryIO) -> bytes | None:
-        return self._call(self.blobs.fetch_blob, hex_digest, size, out)
+        return self.call(self.blobs.fetch_blob, hex_digest, size, out)
 
     def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[BlobBytes | None]:
-        return self._call(self.blobs.fetch_small, blobs)
+        return self.call(self.blobs.fetch_small, blobs)
 
     def missing_blobs(self, blobs: dict[str, int]) -> list[str]:
-        return self._call(self.blobs.missing, blobs) if blobs else []
+        return self.call(self.blobs.missing, blobs) if blobs else []
 
     def upload_blobs(self, files: list[tuple[str, str]]) -> set[str]:
-        return self._call(self.blobs.upload, files)
+        return self.call(self.blobs.upload, files)
 
     # -- fleet gc (``fleet.gc``) ----------------------------------------------
     def record_use(self, records: dict[str, float]) -> None:
         """One new object of use records (directory -> when), never a rewrite; gc merges them."""
         def add() -> None:
             data = json.dumps(records, sort_keys=True).encode(errors="surrogateescape")
-            self._put(self.names, record_key(USAGE), data, "create", len(data))
+            self.put_object(self.names, record_key(USAGE), data, "create", len(data))
 
         if records:
-            self._call(add)
+            self.call(add)
 
     def sweeping(self) -> bool:
         """A sweep marker younger than a gc run's limit (one LIST of ``gc-sweeps/``, a marker per run): a gc
         deletes blobs and packs now (``stores.s3.gc``)."""
         def get() -> bool:
-            batch: Any = next(iter(_obstore().list(self.quick, prefix=self.base + SWEEPS, chunk_size=100)), [])
+            batch: Any = next(iter(obstore_api().list(self.quick, prefix=self.base + SWEEPS, chunk_size=100)), [])
             self.level.moved()
             now = self.clock.now()
             return any(is_record_key(SWEEPS, m["path"][len(self.base):])
-                       and usage.younger(object_age(m, now), usage.GC_RUN_SECONDS) for m in batch)
+                       and ages.younger(object_age(m, now), ages.GC_RUN_SECONDS) for m in batch)
 
-        if not self._call(get):
+        if not self.call(get):
             return False
         self.packs.swept()  # the names wait for the sweep: packs gc may be deleting are not trusted after it
         return True
@@ -374,9 +378,27 @@ class S3Store(S3Connection, RemoteStore):
     def tier_summary(self) -> dict[str, Any] | None:
         from mithrilfs.shared.stores.summary import MAX_SUMMARY_BYTES, parse_summary
 
-        got = self._call(lambda: self._get(self.names, "gc", MAX_SUMMARY_BYTES))
+        got = self.call(lambda: self.get_object(self.names, "gc", MAX_SUMMARY_BYTES))
         return parse_summary(got[0]) if got is not None else None
 
 
 def _depth(dir_path: str) -> int:
     return dir_path.count("/") + 1 if dir_path else 0
+
+
+def _dirs_below(s3: S3Store, path: str) -> set[str]:
+    """*path* and the directories below it that have a manifest: one listing of the manifests under it."""
+    prefix = s3.base + s3._manifest_key(path)[:-1]  # "names/~a/~b/": the manifest "#" and those below
+    out = set()
+    for batch in obstore_api().list(s3.names, prefix=prefix, chunk_size=1000):
+        s3.level.moved()
+        for meta in batch:
+            rest = meta["path"][len(prefix):]
+            parts = [q for q in rest[:-1].split("/") if q] if rest.endswith("#") else None
+            if parts is None or not all(q.startswith("~") for q in parts):
+                continue
+            try:
+                out.add("/".join([path, *(unquote_component(q) for q in parts)]))
+            except UnicodeError:
+                continue
+    return out
