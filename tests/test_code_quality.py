@@ -15,6 +15,7 @@ on a store class outside the dispatch and no reaching into another object's
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -281,6 +282,24 @@ def test_no_import_cycle(typing: bool) -> None:
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
+#: What a docstring or comment must not cite: its history is the commit log's, its figures docs/benchmarks.md's.
+HISTORY = re.compile(r"\bissues? #?[0-9]+\b|\(#[0-9]+\)|\bflaky\b", re.IGNORECASE)
+
+
+def cites_history(package: Path) -> list[str]:
+    """Each line of *package*'s code that cites an issue number or a flaky test, as ``path:line``."""
+    return [f"{path.relative_to(package.parent).as_posix()}:{n}"
+            for path in _modules(package).values()
+            for n, line in enumerate(path.read_text().splitlines(), 1) if HISTORY.search(line)]
+
+
+def test_no_docstring_or_comment_cites_an_issue_or_a_flaky_test() -> None:
+    """Docstrings and comments state the contract in the present tense: an issue number or a flaky test's
+    story belongs to the commit message, a figure to docs/benchmarks.md (cited by its section)."""
+    found = cites_history(REPO / "mithrilfs")
+    assert not found, "history in the code (move it to the commit message or docs/):\n" + "\n".join(found)
+
+
 def test_the_shape_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     """The checks above fail for a class or module too big and for a cycle (through an import inside a
     nested function's ``try``, or a ``TYPE_CHECKING`` block for the type checker), in a package made here."""
@@ -306,6 +325,8 @@ def test_the_shape_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     as_run = [("pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"), ("pkg.f", "pkg.g", "pkg.f")]
     assert sorted(map(tuple, cycles(import_graph(pkg)))) == as_run
     assert sorted(map(tuple, cycles(import_graph(pkg, typing=True)))) == sorted([*as_run, ("pkg.d", "pkg.e", "pkg.d")])
+    (pkg / "story.py").write_text('"""Fixed for issue 33."""\n\n# was flaky under load\nx = 1  # a tissue 3 is no issue\n')
+    assert cites_history(pkg) == ["pkg/story.py:1", "pkg/story.py:3"]
 
 
 def test_the_shared_tier_checks_catch_what_they_are_for(tmp_path: Path) -> None:

@@ -4,11 +4,8 @@ SQLite checkpoints a WAL database in whichever connection commits once the
 WAL passes 1,000 pages: in the daemon, its one connection on its event loop,
 where a checkpoint copies about 4 MiB into the database file and syncs it
 (``synchronous=NORMAL`` syncs at checkpoints, not commits) while every request
-waits.  Measured on a startup set's 13,501 names created in 2 ms
-transactions: one commit in ten was a checkpoint, 6-10 ms where the others
-took 0.6 ms, a third of the commits' time (0.10 s of 0.29 s quiet; in a
-daemon prefetching 387 MiB beside its workload, sampled, the same commits
-held the loop 0.27 s).  A live mount turns
+waits (a commit that checkpoints takes several times as long as the others:
+see docs/benchmarks.md, "H10, the daemon's own share of the prefetch").  A live mount turns
 that off for its connection (``WalCheckpoints.take_over``) and its
 duties run ``WalCheckpoints.run`` in a thread on a connection of its own
 whenever the WAL changed (``daemon.duties``).  PASSIVE: it copies what is

@@ -40,7 +40,7 @@ MAX_SIZE = 1 << 53
 MAX_TARGET = 4095
 #: A pack object (``s3_wire``'s ``packs/``) is at most this large: a location past it is not one.
 MAX_PACK_BYTES = 64 << 20
-_NODE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+NODE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _PACK_RE = re.compile(r"[0-9a-f]{32}")
 _KEYS = {"t", "v", "n", "h", "s", "m", "mt", "tg", "pk", "po", "pt", "mac"}
 #: A pack's write time (``pt``, unix seconds) is below this (year 2286): a bound, not a check of the clock.
@@ -118,7 +118,7 @@ def parse_entry(raw: bytes) -> tuple[RemoteEntry, str | None]:
     if t not in ("f", "d", "l", "x"):
         raise ValueError("unknown type")
     node = d.get("n")
-    if not isinstance(node, str) or not _NODE_RE.fullmatch(node):
+    if not isinstance(node, str) or not NODE_RE.fullmatch(node):
         raise ValueError("bad node")
     version = _int(d, "v", 1, MAX_VERSION)
     mac = d.get("mac")

@@ -38,7 +38,7 @@ import trio
 
 from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.shared.stores.base import RemoteStore
-from mithrilfs.shared.stores.entries import _NODE_RE, MAX_VERSION, RemoteEntry, RemoteError
+from mithrilfs.shared.stores.entries import MAX_VERSION, NODE_RE, RemoteEntry, RemoteError
 from mithrilfs.shared.stores.feed import MAX_RECORD_BYTES, FeedWire
 from mithrilfs.shared.stores.records import PURGES_READ
 from mithrilfs.shared.sync.outbox import Outbox
@@ -111,7 +111,7 @@ class ChangeCodec:
                                                                                              "x", "mac"}:
             raise ValueError("not a change record")
         node, x = doc.get("n"), doc.get("x")
-        if not isinstance(node, str) or not _NODE_RE.fullmatch(node):
+        if not isinstance(node, str) or not NODE_RE.fullmatch(node):
             raise ValueError("bad node")
         if not isinstance(x, list) or not 0 < len(x) <= RECORD_PATHS:
             raise ValueError("bad change list")

@@ -48,9 +48,6 @@ class MemoryCollector(Collector):
 
         return self.store.call(remove)
 
-    def remove_entry_if(self, dir_path: str, name: bytes, raw: bytes) -> bool:
-        return self.remove_names(dir_path, {name: raw}) == 1
-
     def put_back(self, dir_path: str, name: bytes, raw: bytes) -> None:
         self.store.call(lambda: self.space.dirs.setdefault(dir_path, {}).setdefault(name, raw))
 

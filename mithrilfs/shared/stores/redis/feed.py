@@ -69,7 +69,7 @@ class RedisFeed(FeedWire):
         after = _stream_id(cursor)
         if as_id(got.get("max-deleted-entry-id", b"0-0")) > after:  # XDEL past the cursor
             return True
-        # trimming (MAXLEN) takes the oldest records and, measured on Redis 7.0, does not move
+        # trimming (MAXLEN) takes the oldest records and (Redis 7.0) does not move
         # max-deleted-entry-id: records went when fewer remain than were added, and what remains starts
         # after the cursor (or nothing remains and the last one made is after it)
         removed = int(got.get("entries-added", 0) or 0) - int(got.get("length", 0) or 0)

@@ -38,6 +38,7 @@ from mithrilfs.shared.stores.entries import (  # noqa: F401  (the entry model, r
 from mithrilfs.shared.stores.redis.blobs import CHUNK, RedisBlobs
 from mithrilfs.shared.stores.redis.conn import BATCH, RedisConnection
 from mithrilfs.shared.stores.redis.records import RedisShelf
+from mithrilfs.shared.stores.summary import parse_summary
 
 #: The field that marks a directory hash complete (no entry name holds a NUL byte); its value is when.
 COMPLETE = b"\0complete"
@@ -276,7 +277,6 @@ class RedisStore(RedisConnection, RemoteStore):
             self.call(add)
 
     def tier_summary(self) -> dict[str, Any] | None:
-        from mithrilfs.shared.stores.summary import parse_summary
 
         return parse_summary(self.call(lambda: self.client.get(f"{self.prefix}gc")))
 

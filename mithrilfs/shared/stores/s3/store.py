@@ -75,6 +75,7 @@ from mithrilfs.shared.stores.s3.records import S3Shelf, quoted
 from mithrilfs.shared.stores.s3.repair import BadBlobReports
 from mithrilfs.shared.stores.s3.seen import SeenManifests
 from mithrilfs.shared.stores.s3.settings import S3Location, S3Settings
+from mithrilfs.shared.stores.summary import MAX_SUMMARY_BYTES, parse_summary
 from mithrilfs.store.namespace import valid_name
 
 log = logging.getLogger(__name__)
@@ -376,7 +377,6 @@ class S3Store(S3Connection, RemoteStore):
         return True
 
     def tier_summary(self) -> dict[str, Any] | None:
-        from mithrilfs.shared.stores.summary import MAX_SUMMARY_BYTES, parse_summary
 
         got = self.call(lambda: self.get_object(self.names, "gc", MAX_SUMMARY_BYTES))
         return parse_summary(got[0]) if got is not None else None
