@@ -17,6 +17,10 @@ takes them with ``sigwaitinfo`` (as tini does), never with handlers:
 - before it runs (while we mount), one is held, and the command is not
   started (``received``).
 
+A signal we were started ignoring (``nohup`` ignores SIGHUP; a shell's
+background job, SIGINT) stays ignored, by us as by the command, which
+inherits that: the caller asked that it stop nothing.
+
 The command starts with the signal mask we were given and the default
 SIGPIPE and SIGXFSZ, as ``subprocess`` starts one.
 """
@@ -37,12 +41,15 @@ class Relay:
     """A context: while in it, ``RELAYED`` signals are taken by ``run`` and ``received``, not delivered."""
 
     def __init__(self) -> None:
-        #: The first of ``RELAYED`` received (None: none yet).
+        #: The first of ``taken`` received (None: none yet).
         self.signum: int | None = None
+        #: The ``RELAYED`` signals we were not started ignoring: those we take and relay.
+        self.taken: frozenset[signal.Signals] = RELAYED
         self._mask: set[int | signal.Signals] = set()
 
     def __enter__(self) -> Relay:
-        self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, {*RELAYED, signal.SIGCHLD})
+        self.taken = frozenset(s for s in RELAYED if signal.getsignal(s) != signal.SIG_IGN)
+        self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, {*self.taken, signal.SIGCHLD})
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -51,7 +58,7 @@ class Relay:
 
     def received(self) -> int | None:
         """The first signal received so far (taking those waiting), or None."""
-        while (info := signal.sigtimedwait(RELAYED, 0)) is not None:
+        while self.taken and (info := signal.sigtimedwait(self.taken, 0)) is not None:
             self._note(info.si_signo)
         return self.signum
 
@@ -61,7 +68,7 @@ class Relay:
         OSError (FileNotFoundError for a command not found) when it cannot start.
         """
         pid = os.posix_spawnp(cmd[0], cmd, env, setsigmask=self._mask, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
-        waited = {*RELAYED, signal.SIGCHLD}
+        waited = {*self.taken, signal.SIGCHLD}
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:

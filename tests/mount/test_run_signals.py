@@ -11,6 +11,7 @@ import select
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,12 +68,32 @@ def _track(factory: MountFactory, env: dict[str, str], mp: Path) -> int | None:
     return daemon
 
 
-def _start(argv: list[str], env: dict[str, str], tmp_path: Path, factory: MountFactory) -> Started:
-    """Start *argv* (a ``run`` of a shell that writes its pid, then sleeps) and wait until its command runs."""
+def _dispositions(ignored: frozenset[signal.Signals]) -> Callable[[], None]:
+    """In the child before its exec: the signals ``run`` relays at their default, but *ignored*, as a shell
+    starts a foreground command (this suite may itself run ignoring some: under ``nohup``, in the
+    background)."""
+    def reset() -> None:
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN if s in ignored else signal.SIG_DFL)
+
+    return reset
+
+
+def _start(argv: list[str], env: dict[str, str], tmp_path: Path, factory: MountFactory, *,
+           ignored: frozenset[signal.Signals] = frozenset(),
+           meanwhile: Callable[[subprocess.Popen], None] = lambda proc: None) -> Started:
+    """Start *argv* (a ``run`` of a shell that writes its pid, then sleeps) with the relayed signals at their
+    default but *ignored*, and wait until its command runs, calling *meanwhile* at each look."""
     pidfile = tmp_path / "command.pid"
     proc = subprocess.Popen([*argv, "sh", "-c", f'echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; '
-                             "exec sleep 300"], env=env, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: pidfile.exists() or proc.poll() is not None, 120, "the command to start under run")
+                             "exec sleep 300"], env=env, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_dispositions(ignored))
+
+    def started() -> bool:
+        meanwhile(proc)
+        return pidfile.exists() or proc.poll() is not None
+
+    wait_for(started, 120, "the command to start under run")
     assert proc.poll() is None, proc.communicate()[1]
     (mp,) = _run_dirs(env)
     assert is_mounted(mp)
@@ -108,6 +129,28 @@ def test_a_signal_stops_the_command_then_takes_everything_down(sig, mount_factor
     _, err = started.proc.communicate(timeout=120)
     assert started.proc.returncode == 128 + sig, err
     assert f"killed by signal {int(sig)}" in err and "Traceback" not in err, err
+    _command_stopped_and_all_taken_down(started, env, tmp_path)
+
+
+def test_a_signal_run_was_started_ignoring_stops_nothing(mount_factory: MountFactory, tmp_path):
+    """``nohup mithrilfs run -- CMD``: hangups sent all through the mount (a terminal closing) neither stop
+    ``run`` nor keep the command from starting, and the command ignores them too; SIGTERM still stops it."""
+    env = _isolated(tmp_path)
+    hangups = []
+
+    def hang_up(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGHUP)
+            hangups.append(1)
+
+    started = _start([*CLI, "run", "--"], env, tmp_path, mount_factory, ignored=frozenset({signal.SIGHUP}),
+                     meanwhile=hang_up)
+    os.kill(started.proc.pid, signal.SIGHUP)
+    assert len(hangups) >= 2 and started.proc.poll() is None and pid_alive(started.command)
+    os.kill(started.proc.pid, signal.SIGTERM)
+    _, err = started.proc.communicate(timeout=120)
+    assert started.proc.returncode == 128 + signal.SIGTERM, err
+    assert "came before the command started" not in err and "Traceback" not in err, err
     _command_stopped_and_all_taken_down(started, env, tmp_path)
 
 
