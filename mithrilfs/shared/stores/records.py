@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from mithrilfs.shared.stores.entries import MAX_VERSION, EntryCodec, RemoteEntry, newest
+from mithrilfs.shared.stores.feed import MAX_RECORD_BYTES as MAX_FEED_RECORD_BYTES
 from mithrilfs.store.namespace import valid_name
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ PURGES_READ = max(1, int(_n)) if (_n := os.environ.get("MITHRILFS_PURGES_READ", 
 #: The purge records a store keeps (so that a reader sees where its reading stopped).
 PURGES_KEPT = 2 * PURGES_READ
 #: A purge record is the change feed's own (``stores.feed``): larger ones are not read.
-MAX_PURGE_BYTES = 64 << 10
+MAX_PURGE_BYTES = MAX_FEED_RECORD_BYTES
 #: The shelf of the purge records (``Shelf``); a startup set's is ``startup_shelf(name)``.
 PURGES = "purges"
 #: A record larger than this is refused unread (``MAX_RECORD_PATHS`` signed entries fit in it).

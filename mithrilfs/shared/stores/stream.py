@@ -11,11 +11,15 @@ than the size.  The blake3 is the caller's to compare: bad data gives
 
 from __future__ import annotations
 
+import logging
 from typing import BinaryIO
 
 import blake3
 
 from mithrilfs.shared.stores.base import Level
+from mithrilfs.shared.stores.entries import BlobBytes
+
+log = logging.getLogger(__name__)
 
 
 class HashedCopy:
@@ -47,3 +51,21 @@ class HashedCopy:
     def digest(self) -> bytes:
         """The blake3 of what came; ``b""`` when it is fewer bytes than the size."""
         return self._hasher.digest() if self.done else b""
+
+
+def verified_small(blobs: list[tuple[str, int]], got: list[bytes | None], level: Level,
+                   counters: dict[str, int]) -> list[BlobBytes | None]:
+    """Small blobs (hex, size) as a store read them whole (None: missing), each kept only at its size and
+    blake3 (``RemoteStore.fetch_small_blobs``): a bad one is counted (``remote_verify_failures``), logged and
+    None; a good one is counted as fetched."""
+    out: list[BlobBytes | None] = []
+    for (h, size), data in zip(blobs, got):
+        ok = data is not None and len(data) == size and blake3.blake3(data).hexdigest() == h
+        if data is not None and not ok:  # another size or other bytes than its entry says: bad data
+            counters["remote_verify_failures"] += 1
+            log.error("remote blob %s does not match its hash: rejected", h)
+        out.append(data if ok else None)
+        if ok:
+            counters["remote_fetched_bytes"] += size
+            level.moved(down=size, requests=0)
+    return out

@@ -115,9 +115,6 @@ class LayeredStore(RemoteStore):
         return self.back.epoch()
 
     # -- names --------------------------------------------------------------
-    def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
-        return self.list_dirs([dir_path])[dir_path]
-
     def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
         out = self._list_dirs(dir_paths)
         for entries in out.values():  # names Redis answered: the bucket learns where their blobs are

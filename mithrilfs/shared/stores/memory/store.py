@@ -35,14 +35,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeVar
 
-import blake3
-
 from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.base import Level, RemoteStore, new_counters
 from mithrilfs.shared.stores.clock import TierClock
 from mithrilfs.shared.stores.entries import BlobBytes, EntryCodec, RemoteEntry
 from mithrilfs.shared.stores.records import Shelf
-from mithrilfs.shared.stores.stream import HashedCopy
+from mithrilfs.shared.stores.stream import HashedCopy, verified_small
 from mithrilfs.shared.stores.summary import parse_summary
 
 log = logging.getLogger(__name__)
@@ -160,9 +158,6 @@ class MemoryStore(RemoteStore):
         return self.call(check)
 
     # -- names -------------------------------------------------------------------
-    def list_dir(self, dir_path: str) -> dict[bytes, RemoteEntry]:
-        return self.list_dirs([dir_path])[dir_path]
-
     def list_dirs(self, dir_paths: list[str]) -> dict[str, dict[bytes, RemoteEntry]]:
         raw = self.call(lambda: {d: dict(self.space.dirs.get(d, {})) for d in dir_paths})
         return {d: self.codec.entries(d, raw[d]) for d in dir_paths}
@@ -208,18 +203,7 @@ class MemoryStore(RemoteStore):
 
     def fetch_small_blobs(self, blobs: list[tuple[str, int]]) -> list[BlobBytes | None]:
         held = self.call(lambda: [self.space.blobs.get(h) for h, _ in blobs])
-        out: list[BlobBytes | None] = []
-        for (h, size), got in zip(blobs, held):
-            data = None if got is None else got[0]
-            ok = data is not None and len(data) == size and blake3.blake3(data).hexdigest() == h
-            if data is not None and not ok:
-                self.counters["remote_verify_failures"] += 1
-                log.error("remote blob %s does not match its hash: rejected", h)
-            out.append(data if ok else None)
-            if ok:
-                self.counters["remote_fetched_bytes"] += size
-                self.level.moved(down=size, requests=0)
-        return out
+        return verified_small(blobs, [None if got is None else got[0] for got in held], self.level, self.counters)
 
     def missing_blobs(self, blobs: dict[str, int]) -> list[str]:
         """Absent, another size, or written longer ago than writers trust (gc's next: written again)."""

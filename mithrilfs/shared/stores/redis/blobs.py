@@ -8,23 +8,18 @@ path each blob was first written at (shown by ``fleet`` commands).
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any, BinaryIO
-
-import blake3
 
 from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.entries import BlobBytes
 from mithrilfs.shared.stores.redis.conn import RedisConnection
-from mithrilfs.shared.stores.stream import HashedCopy
+from mithrilfs.shared.stores.stream import HashedCopy, verified_small
 
 #: Largest chunk of a blob in one Redis value (far below Redis's 512 MB limit).
 CHUNK = int(os.environ.get("MITHRILFS_REMOTE_CHUNK_BYTES", 32 << 20))
 #: Bytes of small blobs sent in one pipeline.
 _PIPELINE_BYTES = 16 << 20
-
-log = logging.getLogger(__name__)
 
 
 class RedisBlobs:
@@ -209,15 +204,4 @@ class RedisBlobs:
                 self._get(pipe, self._blob_key(h, 0))
             return pipe.execute()
 
-        parts = self._call(get)
-        out: list[BlobBytes | None] = []
-        for (h, size), part in zip(blobs, parts):
-            ok = part is not None and len(part) == size and blake3.blake3(part).hexdigest() == h
-            if part is not None and not ok:  # another size or other bytes than its entry says: bad data
-                self.counters["remote_verify_failures"] += 1
-                log.error("remote blob %s does not match its hash: rejected", h)
-            out.append(part if ok else None)
-            if ok:
-                self.counters["remote_fetched_bytes"] += size
-                self.level.moved(down=size, requests=0)
-        return out
+        return verified_small(blobs, self._call(get), self.level, self.counters)
