@@ -20,6 +20,33 @@ class Unparsable(Exception):
     """The client's bytes are not the protocol the proxy was told to count."""
 
 
+class Lines:
+    """The line being read from a stream fed in pieces: its bytes gathered up to its newline."""
+
+    def __init__(self) -> None:
+        self._line = bytearray()
+
+    @property
+    def started(self) -> bool:
+        """Whether some bytes of a line came already (the line began in an earlier piece)."""
+        return bool(self._line)
+
+    def take(self, data: bytes, i: int) -> tuple[bytes | None, int]:
+        """The line that ends in *data* at or after *i* (without its CR LF) and where the rest begins; (None,
+        the end of *data*) when *data* ends first, its bytes kept for the next piece.  ``Unparsable`` for a
+        line over ``MAX_LINE``."""
+        j = data.find(b"\n", i)
+        if j < 0:
+            self._line += data[i:]
+            if len(self._line) > MAX_LINE:
+                raise Unparsable("line too long")
+            return None, len(data)
+        self._line += data[i:j]
+        line = bytes(self._line).rstrip(b"\r")
+        self._line.clear()
+        return line, j + 1
+
+
 class HttpRequests:
     """Counts HTTP/1.x requests in a client's byte stream, fed in arbitrary pieces.
 
@@ -32,7 +59,7 @@ class HttpRequests:
                  on_end: Callable[[int], None] = lambda _end: None) -> None:
         self._on_request = on_request
         self._on_end = on_end
-        self._line = bytearray()
+        self._lines = Lines()
         self._line_at = 0  # where the line being read began in the stream
         self._fed = 0  # bytes of the stream fed before this piece
         self._state = "request"
@@ -56,18 +83,11 @@ class HttpRequests:
                     else:
                         self._ended(base + i)
                 continue
-            if not self._line:
+            if not self._lines.started:
                 self._line_at = base + i
-            j = data.find(b"\n", i)
-            if j < 0:
-                self._line += data[i:]
-                if len(self._line) > MAX_LINE:
-                    raise Unparsable("line too long")
+            line, i = self._lines.take(data, i)
+            if line is None:
                 return
-            self._line += data[i:j]
-            i = j + 1
-            line = bytes(self._line).rstrip(b"\r")
-            self._line.clear()
             self._on_line(line, base + i)
 
     def _ended(self, at: int) -> None:
@@ -122,7 +142,7 @@ class RedisCommands:
 
     def __init__(self, on_command: Callable[[str], None]) -> None:
         self._on_command = on_command
-        self._line = bytearray()
+        self._lines = Lines()
         self._elements = 0  # elements of the current array still to come
         self._left = 0  # bulk bytes (with their CRLF) still to skip
         self._name: bytearray | None = None  # the first element's bytes, while they come
@@ -139,16 +159,9 @@ class RedisCommands:
                 if self._left == 0:
                     self._element_done()
                 continue
-            j = data.find(b"\n", i)
-            if j < 0:
-                self._line += data[i:]
-                if len(self._line) > MAX_LINE:
-                    raise Unparsable("line too long")
+            line, i = self._lines.take(data, i)
+            if line is None:
                 return
-            self._line += data[i:j]
-            i = j + 1
-            line = bytes(self._line).rstrip(b"\r")
-            self._line.clear()
             self._on_line(line)
 
     def _on_line(self, line: bytes) -> None:
