@@ -135,8 +135,7 @@ class RemoteTier(Tier):
         #: The change feed: this node's deletions told to the fleet, and the fleet's applied here.
         wire, key = feed or (NullFeed(), None)
         #: Whether the mount is in use: how often the tier is asked for news, and what idleness costs.
-        self.pulse = pulse = Pulse(lambda: sum(lv.requests for lv in remote.levels()), watching=wire.blocks,
-                                   fast=wire.period)
+        self.pulse = pulse = Pulse(lambda: sum(lv.requests for lv in remote.levels()), watching=wire.blocks)
         self.changes = changes = Changes(ns=ns, lifetimes=lifetimes, remote=remote, counters=counters, node=node,
                                          origin=origin, outbox=outbox, reconciler=reconciler, resync=resync,
                                          thread=thread, wire=wire, key=key, pulse=pulse)

@@ -208,6 +208,7 @@ class Changes:
                     cursor = await self.thread(self.wire.head)
                     self._save(cursor)
                 self._count("remote_feed_checks")
+                self.pulse.checking()
                 if self.wire.blocks:  # waits in the tier: off the tier's limiter, and given up at the unmount
                     news = await trio.to_thread.run_sync(self.wire.changed, cursor, IDLE_PERIOD,
                                                          abandon_on_cancel=True)

@@ -51,18 +51,17 @@ class Pulse:
     """Whether the mount is in use, the periods that follow from it, and the cost of its idle spells.
 
     *requests* counts every request the tier has sent; *watching*: the feed waits for news in the tier
-    (nothing needs to wait for a check); *fast*: the feed's period while in use."""
+    (nothing needs to wait for a check)."""
 
-    def __init__(self, requests: Callable[[], int], *, watching: bool, fast: float,
-                 idle_after: float = IDLE_AFTER) -> None:
+    def __init__(self, requests: Callable[[], int], *, watching: bool, idle_after: float = IDLE_AFTER) -> None:
         self._requests = requests
         self.watching = watching
-        self.fast = fast
         self.idle_after = idle_after
-        #: When the mount was last used (monotonic); a mount nobody has used yet is idle.
-        self.last_use = -math.inf
-        #: When the feed's follower last finished a check (monotonic).
-        self.last_check = -math.inf
+        #: When the mount was last used (monotonic); mounting is a use.
+        self.last_use = time.monotonic()
+        #: When the follower's check in progress began, and when the last finished one began (monotonic).
+        self._check_began = -math.inf
+        self._last_began = -math.inf
         self._woken = trio.Event()
         self._checked = trio.Event()
         #: The idle spell being counted: (its start, the requests sent before it); None while in use.
@@ -97,9 +96,13 @@ class Pulse:
             await self._woken.wait()
         self._woken = trio.Event()
 
+    def checking(self) -> None:
+        """The follower begins a check of the feed."""
+        self._check_began = time.monotonic()
+
     def checked(self) -> None:
-        """The follower finished a check of the feed (and applied what it said)."""
-        self.last_check = time.monotonic()
+        """The follower finished the check it began (and applied what it said)."""
+        self._last_began = self._check_began
         self.tick()
         self._checked.set()
         self._checked = trio.Event()
@@ -109,12 +112,13 @@ class Pulse:
         self.suspect = True
 
     async def fresh(self) -> None:
-        """Return once the node has checked the feed since the mount's last use began, at most
-        ``FRESH_WAIT`` seconds (a tier that does not answer leaves the node serving what it knows)."""
-        if self.watching or time.monotonic() - self.last_check < self.fast:
-            return
+        """Return once the follower has finished a check begun after the idle spell ended, at most
+        ``FRESH_WAIT`` seconds (a tier that does not answer leaves the node serving what it knows); at once
+        where the feed waits in the tier for news."""
+        since = self.last_use
         with trio.move_on_after(FRESH_WAIT):
-            await self._checked.wait()
+            while not self.watching and self._last_began < since:
+                await self._checked.wait()
 
     # -- what idleness costs ---------------------------------------------------
     def tick(self) -> None:
