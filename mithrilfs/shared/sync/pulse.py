@@ -142,4 +142,4 @@ class Pulse:
             requests += self._requests() - self._spell[1]
         return {"remote_idle": int(self.idle()), "remote_idle_seconds": round(seconds, 1),
                 "remote_idle_requests": requests,
-                "remote_idle_requests_per_hour": round(requests * 3600 / seconds, 1) if seconds >= 60 else None}
+                "remote_idle_requests_per_hour": round(requests * 3600 / seconds, 1) if seconds >= 10 else None}
