@@ -218,6 +218,57 @@ def test_requests_past_a_rate_under_one_prefix_are_answered_slow_down(http_serve
         assert proxy.counts()["slowdowns"] == 3
 
 
+def test_each_client_port_is_counted_apart_and_shares_the_prefix_rate(http_server: int) -> None:
+    """``add_client(name)``: another port in front of the same server; its requests count in the totals and
+    under ``clients()[name]``, and the SlowDown rate of a prefix is one for every port."""
+    with DelayProxy("127.0.0.1", http_server, protocol="http", slowdown_rate=5) as proxy:
+        ports = {name: proxy.add_client(name) for name in ("n1", "n2")}
+        assert len({proxy.port, *ports.values()}) == 3
+        with pytest.raises(ValueError, match="n1"):
+            proxy.add_client("n1")
+        for attempt in range(10):  # within one second of the proxy's clock (a loaded machine may cross one)
+            proxy.reset()
+            t = time.monotonic()
+            statuses = {}
+            for name, port in ports.items():
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                statuses[name] = [request(conn, "GET", f"/b/p{attempt}/k{i}")[0] for i in range(4)]
+                conn.close()
+            main = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+            assert request(main, "PUT", f"/b/q{attempt}/x", b"x") == (200, b"")
+            main.close()
+            if int(time.monotonic()) == int(t):
+                break
+        assert statuses == {"n1": [404] * 4, "n2": [404, 503, 503, 503]}
+        clients, counts = proxy.clients(), proxy.counts()
+    assert {name: (c["GET"], c["requests"], c.get("slowdowns", 0), c["connections"])
+            for name, c in clients.items()} == {"n1": (4, 4, 0, 1), "n2": (4, 4, 3, 1)}
+    assert (counts["requests"], counts["slowdowns"], counts["connections"]) == (9, 3, 3)
+    assert clients["n1"]["bytes_down"] > 0 and clients["n1"]["bytes_up"] < counts["bytes_up"]
+
+
+def test_requests_are_counted_per_second(http_server: int) -> None:
+    """``per_second()``: the requests (``slowdowns``) that came in each whole second since the ``reset()``;
+    a reset starts the count again."""
+    with DelayProxy("127.0.0.1", http_server, protocol="http", slowdown_every=2) as proxy:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        assert proxy.per_second() == []
+        for _ in range(3):
+            request(conn, "GET", "/b/k")
+        proxy.reset()
+        assert proxy.per_second() == []
+        t = time.monotonic()
+        for _ in range(4):
+            request(conn, "GET", "/b/k")
+        wait_for(lambda: time.monotonic() - t > 1.2, what="the next second")
+        for _ in range(2):
+            request(conn, "GET", "/b/k")
+        conn.close()
+        per_second, slowdowns = proxy.per_second(), proxy.per_second("slowdowns")
+    assert sum(per_second) == 6 and sum(slowdowns) == 3 and len(per_second) >= 2, per_second
+    assert per_second[-1] >= 1, per_second
+
+
 def test_http_bytes_that_do_not_parse_still_pass(http_server: int) -> None:
     with DelayProxy("127.0.0.1", http_server, protocol="http") as proxy, \
             socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
