@@ -42,7 +42,9 @@ Down`` (an XML error body, code ``SlowDown``) when requests to one key
 prefix come faster than it has partitioned for, as under a burst of new
 nodes.  The proxy answers so itself to every Nth HTTP request, and to the
 requests past R in one second under one key prefix (the target's path up to
-its last ``/``), with ``Retry-After`` when told to (``retry_after``; S3
+its last ``/``; with ``slowdown_depth`` D, its first D segments: 1 is the
+whole bucket, as S3 partitions a new bucket, before it splits it by prefix
+under load), with ``Retry-After`` when told to (``retry_after``; S3
 sends none): the request's bytes never reach the server, the answer goes
 back a round trip after its last byte came, and the connection stays open
 for the next request.  Each such request is counted as a request and in
@@ -64,7 +66,7 @@ requests *match* picks on their way to the server until ``.release()``, for a te
 Command line (prints the port, then the counts as JSON at Ctrl-C)::
 
     .venv/bin/python -m mithrilfs.testing.delay_proxy 127.0.0.1:8333 --rtt-ms 20 --protocol http [--port 9333] \\
-        [--slowdown-every 3] [--slowdown-rate 100] [--retry-after 1]
+        [--slowdown-every 3] [--slowdown-rate 100] [--slowdown-depth 1] [--retry-after 1]
 """
 
 from __future__ import annotations
@@ -102,17 +104,21 @@ class DelayProxy:
     ``label``: for HTTP, maps (method key, target) to a group ``labels()``
     counts; ``slowdown_every`` N: every Nth HTTP request is answered
     ``503 Slow Down`` by the proxy itself, ``slowdown_rate`` R: so is every
-    request past R in one second under one key prefix (both 0: none),
-    with ``Retry-After: retry_after`` (None: no such header).
+    request past R in one second under one key prefix (both 0: none;
+    ``slowdown_depth`` D > 0: a prefix is the path's first D segments, the
+    bucket's name the first, else all but the last), with ``Retry-After:
+    retry_after`` (None: no such header).
     """
 
     def __init__(self, target_host: str, target_port: int, rtt_ms: float = 0.0, protocol: str = "http",
                  port: int = 0, connect_rtts: int = 1, label: Callable[[str, str], str] | None = None, *,
-                 slowdown_every: int = 0, slowdown_rate: float = 0.0, retry_after: int | None = None) -> None:
+                 slowdown_every: int = 0, slowdown_rate: float = 0.0, slowdown_depth: int = 0,
+                 retry_after: int | None = None) -> None:
         if protocol not in ("http", "redis", "raw"):
             raise ValueError(f"unknown protocol {protocol!r} (http, redis or raw)")
-        if slowdown_every < 0 or slowdown_rate < 0 or (retry_after is not None and retry_after < 0):
-            raise ValueError("slowdown_every, slowdown_rate and retry_after cannot be negative")
+        if min(slowdown_every, slowdown_rate, slowdown_depth) < 0 or (retry_after is not None and retry_after < 0):
+            raise ValueError("slowdown_every, slowdown_rate, slowdown_depth and retry_after cannot be negative")
+        self.slowdown_depth = slowdown_depth
         self.slowdown_every = slowdown_every
         self.slowdown_rate = slowdown_rate
         self.retry_after = retry_after
@@ -416,7 +422,11 @@ class DelayProxy:
         """Whether to answer this request 503 SlowDown: it is the Nth since the last one so answered, or its
         key prefix is over the rate this second.  Counted (``slowdowns``)."""
         now = int(time.monotonic())
-        prefix = urlsplit(target).path.rpartition("/")[0] + "/"
+        path = urlsplit(target).path
+        if self.slowdown_depth:
+            prefix = "/" + "/".join(path.strip("/").split("/")[:self.slowdown_depth]) + "/"
+        else:
+            prefix = path.rpartition("/")[0] + "/"
         with self._lock:
             self._arrived += 1
             refuse = bool(self.slowdown_every) and self._arrived % self.slowdown_every == 0
@@ -524,6 +534,9 @@ def main() -> int:
                     help="answer every Nth HTTP request 503 SlowDown, as S3 does under a burst (default: none)")
     ap.add_argument("--slowdown-rate", type=float, default=0.0, metavar="R",
                     help="answer 503 SlowDown to requests past R a second under one key prefix (default: none)")
+    ap.add_argument("--slowdown-depth", type=int, default=0, metavar="D",
+                    help="a prefix of --slowdown-rate is the path's first D segments (1: the whole bucket;"
+                         " default: all but the last)")
     ap.add_argument("--retry-after", type=int, default=None, metavar="S",
                     help="the Retry-After header (seconds) of a SlowDown answer (default: none, as S3)")
     args = ap.parse_args()
@@ -535,7 +548,7 @@ def main() -> int:
     try:
         proxy = DelayProxy(host, int(port), args.rtt_ms, args.protocol, args.port, args.connect_rtts,
                            slowdown_every=args.slowdown_every, slowdown_rate=args.slowdown_rate,
-                           retry_after=args.retry_after).start()
+                           slowdown_depth=args.slowdown_depth, retry_after=args.retry_after).start()
     except ValueError as e:
         ap.error(str(e))
     except OSError as e:

@@ -218,6 +218,24 @@ def test_requests_past_a_rate_under_one_prefix_are_answered_slow_down(http_serve
         assert proxy.counts()["slowdowns"] == 3
 
 
+def test_a_prefix_of_so_many_segments_shares_one_rate(http_server: int) -> None:
+    """``slowdown_depth=2``: every key under ``/b/hot/`` counts toward one rate, whatever lies deeper (as S3
+    counts a prefix it has not split yet); ``/b/cold/`` has its own."""
+    with DelayProxy("127.0.0.1", http_server, protocol="http", slowdown_rate=5, slowdown_depth=2) as proxy:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        for attempt in range(10):  # within one second of the proxy's clock (a loaded machine may cross one)
+            proxy.reset()
+            t = time.monotonic()
+            hot = [request(conn, "GET", f"/b/hot/{attempt}{i % 3}/k{i}")[0] for i in range(8)]
+            cold = [request(conn, "GET", f"/b/cold/x/k{i}")[0] for i in range(3)]
+            if int(time.monotonic()) == int(t):
+                break
+        conn.close()
+    assert hot == [404] * 5 + [503] * 3 and cold == [404] * 3
+    with pytest.raises(ValueError, match="negative"):
+        DelayProxy("127.0.0.1", http_server, slowdown_depth=-1)
+
+
 def test_each_client_port_is_counted_apart_and_shares_the_prefix_rate(http_server: int) -> None:
     """``add_client(name)``: another port in front of the same server; its requests count in the totals and
     under ``clients()[name]``, and the SlowDown rate of a prefix is one for every port."""
