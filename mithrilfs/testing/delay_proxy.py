@@ -523,6 +523,18 @@ def slow_down(method: str, target: str, retry_after: int | None) -> bytes:
     return "\r\n".join(head).encode() + b"\r\n\r\n" + (b"" if method == "HEAD" else body)
 
 
+def slowdown_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of a SlowDown by rate (``--slowdown-rate``, ``--slowdown-depth``, ``--retry-after``), for
+    this command and the benchmarks that run the proxy."""
+    ap.add_argument("--slowdown-rate", type=float, default=0.0, metavar="R",
+                    help="answer 503 SlowDown to requests past R a second under one key prefix (default: none)")
+    ap.add_argument("--slowdown-depth", type=int, default=0, metavar="D",
+                    help="a prefix of --slowdown-rate is the path's first D segments (1: the whole bucket, as S3"
+                         " partitions a new one; default: the key's directory, e.g. packs/5d/)")
+    ap.add_argument("--retry-after", type=int, default=None, metavar="S",
+                    help="the Retry-After header (seconds) of a SlowDown answer (default: none, as S3)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("target", metavar="HOST:PORT", help="where the connections go")
@@ -532,13 +544,7 @@ def main() -> int:
     ap.add_argument("--connect-rtts", type=int, default=1, help="round trips a new connection costs (default 1)")
     ap.add_argument("--slowdown-every", type=int, default=0, metavar="N",
                     help="answer every Nth HTTP request 503 SlowDown, as S3 does under a burst (default: none)")
-    ap.add_argument("--slowdown-rate", type=float, default=0.0, metavar="R",
-                    help="answer 503 SlowDown to requests past R a second under one key prefix (default: none)")
-    ap.add_argument("--slowdown-depth", type=int, default=0, metavar="D",
-                    help="a prefix of --slowdown-rate is the path's first D segments (1: the whole bucket;"
-                         " default: all but the last)")
-    ap.add_argument("--retry-after", type=int, default=None, metavar="S",
-                    help="the Retry-After header (seconds) of a SlowDown answer (default: none, as S3)")
+    slowdown_arguments(ap)
     args = ap.parse_args()
     host, _, port = args.target.rpartition(":")
     if not host or not port.isdigit():

@@ -45,14 +45,14 @@ import threading
 import time
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchlib import median, redis_server, seaweedfs_s3
-from bench_network import LOAD_HASHED, Node, check_files, drained, s3_area
+from bench_network import LOAD_HASHED, Node, check_files, drained
 from bench_warmstart import POPULATE, run_json
 
-from mithrilfs.testing.delay_proxy import DelayProxy
+from mithrilfs.testing.delay_proxy import DelayProxy, slowdown_arguments
 
 MODES = {"prefetch": ("--prefetch",), "lazy": ("--no-prefetch",), "plain": ()}
 #: The daemon's counters a node reports: what went wrong, and what the bucket asked.
@@ -64,6 +64,16 @@ CAVEAT = ("CPU caveat: the N nodes, their loads, the bucket server (SeaweedFS) a
           " and the byte checks do not depend on it.")
 
 
+def area(method: str, target: str) -> str:
+    """``label`` for the S3 proxy: the method and the first part of the key under the namespace (``packs``,
+    ``names``, ``epoch``, ``changes``, ``usage`` ...), a listing's by its prefix."""
+    parts = urlsplit(target)
+    prefix = parse_qs(parts.query).get("prefix")
+    key = prefix[0] if prefix else parts.path.lstrip("/").partition("/")[2]
+    segments = key.split("/")  # REMOTE/NAMESPACE/AREA/...
+    return f"{method} {segments[2] if len(segments) > 2 and segments[2] else '?'}"
+
+
 # -- one node, in its own mount namespace ------------------------------------------------------------------
 
 def tier_state(mp: Path) -> dict[str, Any]:
@@ -72,6 +82,15 @@ def tier_state(mp: Path) -> dict[str, Any]:
     return {"counters": {k: stats.get(k, 0) for k in ERROR_COUNTERS},
             "levels": [{k: lv[k] for k in ("kind", "requests", "errors", "slowdowns", "bytes_in", "bytes_out")}
                        for lv in stats["remote_levels"]]}
+
+
+def warnings(store: Path, most: int = 20) -> list[str]:
+    """The daemon's last *most* warnings and errors (its log in the store): why a node failed, if it did."""
+    try:
+        lines = (store / "mithrilfs.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line[:400] for line in lines if " WARNING " in line or " ERROR " in line][-most:]
 
 
 def emit(out: IO[str], message: dict[str, Any]) -> None:
@@ -120,7 +139,7 @@ def node_main(spec: dict[str, Any]) -> int:
     except SystemExit as e:  # a step failed (the mount, or the load: EIO, a file missing): the node's error
         warm = {"error": str(e.code)[-1500:], "warm_s": time.monotonic() - t}
     try:
-        emit(out, {"warm": warm, "tier": tier_state(mp) if mounted else None})
+        emit(out, {"warm": dict(warm, log=warnings(store)), "tier": tier_state(mp) if mounted else None})
         for step in ("idle", "end"):
             sys.stdin.readline()
             emit(out, {step: tier_state(mp) if mounted else None})
@@ -203,7 +222,7 @@ def run(args: argparse.Namespace, say: Any) -> dict[str, Any]:
         base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mithrilfs-bench-fleet-", dir=args.base)))
         s3_env = stack.enter_context(seaweedfs_s3())
         s3 = stack.enter_context(DelayProxy("127.0.0.1", urlsplit(s3_env["AWS_ENDPOINT_URL"]).port or 80,
-                                            args.rtt_ms, "http", label=s3_area, slowdown_rate=args.slowdown_rate,
+                                            args.rtt_ms, "http", label=area, slowdown_rate=args.slowdown_rate,
                                             slowdown_depth=args.slowdown_depth, retry_after=args.retry_after))
         rp = None
         if args.remote == "redis+s3":
@@ -324,13 +343,7 @@ def main() -> int:
     ap.add_argument("--rtt-ms", type=float, default=20.0, help="round trip the proxy adds (default 20)")
     ap.add_argument("--mode", choices=tuple(MODES), default="prefetch",
                     help="how the new nodes mount: --prefetch (default), lazily (--no-prefetch), or plain")
-    ap.add_argument("--slowdown-rate", type=float, default=0.0, metavar="R",
-                    help="the proxy answers 503 SlowDown past R requests a second under one prefix (default: never)")
-    ap.add_argument("--slowdown-depth", type=int, default=0, metavar="D",
-                    help="a prefix of --slowdown-rate is a key's first D path segments (1: the whole bucket, as S3"
-                         " partitions a new one; default: the key's directory, e.g. packs/5d/)")
-    ap.add_argument("--retry-after", type=int, default=None, metavar="S",
-                    help="the Retry-After of those answers (default: none, as S3)")
+    slowdown_arguments(ap)  # the proxy's --slowdown-rate, --slowdown-depth, --retry-after
     ap.add_argument("--idle", type=float, default=60.0, help="seconds the warm nodes are measured idle (default 60)")
     ap.add_argument("--remote", choices=("s3", "redis+s3"), default="s3",
                     help="the shared tier: a SeaweedFS bucket, or Redis in front of it (both behind proxies)")
