@@ -259,13 +259,14 @@ def burst(mount_factory: MountFactory, weed: SeaweedFS, bucket: str, mode: str, 
 def test_nodes_mounting_at_once_through_a_rate_limited_bucket_all_read_every_byte(
         mount_factory: MountFactory, shared_seaweedfs: SeaweedFS, bucket: str, mode: str):
     """A burst of new nodes, as S3 throttles it: four nodes mount at once (``--prefetch``, or lazily) through
-    a bucket answering ``503 SlowDown`` past 30 requests a second, then all read A's files at once.  Every
+    a bucket answering ``503 SlowDown`` past 10 requests a second, then all read A's files at once.  Every
     node reads every byte right: no EIO, nothing counted as a bad blob or reported, the bucket's level
-    never taken for failing."""
+    never taken for failing.  Before, a request refused for ``REMOTE_WAIT`` failed and backed the level
+    off: at 20 requests a second some node read EIO in every run, at 30 in about one in two."""
     files = published_and_recorded(mount_factory("a", *_s3(bucket), env=shared_seaweedfs.env()),
                                    workload(30, seed=12))
-    nodes, counts = burst(mount_factory, shared_seaweedfs, bucket, mode, 30, files)
-    assert counts["slowdowns"] >= 5, counts
+    nodes, counts = burst(mount_factory, shared_seaweedfs, bucket, mode, 10, files)
+    assert counts.get("slowdowns", 0) >= 10, counts
     for m in nodes:
         s = m.stats()
         assert s["remote_verify_failures"] == 0 and s["remote_bad_blobs_reported"] == 0, s
@@ -274,15 +275,14 @@ def test_nodes_mounting_at_once_through_a_rate_limited_bucket_all_read_every_byt
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.xfail(strict=True, raises=OSError, reason="a request the bucket keeps answering SlowDown for "
-                   "REMOTE_WAIT fails, and its level backs off: the node's reads fail EIO meanwhile")
 def test_nodes_reading_at_once_through_a_bucket_throttled_for_seconds_wait_and_read_every_byte(
         mount_factory: MountFactory, shared_seaweedfs: SeaweedFS, bucket: str):
-    """Four lazy nodes read 30 kernels at once through a bucket that takes 2 requests a second: every read
-    has to wait for seconds, and must then return A's bytes, not EIO."""
+    """Four lazy nodes read 30 kernels at once through a bucket that takes 5 requests a second: every read
+    has to wait for seconds, and must then return A's bytes, not EIO.  Before, a request refused for
+    ``REMOTE_WAIT`` failed and backed the level off: reads failed EIO, lookups missed."""
     files = published_and_recorded(mount_factory("a", *_s3(bucket), env=shared_seaweedfs.env()),
                                    workload(30, seed=13))
-    burst(mount_factory, shared_seaweedfs, bucket, "--no-prefetch", 2, files)
+    burst(mount_factory, shared_seaweedfs, bucket, "--no-prefetch", 5, files)
 
 
 def plant_record(weed: SeaweedFS, bucket: str, order: list[list[str]], name: str = "default") -> str:
