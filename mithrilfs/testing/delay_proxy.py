@@ -42,11 +42,19 @@ Down`` (an XML error body, code ``SlowDown``) when requests to one key
 prefix come faster than it has partitioned for, as under a burst of new
 nodes.  The proxy answers so itself to every Nth HTTP request, and to the
 requests past R in one second under one key prefix (the target's path up to
-its last ``/``), with ``Retry-After`` when told to (``retry_after``; S3
+its last ``/``; with ``slowdown_depth`` D, its first D segments: 1 is the
+whole bucket, as S3 partitions a new bucket, before it splits it by prefix
+under load), with ``Retry-After`` when told to (``retry_after``; S3
 sends none): the request's bytes never reach the server, the answer goes
 back a round trip after its last byte came, and the connection stays open
 for the next request.  Each such request is counted as a request and in
 ``slowdowns``.
+
+**Per client, per second.**  ``add_client(name)`` opens another loopback port in front of the same
+target, for one client (a node of a fleet) to use: its connections share everything with the main
+port's (the delay, the SlowDown rates of each prefix) and are counted in ``counts()`` and also under
+``clients()[name]``.  ``per_second(key)`` is how many ``requests`` (or ``slowdowns``) arrived in each
+whole second since the start or the last ``reset()``: a burst's peak rate at the bucket.
 
 Library (a thread runs the proxy; ``.port``, ``.counts()``, ``.reset()``; ``.hold(match)`` holds the
 requests *match* picks on their way to the server until ``.release()``, for a test to act while one waits)::
@@ -58,7 +66,7 @@ requests *match* picks on their way to the server until ``.release()``, for a te
 Command line (prints the port, then the counts as JSON at Ctrl-C)::
 
     .venv/bin/python -m mithrilfs.testing.delay_proxy 127.0.0.1:8333 --rtt-ms 20 --protocol http [--port 9333] \\
-        [--slowdown-every 3] [--slowdown-rate 100] [--retry-after 1]
+        [--slowdown-every 3] [--slowdown-rate 100] [--slowdown-depth 1] [--retry-after 1]
 """
 
 from __future__ import annotations
@@ -96,17 +104,21 @@ class DelayProxy:
     ``label``: for HTTP, maps (method key, target) to a group ``labels()``
     counts; ``slowdown_every`` N: every Nth HTTP request is answered
     ``503 Slow Down`` by the proxy itself, ``slowdown_rate`` R: so is every
-    request past R in one second under one key prefix (both 0: none),
-    with ``Retry-After: retry_after`` (None: no such header).
+    request past R in one second under one key prefix (both 0: none;
+    ``slowdown_depth`` D > 0: a prefix is the path's first D segments, the
+    bucket's name the first, else all but the last), with ``Retry-After:
+    retry_after`` (None: no such header).
     """
 
     def __init__(self, target_host: str, target_port: int, rtt_ms: float = 0.0, protocol: str = "http",
                  port: int = 0, connect_rtts: int = 1, label: Callable[[str, str], str] | None = None, *,
-                 slowdown_every: int = 0, slowdown_rate: float = 0.0, retry_after: int | None = None) -> None:
+                 slowdown_every: int = 0, slowdown_rate: float = 0.0, slowdown_depth: int = 0,
+                 retry_after: int | None = None) -> None:
         if protocol not in ("http", "redis", "raw"):
             raise ValueError(f"unknown protocol {protocol!r} (http, redis or raw)")
-        if slowdown_every < 0 or slowdown_rate < 0 or (retry_after is not None and retry_after < 0):
-            raise ValueError("slowdown_every, slowdown_rate and retry_after cannot be negative")
+        if min(slowdown_every, slowdown_rate, slowdown_depth) < 0 or (retry_after is not None and retry_after < 0):
+            raise ValueError("slowdown_every, slowdown_rate, slowdown_depth and retry_after cannot be negative")
+        self.slowdown_depth = slowdown_depth
         self.slowdown_every = slowdown_every
         self.slowdown_rate = slowdown_rate
         self.retry_after = retry_after
@@ -122,6 +134,11 @@ class DelayProxy:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._labels: Counter[str] = Counter()
+        self._clients: dict[str, Counter[str]] = {}
+        self._seconds: Counter[tuple[int, str]] = Counter()
+        self._origin = time.monotonic()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._servers: list[asyncio.Server] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
@@ -168,6 +185,28 @@ class DelayProxy:
             self._gate().set()
         self._on_loop(open_)
 
+    def add_client(self, name: str) -> int:
+        """Open another loopback port in front of the target for the client *name*; its port.  Its
+        connections are counted in ``counts()`` and under ``clients()[name]`` too."""
+        assert self._loop is not None, "the proxy is not started"
+        with self._lock:
+            if name in self._clients:
+                raise ValueError(f"the proxy has a client {name!r} already")
+            self._clients[name] = Counter()
+        return asyncio.run_coroutine_threadsafe(self._listen(0, name), self._loop).result(timeout=30)
+
+    def clients(self) -> dict[str, dict[str, int]]:
+        """The counters of each client's port (``add_client``) since the start or the last ``reset()``."""
+        with self._lock:
+            return {name: dict(c) for name, c in self._clients.items()}
+
+    def per_second(self, key: str = "requests") -> list[int]:
+        """How many *key* (``requests``, ``slowdowns``) came in each whole second since the start or the
+        last ``reset()``, up to the last second one came in."""
+        with self._lock:
+            seconds = [s for s, k in self._seconds if k == key]
+            return [self._seconds[(s, key)] for s in range(max(seconds) + 1)] if seconds else []
+
     def _on_loop(self, fn: Callable[[], None]) -> None:
         assert self._loop is not None, "the proxy is not started"
 
@@ -195,10 +234,23 @@ class DelayProxy:
         with self._lock:
             self._counts.clear()
             self._labels.clear()
+            self._seconds.clear()
+            self._origin = time.monotonic()
+            for c in self._clients.values():
+                c.clear()
 
-    def _count(self, key: str, n: int = 1) -> None:
+    def _count(self, key: str, n: int = 1, client: str | None = None) -> None:
         with self._lock:
-            self._counts[key] += n
+            self._add(key, n, client)
+
+    def _add(self, key: str, n: int, client: str | None) -> None:
+        """Count (the lock held) in the totals, the client's counters and, for requests and slowdowns, the
+        second's."""
+        self._counts[key] += n
+        if client is not None:
+            self._clients[client][key] += n
+        if key in ("requests", "slowdowns"):
+            self._seconds[(int(time.monotonic() - self._origin), key)] += n
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -212,30 +264,34 @@ class DelayProxy:
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        tasks: set[asyncio.Task[None]] = set()
-
-        def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.ensure_future(self._connection(reader, writer))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-
-        server = await asyncio.start_server(accepted, "127.0.0.1", self._want_port, backlog=1024)
-        self.port = server.sockets[0].getsockname()[1]
+        self.port = await self._listen(self._want_port, None)
         self._started.set()
-        async with server:
-            await self._stop.wait()
+        await self._stop.wait()
+        for server in self._servers:
             server.close()
-            for task in list(tasks):
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _connection(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
-        self._count("connections")
+    async def _listen(self, port: int, client: str | None) -> int:
+        """Listen on a loopback *port* (0: a free one) for *client*'s connections (None: the main port's)."""
+        def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.ensure_future(self._connection(reader, writer, client))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        server = await asyncio.start_server(accepted, "127.0.0.1", port, backlog=1024)
+        self._servers.append(server)
+        return int(server.sockets[0].getsockname()[1])
+
+    async def _connection(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter,
+                          client: str | None = None) -> None:
+        self._count("connections", client=client)
         accepted_at = time.monotonic()
         try:
             s_reader, s_writer = await asyncio.open_connection(*self.target)
         except OSError:
-            self._count("connect_errors")
+            self._count("connect_errors", client=client)
             c_writer.close()
             return
         # The handshake's round trips: a byte sent before a real connection would be up leaves when it is
@@ -243,12 +299,12 @@ class DelayProxy:
         ready = accepted_at + self.connect_rtts * self.rtt
         state = {"answered": True, "held": False}
         refusals = Refusals()
-        parse = self._parser(state, refusals)
+        parse = self._parser(state, refusals, client)
 
         def upstream(data: bytes) -> tuple[bytes, list[bytes]]:
-            self._count("bytes_up", len(data))
+            self._count("bytes_up", len(data), client)
             if state["answered"]:
-                self._count("round_trips")
+                self._count("round_trips", client=client)
                 state["answered"] = False
             nonlocal parse
             refusals.next_piece(len(data))
@@ -256,7 +312,7 @@ class DelayProxy:
                 try:
                     parse(data)
                 except Exception:  # Unparsable, or a label function's error: the bytes still pass, uncounted
-                    self._count("unparsed")
+                    self._count("unparsed", client=client)
                     parse = None
             passed, answers = refusals.take(data)
             if answers:
@@ -264,7 +320,7 @@ class DelayProxy:
             return passed, answers
 
         def downstream(data: bytes) -> tuple[bytes, list[bytes]]:
-            self._count("bytes_down", len(data))
+            self._count("bytes_down", len(data), client)
             state["answered"] = True
             return data, []
 
@@ -342,7 +398,8 @@ class DelayProxy:
                 task.cancel()
             await asyncio.gather(*halves, return_exceptions=True)
 
-    def _parser(self, state: dict[str, bool], refusals: Refusals) -> Callable[[bytes], None] | None:
+    def _parser(self, state: dict[str, bool], refusals: Refusals,
+                client: str | None) -> Callable[[bytes], None] | None:
         """A connection's parser; a request ``hold()`` picks sets *state*["held"], one the proxy answers
         itself (``slowdown_every``, ``slowdown_rate``) goes to *refusals*."""
         def pick(name: str) -> None:
@@ -350,21 +407,26 @@ class DelayProxy:
                 state["held"] = True
 
         def request(method: str, target: str, at: int) -> None:
-            pick(self._http_request(method, target))
-            if (self.slowdown_every or self.slowdown_rate) and refusals.can_refuse(at) and self._slow_down(target):
+            pick(self._http_request(method, target, client))
+            if (self.slowdown_every or self.slowdown_rate) and refusals.can_refuse(at) and self._slow_down(target,
+                                                                                                          client):
                 refusals.refuse(at, slow_down(method, target, self.retry_after))
 
         if self.protocol == "http":
             return HttpRequests(request, refusals.ended).feed
         if self.protocol == "redis":
-            return RedisCommands(lambda name: pick(self._redis_command(name))).feed
+            return RedisCommands(lambda name: pick(self._redis_command(name, client))).feed
         return None
 
-    def _slow_down(self, target: str) -> bool:
+    def _slow_down(self, target: str, client: str | None) -> bool:
         """Whether to answer this request 503 SlowDown: it is the Nth since the last one so answered, or its
         key prefix is over the rate this second.  Counted (``slowdowns``)."""
         now = int(time.monotonic())
-        prefix = urlsplit(target).path.rpartition("/")[0] + "/"
+        path = urlsplit(target).path
+        if self.slowdown_depth:
+            prefix = "/" + "/".join(path.strip("/").split("/")[:self.slowdown_depth]) + "/"
+        else:
+            prefix = path.rpartition("/")[0] + "/"
         with self._lock:
             self._arrived += 1
             refuse = bool(self.slowdown_every) and self._arrived % self.slowdown_every == 0
@@ -374,25 +436,25 @@ class DelayProxy:
                 self._rates[prefix] = (now, n)
                 refuse = refuse or n > self.slowdown_rate
             if refuse:
-                self._counts["slowdowns"] += 1
+                self._add("slowdowns", 1, client)
         return refuse
 
-    def _http_request(self, method: str, target: str) -> str:
+    def _http_request(self, method: str, target: str, client: str | None) -> str:
         """Count a request; its label (else its method key)."""
         key = http_method_key(method, target)
         with self._lock:
-            self._counts["requests"] += 1
-            self._counts[key] += 1
+            self._add("requests", 1, client)
+            self._add(key, 1, client)
             if self._label is None:
                 return key
             label = self._label(key, target)
             self._labels[label] += 1
             return label
 
-    def _redis_command(self, name: str) -> str:
+    def _redis_command(self, name: str, client: str | None) -> str:
         with self._lock:
-            self._counts["requests"] += 1
-            self._counts[name] += 1
+            self._add("requests", 1, client)
+            self._add(name, 1, client)
         return name
 
 
@@ -461,6 +523,18 @@ def slow_down(method: str, target: str, retry_after: int | None) -> bytes:
     return "\r\n".join(head).encode() + b"\r\n\r\n" + (b"" if method == "HEAD" else body)
 
 
+def slowdown_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of a SlowDown by rate (``--slowdown-rate``, ``--slowdown-depth``, ``--retry-after``), for
+    this command and the benchmarks that run the proxy."""
+    ap.add_argument("--slowdown-rate", type=float, default=0.0, metavar="R",
+                    help="answer 503 SlowDown to requests past R a second under one key prefix (default: none)")
+    ap.add_argument("--slowdown-depth", type=int, default=0, metavar="D",
+                    help="a prefix of --slowdown-rate is the path's first D segments (1: the whole bucket, as S3"
+                         " partitions a new one; default: the key's directory, e.g. packs/5d/)")
+    ap.add_argument("--retry-after", type=int, default=None, metavar="S",
+                    help="the Retry-After header (seconds) of a SlowDown answer (default: none, as S3)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("target", metavar="HOST:PORT", help="where the connections go")
@@ -470,10 +544,7 @@ def main() -> int:
     ap.add_argument("--connect-rtts", type=int, default=1, help="round trips a new connection costs (default 1)")
     ap.add_argument("--slowdown-every", type=int, default=0, metavar="N",
                     help="answer every Nth HTTP request 503 SlowDown, as S3 does under a burst (default: none)")
-    ap.add_argument("--slowdown-rate", type=float, default=0.0, metavar="R",
-                    help="answer 503 SlowDown to requests past R a second under one key prefix (default: none)")
-    ap.add_argument("--retry-after", type=int, default=None, metavar="S",
-                    help="the Retry-After header (seconds) of a SlowDown answer (default: none, as S3)")
+    slowdown_arguments(ap)
     args = ap.parse_args()
     host, _, port = args.target.rpartition(":")
     if not host or not port.isdigit():
@@ -483,7 +554,7 @@ def main() -> int:
     try:
         proxy = DelayProxy(host, int(port), args.rtt_ms, args.protocol, args.port, args.connect_rtts,
                            slowdown_every=args.slowdown_every, slowdown_rate=args.slowdown_rate,
-                           retry_after=args.retry_after).start()
+                           slowdown_depth=args.slowdown_depth, retry_after=args.retry_after).start()
     except ValueError as e:
         ap.error(str(e))
     except OSError as e:

@@ -3,7 +3,7 @@ of hostile or absurd size, and S3's ``503 SlowDown`` under a burst.
 
 A real SeaweedFS, real mounts.  Objects are rewritten with an ordinary S3 client, as anyone with write
 access to the bucket could; the SlowDown answers come from the project's delay proxy
-(``mithrilfs.testing.delay_proxy``, ``slowdown_every``).  The bar: nothing is ever served wrong (every read equals
+(``mithrilfs.testing.delay_proxy``, ``slowdown_every``, ``slowdown_rate``).  The bar: nothing is ever served wrong (every read equals
 the writer's bytes or fails EIO), nothing hangs, bad data is counted, and a throttled bucket slows a node
 down without failing its reads.
 """
@@ -228,6 +228,61 @@ def test_a_bucket_answering_slow_down_slows_a_node_but_fails_nothing(
         said = log_lines(m, "SlowDown", "slow down")  # not "503": a byte count in a logged state may hold it
         assert len(said) <= 1 and (said or not level["slowdowns"]), said
     assert keys(shared_seaweedfs, bucket, BASE + "bad/") == []
+
+
+def read_at_once(nodes: list[Mount], files: dict[str, bytes]) -> list[dict[str, bytes]]:
+    """Every node reads every file, the nodes at once and sixteen reads at a time each; what each read."""
+    def read_all(m: Mount) -> dict[str, bytes]:
+        with ThreadPoolExecutor(16) as reads:
+            return dict(zip(files, reads.map(lambda p: (m.mountpoint / p).read_bytes(), files)))
+
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        return list(pool.map(read_all, nodes))
+
+
+def burst(mount_factory: MountFactory, weed: SeaweedFS, bucket: str, mode: str, rate: float,
+          files: dict[str, bytes]) -> tuple[list[Mount], dict[str, int]]:
+    """Four new nodes mount at once (*mode*) through a proxy answering ``503 SlowDown`` past *rate* requests a
+    second to the whole bucket (one prefix, as S3 partitions a new bucket), then all read every file at
+    once; the nodes and the proxy's counts.  A read that fails fails the test."""
+    env = weed.env()
+    with DelayProxy("127.0.0.1", weed.ports["s3"], protocol="http", slowdown_rate=rate, slowdown_depth=1) as proxy:
+        with ThreadPoolExecutor(4) as pool:
+            nodes = list(pool.map(lambda i: mount_factory(f"n{i}", *_s3(bucket, mode), env=under(proxy, env)),
+                                  range(4)))
+        assert all(got == files for got in read_at_once(nodes, files))
+        return nodes, proxy.counts()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["--prefetch", "--no-prefetch"], ids=["prefetch", "lazy"])
+def test_nodes_mounting_at_once_through_a_rate_limited_bucket_all_read_every_byte(
+        mount_factory: MountFactory, shared_seaweedfs: SeaweedFS, bucket: str, mode: str):
+    """A burst of new nodes, as S3 throttles it: four nodes mount at once (``--prefetch``, or lazily) through
+    a bucket answering ``503 SlowDown`` past 10 requests a second, then all read A's files at once.  Every
+    node reads every byte right: no EIO, nothing counted as a bad blob or reported, the bucket's level
+    never taken for failing.  Before, a request refused for ``REMOTE_WAIT`` failed and backed the level
+    off: at 20 requests a second some node read EIO in every run, at 30 in about one in two."""
+    files = published_and_recorded(mount_factory("a", *_s3(bucket), env=shared_seaweedfs.env()),
+                                   workload(30, seed=12))
+    nodes, counts = burst(mount_factory, shared_seaweedfs, bucket, mode, 10, files)
+    assert counts.get("slowdowns", 0) >= 10, counts
+    for m in nodes:
+        s = m.stats()
+        assert s["remote_verify_failures"] == 0 and s["remote_bad_blobs_reported"] == 0, s
+        assert s["remote_levels"][0]["reachable"] and s["remote_levels"][0]["errors"] == 0, s["remote_levels"]
+    assert keys(shared_seaweedfs, bucket, BASE + "bad/") == []
+
+
+@pytest.mark.timeout(240)
+def test_nodes_reading_at_once_through_a_bucket_throttled_for_seconds_wait_and_read_every_byte(
+        mount_factory: MountFactory, shared_seaweedfs: SeaweedFS, bucket: str):
+    """Four lazy nodes read 30 kernels at once through a bucket that takes 5 requests a second: every read
+    has to wait for seconds, and must then return A's bytes, not EIO.  Before, a request refused for
+    ``REMOTE_WAIT`` failed and backed the level off: reads failed EIO, lookups missed."""
+    files = published_and_recorded(mount_factory("a", *_s3(bucket), env=shared_seaweedfs.env()),
+                                   workload(30, seed=13))
+    burst(mount_factory, shared_seaweedfs, bucket, "--no-prefetch", 5, files)
 
 
 def plant_record(weed: SeaweedFS, bucket: str, order: list[list[str]], name: str = "default") -> str:

@@ -17,14 +17,17 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import pytest
 import redis
 from conftest import RedisServer, wait_for
 
 from mithrilfs.testing.delay_proxy import DelayProxy
+
+T = TypeVar("T")
 
 
 class Objects(http.server.BaseHTTPRequestHandler):
@@ -201,21 +204,87 @@ def test_every_nth_request_is_answered_slow_down_and_never_reaches_the_server(ht
     assert set(Objects.store) == {"/b/k0", "/b/k1", "/b/k4"}  # the refused PUT never got there
 
 
-def test_requests_past_a_rate_under_one_prefix_are_answered_slow_down(http_server: int) -> None:
+def in_one_second(proxy: DelayProxy, send: Callable[[int], T]) -> T:
+    """``send(attempt)``'s answer, from an attempt whose requests all came in one second of the proxy's clock
+    (a loaded machine may cross one: the counts are reset and it is sent again)."""
+    for attempt in range(10):
+        proxy.reset()
+        t = time.monotonic()
+        got = send(attempt)
+        if int(time.monotonic()) == int(t):
+            return got
+    raise AssertionError("ten attempts each crossed a second")
+
+
+@pytest.mark.parametrize("depth, hot_key", [(0, "hot{attempt}/k{i}"), (2, "hot/{attempt}{j}/k{i}")],
+                         ids=["the-key-directory", "two-segments"])
+def test_requests_past_a_rate_under_one_prefix_are_answered_slow_down(http_server: int, depth: int,
+                                                                      hot_key: str) -> None:
     """``slowdown_rate=5``: within one second, the requests past 5 under one key prefix get 503; another
-    prefix has its own count."""
-    with DelayProxy("127.0.0.1", http_server, protocol="http", slowdown_rate=5) as proxy:
+    prefix has its own count.  A prefix is the key's directory, or with ``slowdown_depth=2`` its first two
+    segments: every key under ``/b/hot/`` then shares one rate, whatever lies deeper (as S3 counts a
+    prefix it has not split yet)."""
+    with DelayProxy("127.0.0.1", http_server, protocol="http", slowdown_rate=5, slowdown_depth=depth) as proxy:
         conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
-        for attempt in range(10):  # within one second of the proxy's clock (a loaded machine may cross one)
-            proxy.reset()
-            t = time.monotonic()
-            hot = [request(conn, "GET", f"/b/hot{attempt}/k{i}")[0] for i in range(8)]
-            cold = [request(conn, "GET", f"/b/cold{attempt}/k{i}")[0] for i in range(3)]
-            if int(time.monotonic()) == int(t):
-                break
+        hot, cold = in_one_second(proxy, lambda attempt: (
+            [request(conn, "GET", "/b/" + hot_key.format(attempt=attempt, i=i, j=i % 3))[0] for i in range(8)],
+            [request(conn, "GET", f"/b/cold{attempt}/x/k{i}")[0] for i in range(3)]))
         conn.close()
         assert hot == [404] * 5 + [503] * 3 and cold == [404] * 3
         assert proxy.counts()["slowdowns"] == 3
+    with pytest.raises(ValueError, match="negative"):
+        DelayProxy("127.0.0.1", http_server, slowdown_depth=-1)
+
+
+def test_each_client_port_is_counted_apart_and_shares_the_prefix_rate(http_server: int) -> None:
+    """``add_client(name)``: another port in front of the same server; its requests count in the totals and
+    under ``clients()[name]``, and the SlowDown rate of a prefix is one for every port."""
+    with DelayProxy("127.0.0.1", http_server, protocol="http", slowdown_rate=5) as proxy:
+        ports = {name: proxy.add_client(name) for name in ("n1", "n2")}
+        assert len({proxy.port, *ports.values()}) == 3
+        with pytest.raises(ValueError, match="n1"):
+            proxy.add_client("n1")
+
+        def send(attempt: int) -> dict[str, list[int]]:
+            statuses = {}
+            for name, port in ports.items():
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                statuses[name] = [request(conn, "GET", f"/b/p{attempt}/k{i}")[0] for i in range(4)]
+                conn.close()
+            main = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+            assert request(main, "PUT", f"/b/q{attempt}/x", b"x") == (200, b"")
+            main.close()
+            return statuses
+
+        statuses = in_one_second(proxy, send)
+        assert statuses == {"n1": [404] * 4, "n2": [404, 503, 503, 503]}
+        clients, counts = proxy.clients(), proxy.counts()
+    assert {name: (c["GET"], c["requests"], c.get("slowdowns", 0), c["connections"])
+            for name, c in clients.items()} == {"n1": (4, 4, 0, 1), "n2": (4, 4, 3, 1)}
+    assert (counts["requests"], counts["slowdowns"], counts["connections"]) == (9, 3, 3)
+    assert clients["n1"]["bytes_down"] > 0 and clients["n1"]["bytes_up"] < counts["bytes_up"]
+
+
+def test_requests_are_counted_per_second(http_server: int) -> None:
+    """``per_second()``: the requests (``slowdowns``) that came in each whole second since the ``reset()``;
+    a reset starts the count again."""
+    with DelayProxy("127.0.0.1", http_server, protocol="http", slowdown_every=2) as proxy:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        assert proxy.per_second() == []
+        for _ in range(3):
+            request(conn, "GET", "/b/k")
+        proxy.reset()
+        assert proxy.per_second() == []
+        t = time.monotonic()
+        for _ in range(4):
+            request(conn, "GET", "/b/k")
+        wait_for(lambda: time.monotonic() - t > 1.2, what="the next second")
+        for _ in range(2):
+            request(conn, "GET", "/b/k")
+        conn.close()
+        per_second, slowdowns = proxy.per_second(), proxy.per_second("slowdowns")
+    assert sum(per_second) == 6 and sum(slowdowns) == 3 and len(per_second) >= 2, per_second
+    assert per_second[-1] >= 1, per_second
 
 
 def test_http_bytes_that_do_not_parse_still_pass(http_server: int) -> None:

@@ -198,8 +198,9 @@ class RemoteStore(ABC):
         return any(lv.available() for lv in self.levels())
 
     def received(self) -> int:
-        """Bytes received so far from every level: what the bound on a wait watches (``bounded``)."""
-        return sum(lv.bytes_in for lv in self.levels())
+        """Bytes received so far from every level, and answers asking for fewer requests (a bucket's SlowDown:
+        it answers): what the bound on a wait watches (``bounded``)."""
+        return sum(lv.bytes_in + lv.slowdowns for lv in self.levels())
 
     def stalled(self, why: str, *, since: float) -> None:
         """A request of the mount waited the bound for nothing: the levels that have not answered anything

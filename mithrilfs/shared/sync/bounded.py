@@ -8,7 +8,8 @@ nothing answered) costs one ``REMOTE_WAIT`` and then the back-off answers
 at once.  The clients' own timeouts (``stores.s3``'s 120 s for large blobs,
 Redis's socket timeouts) only bound how long the abandoned worker thread
 lives; nobody waits on them.  Progress is what the store's levels count in
-``bytes_in`` as it arrives (``RemoteStore.received``).
+``bytes_in`` as it arrives, and each answer asking for fewer requests (a
+throttled bucket answers: ``RemoteStore.received``).
 
 A thread that outlives the bound is abandoned (``abandon_on_cancel``): it
 must own everything it touches (the staging file it writes to), and its

@@ -375,12 +375,12 @@ def test_a_bucket_asking_to_slow_down_is_waited_for_within_the_bound_then_backed
     """503 SlowDown past 10 requests a second under a prefix (S3's way): every request gets through, sent
     again after pauses (the client's own two quick retries are not enough: its second is refused too), the
     level has no error and says so in one log line.  503 to every request: a call gives up after
-    ``REMOTE_WAIT`` of it, a failure of the level, which backs off."""
+    ``SLOWED_WAIT`` of it, a failure of the level, which backs off."""
     import logging
     import time
 
+    from mithrilfs.shared.stores.s3.conn import SLOWED_WAIT
     from mithrilfs.shared.stores.s3.settings import S3Settings
-    from mithrilfs.shared.sync.bounded import REMOTE_WAIT
     from mithrilfs.testing.delay_proxy import DelayProxy
 
     shared_seaweedfs.create_bucket("u-slowdown")
@@ -403,7 +403,7 @@ def test_a_bucket_asking_to_slow_down_is_waited_for_within_the_bound_then_backed
                 t = time.monotonic()
                 with pytest.raises(RemoteError, match="slow down"):
                     store.list_dir("")
-                assert REMOTE_WAIT <= time.monotonic() - t < REMOTE_WAIT + 3
+                assert SLOWED_WAIT <= time.monotonic() - t < SLOWED_WAIT + 3
                 assert not store.level.available() and store.level.errors == 1
                 assert proxy.counts()["slowdowns"] == proxy.counts()["requests"]
             finally:

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from mithrilfs.shared.stores.base import REMOTE_WAIT, Level, new_counters
+from mithrilfs.shared.stores.base import Level, new_counters
 from mithrilfs.shared.stores.clock import TierClock
 from mithrilfs.shared.stores.s3.settings import S3Location, S3Settings
 
@@ -46,9 +46,12 @@ BULK_TIMEOUT = timedelta(seconds=120)
 QUICK_BLOB_BYTES = 1 << 20
 #: The first pause before a request the bucket asked to slow down for is sent again (the client's own two
 #: quick retries spent); it doubles up to ``SLOWED_PAUSE_MAX``, each drawn at random below it (full jitter:
-#: the nodes of a burst do not come back together).  Retried for ``REMOTE_WAIT`` at most.
+#: the nodes of a burst do not come back together).  Retried for ``SLOWED_WAIT`` at most.
 SLOWED_PAUSE = 0.1
 SLOWED_PAUSE_MAX = 1.0
+#: How long a request the bucket keeps answering SlowDown is sent again: each such answer is the bucket
+#: there and answering (progress for the mount's bound, ``RemoteStore.received``), not a stall.
+SLOWED_WAIT = 30.0
 #: An answer asking for fewer requests, not a failure of the bucket: S3's ``503 Slow Down`` (a HEAD's has no
 #: body, only the status), a gateway's 503 or 429, the throttling codes of S3-compatible stores.
 _SLOWED = re.compile(r"status code: (?:503|429)\b|<Code>(?:SlowDown|Throttling|ThrottlingException|"
@@ -56,7 +59,7 @@ _SLOWED = re.compile(r"status code: (?:503|429)\b|<Code>(?:SlowDown|Throttling|T
 
 
 class Throttled(OSError):
-    """The bucket kept asking for fewer requests for ``REMOTE_WAIT``: the request gave up (``call`` makes it a
+    """The bucket kept asking for fewer requests for ``SLOWED_WAIT``: the request gave up (``call`` makes it a
     failure of the level, which backs off)."""
 
 
@@ -178,7 +181,7 @@ class S3Connection:
     def patiently(self, call: Callable[[], Any]) -> Any:
         """``call()``, sent again while the bucket answers that it wants fewer requests (``slowed``: S3's
         ``503 SlowDown`` under a burst), after a jittered pause that doubles (``SLOWED_PAUSE``), for at most
-        ``REMOTE_WAIT`` from the first such answer; then ``Throttled``.  The level counts and logs it
+        ``SLOWED_WAIT`` from the first such answer; then ``Throttled``.  The level counts and logs it
         (``Level.slowed``: a line a minute, not one per request), and does not back off for it.
 
         The client cannot show the answer's ``Retry-After`` (S3 sends none with SlowDown): the pauses are
@@ -194,10 +197,10 @@ class S3Connection:
                 if not slowed(e):
                     raise
                 now = time.monotonic()
-                deadline = deadline or now + REMOTE_WAIT
+                deadline = deadline or now + SLOWED_WAIT
                 self.level.slowed(log)
                 if now >= deadline:
-                    raise Throttled(f"asked to slow down for {REMOTE_WAIT:g} s: {self.why(e)}") from None
+                    raise Throttled(f"asked to slow down for {SLOWED_WAIT:g} s: {self.why(e)}") from None
                 time.sleep(min(random.uniform(0, pause), deadline - now))
                 pause = min(2 * pause, SLOWED_PAUSE_MAX)
 
