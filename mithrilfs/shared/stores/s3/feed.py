@@ -125,6 +125,7 @@ class S3Feed(FeedWire):
             new: list[tuple[int, str]] = []
             out: list[bytes | None] = []
             for prefix in self._prefixes(start, now):
+                pages = -1
                 for pages, batch in enumerate(obstore_api().list(self.store.names, prefix=prefix, chunk_size=1000)):
                     self.store.level.moved()
                     for meta in batch:
@@ -139,6 +140,8 @@ class S3Feed(FeedWire):
                             new.append((stamp, key))
                     if pages >= S3_PAGES:
                         break
+                if pages < 0:  # an empty listing is a request too
+                    self.store.level.moved()
             new.sort()
             latest = since
             for stamp, key in new[:READ_BATCH]:  # the rest at the next read
