@@ -33,6 +33,7 @@ tombstones and refused entries are no names (refused ones are counted in
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -73,7 +74,9 @@ def _is_dir(raw: bytes) -> bool:
     return e is not None and e.type == "d"
 
 
+@functools.lru_cache(maxsize=1 << 20)
 def _entry(raw: bytes) -> RemoteEntry | None:
+    """The entry *raw* holds (parsed once however often a run looks at it), None when it is none."""
     try:
         return parse_entry(raw)[0]
     except ValueError:
@@ -236,6 +239,7 @@ def run(collector: Collector, *, max_size: int | None, max_age: float | None, gr
         _delete_names(collector, p.victims, report)
         collector.forget_use([u.path for u in p.victims])
         _sweep(collector, now, grace, report, key_store)
+        collector.keep_listing()
     report.requests = collector.requests() - requests0
     report.rejected = collector.rejected() - rejected0
     report.seconds = round(time.monotonic() - started, 3)
