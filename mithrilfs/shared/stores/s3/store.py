@@ -22,7 +22,8 @@ Layout under ``s3://BUCKET/PREFIX/NAMESPACE/``
   ``gc-sweeps/T-R``     a running ``fleet gc``'s sweep marker, one per run (``stores.s3.gc``)
   ``epoch``             a random token: gone means the bucket was emptied, and
                         every node uploads what it has again; ``gc``, the last
-                        ``fleet gc``'s summary
+                        ``fleet gc``'s summary; ``gc-state``, the manifests it
+                        read (``stores.s3.gc_state``)
 
 These names are reserved (``stores.s3.layout``): gc and the prunings take only the
 keys below them that parse as their own records, and a namespace inside
