@@ -16,11 +16,13 @@ import time
 import obstore
 import pytest
 from conftest import MountFactory, wait_for, wait_uploaded, write_committed
-from test_fleet_gc import DAY, Tier, _entries, _node, _settled, tier  # noqa: F401 (the fixture)
+from test_fleet_gc import DAY, Tier, _entries, _node, _settled, tier
 
 from mithrilfs.shared.stores.s3 import gc_state
 
 STATE = Tier.BASE + gc_state.STATE_KEY
+#: The tiers of ``test_fleet_gc`` (pytest finds a fixture by its name in the module).
+FIXTURES = (tier,)
 
 
 def _state(tier: Tier) -> dict[str, tuple[str, bytes]]:

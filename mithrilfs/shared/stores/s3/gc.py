@@ -1,5 +1,9 @@
 """``fleet gc`` on a bucket (alone, or behind Redis): manifests by compare-and-swap, blobs by age.
 
+A run GETs only the manifests whose ETag (in the LIST of ``names/``) is
+not in the last run's ``gc-state`` (``gc_state``), and writes that state
+again at its end.
+
 A name goes by the same compare-and-swap writers use (``If-Match`` the
 manifest's ETag): only names still holding the value gc listed, so a name
 published meanwhile stays.  Use records are small objects under ``usage/``,
