@@ -38,7 +38,10 @@ from mithrilfs.shared.fleet import gc
 from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.connect import RemoteSpec, collector_for, open_remote
 from mithrilfs.shared.stores.entries import RemoteEntry, RemoteError
+from mithrilfs.shared.stores.s3 import gc_state
+from mithrilfs.shared.stores.s3.conn import obstore_api
 from mithrilfs.shared.stores.s3.settings import from_environment
+from mithrilfs.shared.stores.s3.store import S3Store
 from mithrilfs.store.cas import hash_bytes
 
 BATCH = 1000
@@ -105,6 +108,8 @@ def one(kind: str, spec: RemoteSpec, names: int, file_bytes: int) -> dict:
     store.close()
     store = open_remote(spec)
     third = gc.run(collector_for(store), max_size=None, max_age=7 * 86400, grace=0.0, dry_run=False)
+    if isinstance(store, S3Store):  # what a bucket's run keeps for the next (``gc_state``)
+        out["state_bytes"] = obstore_api().head(store.names, store.base + gc_state.STATE_KEY)["size"]
     store.close()
     for label, r in (("gc", first), ("gc_again", second), ("gc_after_1pct_published", third)):
         out[label] = {"seconds": r.seconds, "requests": r.requests, "deleted_dirs": r.deleted_dirs,
