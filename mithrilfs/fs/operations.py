@@ -118,6 +118,8 @@ class Operations(kernel.Operations):
         _check_name_length(name)
         if self.control.owns(parent_inode) or self.control.is_its_name(parent_inode, name):
             return await self.control.lookup(parent_inode, name)
+        if self.tier.in_use():  # the first use after an idle spell: the fleet's news first
+            await self.tier.fresh()
         if name == b".":
             ino: int | None = parent_inode
         elif name == b"..":

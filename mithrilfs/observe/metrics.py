@@ -32,6 +32,8 @@ _GAUGES = {
     "remote_tier_names": "Names in the shared tier, at its last fleet gc",
     "remote_tier_gc_at": "When the shared tier's last fleet gc ran (unix seconds)",
     "remote_tier_gc_freed_bytes": "Bytes the shared tier's last fleet gc freed",
+    "remote_idle": "1 while nobody has used the mount for a while (it asks the shared tier rarely)",
+    "remote_idle_requests_per_hour": "Requests to the shared tier per hour of the mount's idleness",
 }
 
 
@@ -50,7 +52,7 @@ def render(snapshot: dict[str, Any]) -> str:
     """The snapshot in the Prometheus text format (version 0.0.4)."""
     lines: list[str] = []
     for name, help_text in _GAUGES.items():
-        if name in snapshot:
+        if snapshot.get(name) is not None:
             lines += [f"# HELP mithrilfs_{name} {help_text}", f"# TYPE mithrilfs_{name} gauge",
                       f"mithrilfs_{name} {snapshot[name]}"]
     by_dir = snapshot.get("by_dir", {})

@@ -19,7 +19,9 @@ mount's calls by handing them to the part whose job they are:
   epoch token changes); ``sync.places``: where a bucket held blobs, kept
   from one mount to the next;
 - ``sync.changes``: the change feed (deletions told to every node);
-  ``sync.forget``: ``forget --fleet``;
+  ``sync.forget``: ``forget --fleet``; ``sync.pulse``: whether the mount
+  is in use, which sets how often the feed, the epoch and the gc summary
+  are asked for;
 - ``warm.recorder``, ``warm.order``, ``warm.prefetch``: the startup set
   recorded, put to use (names, look-ahead), and prefetched;
 - ``fleet.state``: use records out, the fleet gc's summary in.
@@ -56,6 +58,7 @@ from mithrilfs.shared.sync.forget import PurgeTier, forget_fleet
 from mithrilfs.shared.sync.in_flight import InFlight
 from mithrilfs.shared.sync.outbox import Outbox
 from mithrilfs.shared.sync.places import KeptPlaces
+from mithrilfs.shared.sync.pulse import Pulse
 from mithrilfs.shared.sync.reconcile import Reconciler
 from mithrilfs.shared.sync.small import SmallBlobs
 from mithrilfs.shared.sync.tasks import Background, Threads
@@ -131,9 +134,11 @@ class RemoteTier(Tier):
                                               policy=policy, physical=physical, small=small)
         #: The change feed: this node's deletions told to the fleet, and the fleet's applied here.
         wire, key = feed or (NullFeed(), None)
+        #: Whether the mount is in use: how often the tier is asked for news, and what idleness costs.
+        self.pulse = pulse = Pulse(lambda: sum(lv.requests for lv in remote.levels()), watching=wire.blocks)
         self.changes = changes = Changes(ns=ns, lifetimes=lifetimes, remote=remote, counters=counters, node=node,
                                          origin=origin, outbox=outbox, reconciler=reconciler, resync=resync,
-                                         thread=thread, wire=wire, key=key)
+                                         thread=thread, wire=wire, key=key, pulse=pulse)
         #: A startup set as this mount uses it (``order_of``).
         self._order = functools.partial(StartupOrder, ns=ns, paths=paths, remote=remote, counters=counters,
                                         thread=thread, purges=changes, merge_paths=reconciler.merge_paths,
@@ -153,13 +158,13 @@ class RemoteTier(Tier):
         self.recorder = StartupRecorder(startup_set, ns=ns, paths=paths, remote=remote, counters=counters,
                                         node=node, origin=origin, thread=thread)
         #: Use records out, the fleet gc's summary in (``fleet.state``).
-        self.fleet = FleetState(remote, events, ns=ns, paths=paths)
+        self.fleet = FleetState(remote, events, ns=ns, paths=paths, every=pulse.every)
         #: Where the store held blobs, as the last mount knew: kept at the unmount for the next.
         self.places = KeptPlaces(ns, remote)
         self.behind = WriteBehind(ns=ns, blobs=blobs, paths=paths, lifetimes=lifetimes, remote=remote,
                                   counters=counters, events=events, recompiles=recompiles, node=node, outbox=outbox,
                                   places=self.places, reconciler=reconciler, changes=changes,
-                                  recorder=self.recorder, fleet=self.fleet, thread=thread)
+                                  recorder=self.recorder, fleet=self.fleet, thread=thread, pulse=pulse)
         self.prefetcher = Prefetcher(ns=ns, paths=paths, blobs=blobs, remote=remote, counters=counters,
                                      policy=policy, physical=physical, in_flight=in_flight, small=small,
                                      fetch_blob=fetcher.fetch_blob, order_of=self.order_of,
@@ -179,11 +184,19 @@ class RemoteTier(Tier):
         if requeue:  # after an unclean stop a commit may not have reached the queue
             outbox.queue_all()
 
+    # -- use (``sync.pulse``) ----------------------------------------------
+    def in_use(self) -> bool:
+        return self.pulse.in_use()
+
+    async def fresh(self) -> None:
+        await self.pulse.fresh()
+
     # -- read-through (``sync.dirs``, ``sync.fetch``) ------------------------
     async def lookup(self, parent: int, name: bytes) -> int | None:
         return await self.dirs.lookup(parent, name)
 
     async def list_dir(self, d: int) -> None:
+        self.pulse.in_use()
         await self.dirs.list_dir(d)
 
     def forget_listed(self, dirs: set[int]) -> None:
@@ -204,6 +217,7 @@ class RemoteTier(Tier):
     def record_read(self, ino: int) -> None:
         """A read at offset 0: its directory is used (``fleet.state``); the first read in this mount within
         its first minutes also joins the startup set (``warm.recorder``)."""
+        self.pulse.in_use()
         self.fleet.read(ino)
         self.recorder.read(ino)
 
@@ -278,7 +292,7 @@ class RemoteTier(Tier):
         return self.order if set_name == self.startup_set else self._order(set_name)
 
     def snapshot(self) -> dict[str, Any]:
-        return self.counters | self.fleet.snapshot() | {"upload_queue": self.outbox.pending(),
+        return self.counters | self.fleet.snapshot() | self.pulse.snapshot() | {"upload_queue": self.outbox.pending(),
                                                          "remote_last_error": self.remote.last_error,
                                                          "prefetch": self.prefetcher.state,
                                                          "remote_levels": [lv.state() for lv in self.remote.levels()]}

@@ -10,6 +10,8 @@ manager, sccache's one ``Storage`` trait).
 
 What a tier is asked, and when:
 
+- ``in_use`` at every lookup (hit or miss): the mount is used; a lookup
+  that ends an idle spell awaits ``fresh`` before it answers;
 - ``lookup`` a name the index lacks; ``list_dir`` at OPENDIR (merge the
   directory's remote names); ``forget_listed`` after an eviction (names left
   these directories locally only);
@@ -55,6 +57,16 @@ class Tier(ABC):
         """Whether a prefetch streams into this process now: the session sleeps for its next request at
         once instead of polling (``kernel.Session.polls``), leaving the cores to the prefetch."""
         return False
+
+    def in_use(self) -> bool:
+        """The mount is used now (a lookup); True when this use ends an idle spell: the caller awaits
+        ``fresh`` before it answers from what the node knows.  Default: never idle."""
+        return False
+
+    async def fresh(self) -> None:
+        """Return once the node has asked the tier for news since the idle spell ended (bounded).  Default:
+        at once."""
+        return None
 
     @abstractmethod
     async def lookup(self, parent: int, name: bytes) -> int | None:

@@ -9,11 +9,13 @@ Two figures per tier (issue 34):
   ``mithrilfs forget --fleet A ENTRY``; the time from the command's start
   until *both* loops get ENOENT is the purge's time to reach every node.
   Median and max over the purges, and the command's own time.
-* **Idle cost**: one node mounted, nothing happening, for ``--idle``
-  seconds: the feed's requests (``remote_feed_reads``) and every request
-  the tier made (epoch checks included), per hour.
+* **Idle cost**: one node mounted behind a delay proxy (``--rtt-ms``),
+  used once, then left alone: once it says it is idle (``remote_idle``,
+  after ``--idle-after`` seconds, ``MITHRILFS_IDLE_AFTER``), for ``--idle``
+  seconds: the requests the proxy saw, per hour, by kind (a bucket's
+  LISTs apart), and the node's own ``remote_idle_requests_per_hour``.
 
-    .venv/bin/python scripts/bench/bench_purge.py --purges 20 --idle 60
+    .venv/bin/python scripts/bench/bench_purge.py --purges 20 --idle 600
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _benchlib import CLI, median, redis_server, seaweedfs_s3
+
+from mithrilfs.testing.delay_proxy import DelayProxy
 
 OPEN_LOOP = """
 import sys, time
@@ -106,28 +111,54 @@ def purge_reach(root: Path, args: list[str], env: dict[str, str], purges: int) -
                 "command_median_s": round(median(command), 2), "command_max_s": round(max(command), 2)}
 
 
-def idle_cost(root: Path, args: list[str], env: dict[str, str], seconds: float) -> dict:
+def request_kind(method: str, target: str) -> str:
+    """A bucket request's kind: LIST, or the method and the layout's top-level name (``GET feed``)."""
+    if method == "LIST" or "list-type" in target:
+        return "LIST"
+    parts = [p for p in target.partition("?")[0].split("/") if p]
+    return f"{method} {parts[3] if len(parts) > 3 else '/'.join(parts)}"  # /bench/purge/default/NAME...
+
+
+def idle_cost(root: Path, kind: str, args: list[str], env: dict[str, str], seconds: float, idle_after: float,
+              rtt_ms: float) -> dict:
+    """One node, used once and then left alone: the requests it sends per hour of idleness."""
     mp, store = root / "idle-mnt", root / "idle-store"
     mp.mkdir()
-    mount(mp, store, args, env)
-    try:
-        time.sleep(5)  # past the first checks
-        before = stats(mp)
-        time.sleep(seconds)
-        after = stats(mp)
-    finally:
-        umount(mp)
+    target = urlsplit(args[1] if kind == "redis" else env["AWS_ENDPOINT_URL"])
+    with DelayProxy(target.hostname or "127.0.0.1", target.port or 80, rtt_ms=rtt_ms,
+                    protocol="redis" if kind == "redis" else "http", label=request_kind) as proxy:
+        if kind == "redis":
+            args = ["--remote", f"redis://127.0.0.1:{proxy.port}/0"]
+        else:
+            env = env | {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}
+        mount(mp, store, args, env | {"MITHRILFS_IDLE_AFTER": str(idle_after)})
+        try:
+            (mp / "used").write_bytes(b"once")  # a use, and a name published
+            wait(lambda: stats(mp)["remote_idle"] == 1, idle_after + 120, "the node to be idle")
+            before = stats(mp)
+            proxy.reset()
+            time.sleep(seconds)
+            after = stats(mp)
+            asked = proxy.labels() if kind != "redis" else {k: v for k, v in proxy.counts().items() if k.isupper()}
+        finally:
+            umount(mp)
     per_hour = 3600 / seconds
-    feed = after["remote_feed_reads"] - before["remote_feed_reads"]
-    total = sum(lv["requests"] for lv in after["remote_levels"]) - sum(lv["requests"] for lv in before["remote_levels"])
-    return {"idle_seconds": seconds, "feed_requests_per_hour": round(feed * per_hour),
-            "all_tier_requests_per_hour": round(total * per_hour)}
+    total = sum(asked.values())
+    return {"idle_seconds": seconds, "idle_after_s": idle_after, "rtt_ms": rtt_ms,
+            "requests_per_hour": round(total * per_hour, 1),
+            "lists_per_hour": round(asked.get("LIST", 0) * per_hour, 1),
+            "by_kind_per_hour": {k: round(v * per_hour, 1) for k, v in sorted(asked.items())},
+            "feed_checks_per_hour": round((after["remote_feed_checks"] - before["remote_feed_checks"]) * per_hour, 1),
+            "node_idle_requests_per_hour": after["remote_idle_requests_per_hour"]}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--purges", type=int, default=20)
-    parser.add_argument("--idle", type=float, default=60.0)
+    parser.add_argument("--idle", type=float, default=600.0, help="seconds measured idle")
+    parser.add_argument("--idle-after", type=float, default=30.0,
+                        help="seconds without a use before the node is idle (the default mount's: 300)")
+    parser.add_argument("--rtt-ms", type=float, default=0.0, help="round trip added by the proxy")
     parser.add_argument("--tiers", default="redis,s3")
     opts = parser.parse_args()
     results = {}
@@ -141,7 +172,11 @@ def main() -> int:
                 args = ["--remote", "s3://bench/purge"]
             root = Path(tempfile.mkdtemp(prefix="mithrilfs-bench-purge-"))
             stack.callback(subprocess.run, ["rm", "-rf", str(root)])
-            results[kind] = purge_reach(root, args, env, opts.purges) | idle_cost(root, args, env, opts.idle)
+            results[kind] = {}
+            if opts.purges:
+                results[kind] |= purge_reach(root, args, env, opts.purges)
+            if opts.idle:
+                results[kind] |= idle_cost(root, kind, args, env, opts.idle, opts.idle_after, opts.rtt_ms)
         print(json.dumps({kind: results[kind]}), flush=True)
     print(json.dumps(results, indent=2))
     return 0

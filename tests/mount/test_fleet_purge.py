@@ -64,6 +64,8 @@ class Tier:
             now = time.time_ns()
             name = key or f"{now // 10**12:08d}/{now:020d}-planted{time.monotonic_ns() % 100000}"
             obstore.put(self.weed.client(self.bucket), f"cache/default/changes/{name}", raw)
+            # and the feed's head, as every writer rewrites it after a record: followers list only then
+            obstore.put(self.weed.client(self.bucket), "cache/default/feed", name.encode())
 
 
 @pytest.fixture(params=["redis", "s3"])
@@ -208,12 +210,14 @@ def test_hostile_feed_records_are_refused_and_counted(mount_factory: MountFactor
         ahead = now + 7200 * 10**9  # in the current bucket, dated two hours ahead
         tier.plant(record([["victim.so", version, 0]]), key=f"{now // 10**12:08d}/{ahead:020d}-from-the-future")
     # a good one after them: the follower went on (it drops the name here; with no tombstone in the tier,
-    # a record alone deletes nothing for good: the name comes back at its next lookup)
+    # a record alone deletes nothing for good: the name comes back at a lookup once the directory is
+    # synced again, ``MISS_RESYNC_SECONDS`` after its last sync)
     tier.plant(record([["k.so", version, 0]]))
     wait_for(lambda: b.stats()["remote_changes_applied"] == 1, 30, "the good record to be applied")
     expected = len(hostile) + (2 if tier.weed is not None else 0)
     wait_for(lambda: b.stats()["remote_changes_rejected"] >= expected, 10, "every hostile record to be counted")
     assert (b.mountpoint / "victim.so").read_bytes() == b"still here"
+    wait_for(lambda: (b.mountpoint / "k.so").exists(), 30, "the name to come back from the tier")
     assert (b.mountpoint / "k.so").read_bytes() == b"goes"
     res = run_cli("status", str(b.mountpoint))
     assert res.returncode == 0, res.stderr

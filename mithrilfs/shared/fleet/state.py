@@ -4,7 +4,8 @@ Built by ``remote_tier`` (the tier's ``fleet``), stepped by the uploader's loop
 (``WriteBehind.uploader``) so it costs no task of its own: use records go
 out when due (Redis: with the next batch; a bucket: at most every
 ``ages.USE_FLUSH_SECONDS``), and the tier's gc record is read at most
-every ``stores.summary.SUMMARY_SECONDS``; a new one is logged as a
+every ``stores.summary.SUMMARY_SECONDS`` while the mount is in use
+(``SUMMARY_IDLE_SECONDS`` while it is idle); a new one is logged as a
 ``fleet_gc`` event and shown in ``stats`` (``remote_tier_*``).
 """
 
@@ -19,7 +20,7 @@ from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.fleet.usage import UseRecorder, dir_of
 from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.entries import RemoteError
-from mithrilfs.shared.stores.summary import SUMMARY_SECONDS
+from mithrilfs.shared.stores.summary import SUMMARY_IDLE_SECONDS, SUMMARY_SECONDS
 from mithrilfs.store.namespace import DirPaths, Namespace
 
 log = logging.getLogger(__name__)
@@ -28,8 +29,11 @@ log = logging.getLogger(__name__)
 class FleetState:
     """This mount's use records on their way out and the last gc summary it read (see the module doc)."""
 
-    def __init__(self, remote: RemoteStore, events: EventLog, *, ns: Namespace, paths: DirPaths) -> None:
+    def __init__(self, remote: RemoteStore, events: EventLog, *, ns: Namespace, paths: DirPaths,
+                 every: Callable[[float, float], float]) -> None:
         self.remote = remote
+        #: A period while the mount is in use or while it is idle (``sync.pulse.Pulse.every``).
+        self.every = every
         self.events = events
         self.ns = ns
         self.paths = paths
@@ -74,7 +78,7 @@ class FleetState:
         now = time.monotonic()
         if self.usage.pending() and now - self._flushed >= self.remote.use_flush_seconds:
             await self._send(thread)
-        if now - self._summary_at >= SUMMARY_SECONDS:
+        if now - self._summary_at >= self.every(SUMMARY_SECONDS, SUMMARY_IDLE_SECONDS):
             self._summary_at = now
             summary = await thread(self.remote.tier_summary)
             if summary is not None and (self.summary is None or summary["at"] != self.summary["at"]):

@@ -32,8 +32,16 @@ DEFAULT_PERIOD = 2.0
 class FeedWire(ABC):
     """Append records to a feed and read them from a cursor (an opaque string kept by the reader)."""
 
-    #: Seconds between two reads by a follower.
+    #: Seconds between two checks by a follower while its mount is in use (``sync.pulse``).
     period: float = DEFAULT_PERIOD
+    #: Whether ``changed`` waits in the tier for news (a follower then needs no period of its own).
+    blocks: bool = False
+
+    def changed(self, cursor: str, wait: float) -> bool:
+        """Whether records after *cursor* may be there: False only when the feed knows there are none.  A
+        feed that ``blocks`` waits up to *wait* seconds for one; another answers at once, in at most one
+        cheap request (no listing).  The default: always (the follower reads)."""
+        return True
 
     @abstractmethod
     def head(self) -> str:
@@ -53,6 +61,9 @@ class NullFeed(FeedWire):
     """A store with no feed: nothing is announced, nothing comes."""
 
     period = 3600.0
+
+    def changed(self, cursor: str, wait: float) -> bool:
+        return False
 
     def head(self) -> str:
         return ""

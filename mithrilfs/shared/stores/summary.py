@@ -1,7 +1,8 @@
 """What the last ``fleet gc`` of a tier found and did, kept in the tier for every node to show.
 
 gc writes one small record (``mfs:{ns}:gc`` in Redis, ``gc`` in a bucket);
-each node reads it at most every ``SUMMARY_SECONDS`` (one GET) and shows
+each node reads it at most every ``SUMMARY_SECONDS`` while its mount is in
+use, ``SUMMARY_IDLE_SECONDS`` while it is idle (one GET), and shows
 the tier's size and count in ``stats`` and Prometheus, and logs a
 ``fleet_gc`` event in its store's event log when a new one appears.  Like
 everything read from a tier it is hostile until checked: only known
@@ -13,8 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-#: How often a node reads the record.
+#: How often a node reads the record while its mount is in use, and while it is idle.
 SUMMARY_SECONDS = 60.0
+SUMMARY_IDLE_SECONDS = 1800.0
 MAX_SUMMARY_BYTES = 4096
 #: The fields, all numbers: when it ran, what the tier held after it, and what it deleted.
 FIELDS = ("at", "names", "dirs", "blobs", "packs", "bytes", "deleted_dirs", "deleted_names", "deleted_blobs",

@@ -42,6 +42,7 @@ from mithrilfs.shared.stores.entries import MAX_VERSION, NODE_RE, RemoteEntry, R
 from mithrilfs.shared.stores.feed import MAX_RECORD_BYTES, FeedWire
 from mithrilfs.shared.stores.records import PURGES_READ
 from mithrilfs.shared.sync.outbox import Outbox
+from mithrilfs.shared.sync.pulse import IDLE_PERIOD, Pulse
 from mithrilfs.shared.sync.reconcile import Reconciler
 from mithrilfs.shared.sync.tasks import Threads
 from mithrilfs.store.namespace import ROOT_INODE, Namespace, join_path, valid_name
@@ -56,7 +57,7 @@ RECORD_PATHS = 256
 #: Longest path a record may name (bytes).
 MAX_PATH_BYTES = 4096
 COUNTERS = ("remote_changes_announced", "remote_changes_applied", "remote_changes_rejected",
-            "remote_feed_reads", "remote_feed_resyncs")
+            "remote_feed_checks", "remote_feed_reads", "remote_feed_resyncs")
 
 
 def path_parts(path: Any) -> list[bytes] | None:
@@ -138,7 +139,7 @@ class Changes:
     def __init__(self, *, ns: Namespace, lifetimes: Lifetimes, remote: RemoteStore, counters: dict[str, int],
                  node: str, origin: dict[int, str], outbox: Outbox, reconciler: Reconciler,
                  resync: Callable[[int], Awaitable[None]], thread: Threads, wire: FeedWire,
-                 key: bytes | None) -> None:
+                 key: bytes | None, pulse: Pulse) -> None:
         self.ns = ns
         self.lifetimes = lifetimes
         self.remote = remote
@@ -153,6 +154,8 @@ class Changes:
         self.resync = resync
         self.thread = thread
         self.wire = wire
+        #: How often to check: while in use, while idle; told of each check and of a tier that fails.
+        self.pulse = pulse
         self.codec = ChangeCodec(remote.namespace, key, horizon=remote.clock.horizon_us)
         #: Deletions this mount learned of (path -> the deletion), so a startup set recorded before one
         #: never brings its names back (``StartupOrder``); the newest ``PURGED_KEPT`` are kept.
@@ -194,7 +197,9 @@ class Changes:
 
     # -- following -----------------------------------------------------------
     async def follow(self) -> None:
-        """Read the feed every ``wire.period`` seconds for the life of the mount and apply what it says."""
+        """Check the feed for the life of the mount and apply what it says: as often as the ``Pulse`` says
+        (often while the mount is in use, rarely while idle, at once when a use ends an idle spell), or
+        waiting in the tier for news where the feed can (``FeedWire.blocks``)."""
         cursor = self.ns.get_meta(self._meta())
         backoff = 1.0
         while True:
@@ -202,20 +207,23 @@ class Changes:
                 if cursor is None:  # this store never followed this feed: nothing to catch up
                     cursor = await self.thread(self.wire.head)
                     self._save(cursor)
-                records, new_cursor, gap = await self.thread(self.wire.read, cursor)
-                self._count("remote_feed_reads")
-                if gap:
-                    await self.resync_all()
-                for raw in records:
-                    await self._apply_record(raw)
-                if new_cursor != cursor:
-                    cursor = new_cursor
-                    self._save(cursor)
+                self._count("remote_feed_checks")
+                self.pulse.checking()
+                if self.wire.blocks:  # waits in the tier: off the tier's limiter, and given up at the unmount
+                    news = await trio.to_thread.run_sync(self.wire.changed, cursor, IDLE_PERIOD,
+                                                         abandon_on_cancel=True)
+                else:
+                    news = await self.thread(self.wire.changed, cursor, 0.0)
+                records: list[bytes | None] = []
+                if news:
+                    records, cursor = await self._read(cursor)
+                self.pulse.checked()
                 backoff = 1.0
                 if records:
                     continue  # more may wait: read on at once
             except RemoteError as e:
                 log.debug("change feed: %s", e)
+                self.pulse.trouble()
                 await trio.sleep(backoff)
                 backoff = min(30.0, backoff * 2)
                 continue
@@ -224,7 +232,20 @@ class Changes:
                 await trio.sleep(backoff)
                 backoff = min(30.0, backoff * 2)
                 continue
-            await trio.sleep(self.wire.period)
+            if not self.wire.blocks or news:  # news that held no record: a pause, not a spin
+                await self.pulse.sleep(self.pulse.every(self.wire.period, IDLE_PERIOD))
+
+    async def _read(self, cursor: str) -> tuple[list[bytes | None], str]:
+        """Read and apply the records after *cursor*; (what was read, the new cursor, saved)."""
+        records, new_cursor, gap = await self.thread(self.wire.read, cursor)
+        self._count("remote_feed_reads")
+        if gap:
+            await self.resync_all()
+        for raw in records:
+            await self._apply_record(raw)
+        if new_cursor != cursor:
+            self._save(new_cursor)
+        return records, new_cursor
 
     def _save(self, cursor: str) -> None:
         with self.ns.txn():

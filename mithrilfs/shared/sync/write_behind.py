@@ -29,6 +29,7 @@ from mithrilfs.shared.stores.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.sync.changes import Changes
 from mithrilfs.shared.sync.outbox import UPLOAD_DELAY, Outbox, made_here
 from mithrilfs.shared.sync.places import KeptPlaces
+from mithrilfs.shared.sync.pulse import Pulse
 from mithrilfs.shared.sync.reconcile import Reconciler
 from mithrilfs.shared.sync.tasks import Threads
 from mithrilfs.store.blobs import Blobs
@@ -46,8 +47,10 @@ HOLD_BUSY_DIRECTORY = 3.0
 #: pack.
 PACK_WINDOW = 2.0
 PACK_FILL = 8 << 20
-#: How often the uploader asks whether the tier lost its data (its epoch token).
-EPOCH_SECONDS = 2.0
+#: How often the uploader asks whether the tier lost its data (its epoch token) while the mount is in use;
+#: and while it is idle (``sync.pulse``).  A failed request of the feed's follower makes it ask at once.
+EPOCH_SECONDS = 10.0
+EPOCH_IDLE_SECONDS = 600.0
 #: The index's meta keys holding the epoch of each tier this store has used (``epoch_meta``).
 EPOCH_META_PREFIX = "remote_epoch:"
 #: The index's meta key holding a store's clock offset as last measured (``stores.clock``), by store.
@@ -106,7 +109,7 @@ class WriteBehind:
     def __init__(self, *, ns: Namespace, blobs: Blobs, paths: DirPaths, lifetimes: Lifetimes, remote: RemoteStore,
                  counters: dict[str, int], events: EventLog, recompiles: Recompiles, node: str, outbox: Outbox,
                  places: KeptPlaces, reconciler: Reconciler, changes: Changes, recorder: StartupRecord,
-                 fleet: FleetState, thread: Threads) -> None:
+                 fleet: FleetState, thread: Threads, pulse: Pulse) -> None:
         self.ns = ns
         self.blobs = blobs
         self.paths = paths
@@ -125,6 +128,10 @@ class WriteBehind:
         self.recorder = recorder
         self.fleet = fleet
         self.thread = thread
+        #: Whether the mount is in use (how often the epoch is checked) and whether the tier failed a request.
+        self.pulse = pulse
+        #: Whether this mount's first epoch check (which measures the tier's clock) was made.
+        self._first_checked = False
         #: The tier's epoch token as this store last saw it (None: this store never used this tier).
         self.epoch = ns.get_meta(epoch_meta(remote))
 
@@ -133,9 +140,10 @@ class WriteBehind:
         next_epoch = 0.0
         while True:
             try:
-                if time.monotonic() >= next_epoch:
+                if time.monotonic() >= next_epoch or self.pulse.suspect:
+                    self.pulse.suspect = False
                     await self._check_epoch()
-                    next_epoch = time.monotonic() + EPOCH_SECONDS
+                    next_epoch = time.monotonic() + self.pulse.every(EPOCH_SECONDS, EPOCH_IDLE_SECONDS)
                 sent = await self._send_due()
                 if self.recorder.due():
                     await self.recorder.write()
@@ -148,6 +156,7 @@ class WriteBehind:
                     log.exception("shared tier uploader failed; retrying in %.1f s", backoff)
                 await trio.sleep(backoff)
                 backoff = min(30.0, backoff * 2)
+                next_epoch = 0.0  # a server back from a restart may be empty: asked first
                 continue
             if not sent:
                 await self.outbox.wait(min(UPLOAD_DELAY, max(0.0, next_epoch - time.monotonic())))
@@ -159,9 +168,12 @@ class WriteBehind:
         prefetch or a lookup may have created thousands from the tier before this first check answers,
         and publishing them again would be the whole prefetched set sent back.
 
-        The tier's clock is measured here first, and again when due (``stores.clock``): nothing is
-        published before this node dates its versions by the tier's time."""
-        await self._measure_clock()
+        The tier's clock is measured here first (``stores.clock``), and again when due before a batch is
+        sent (``_send_due``): nothing is published before this node dates its versions by the tier's time,
+        and an idle node asks no time."""
+        if not self._first_checked:
+            self._first_checked = True
+            await self._measure_clock()
         epoch, _ = await self.thread(self.remote.epoch)
         kept = self.places.take()
         if epoch == self.epoch:
@@ -209,6 +221,7 @@ class WriteBehind:
         tombs = self.queue.tombstones(UPLOAD_BATCH)
         if not due and not tombs:
             return 0
+        await self._measure_clock()
         batch = self._batch(due, tombs)
         with self.outbox.on_the_way(batch.names):
             await self._send(batch)

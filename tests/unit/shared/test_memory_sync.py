@@ -22,6 +22,7 @@ from mithrilfs.shared.stores.memory.feed import MemoryFeed
 from mithrilfs.shared.stores.memory.store import MemoryServer, MemoryStore
 from mithrilfs.shared.sync.changes import ChangeCodec, Changes
 from mithrilfs.shared.sync.outbox import Outbox
+from mithrilfs.shared.sync.pulse import Pulse
 from mithrilfs.shared.sync.reconcile import Reconciler
 from mithrilfs.shared.sync.tasks import Threads
 from mithrilfs.store.namespace import DirPaths, join_path
@@ -67,7 +68,8 @@ class Node:
         """The change feed of this node on *wire*, built as ``RemoteTier`` builds it."""
         return Changes(ns=self.ns, lifetimes=self.lifetimes, remote=self.remote, counters=self.counters,
                        node=self.node, origin=self.origin, outbox=self.outbox, reconciler=self.reconciler,
-                       resync=self.resync, thread=Threads(trio.CapacityLimiter(4)), wire=wire, key=None)
+                       resync=self.resync, thread=Threads(trio.CapacityLimiter(4)), wire=wire, key=None,
+                       pulse=Pulse(lambda: self.remote.level.requests, watching=wire.blocks))
 
     async def sync_dir(self, d: int, *, force: bool = False) -> None:
         """The tier's directory sync: list it in the store, create what is missing, reconcile the rest."""

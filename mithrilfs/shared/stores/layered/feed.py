@@ -18,6 +18,10 @@ class LayeredFeed(FeedWire):
         self.front = front
         self.back = back
         self.period = front.period
+        self.blocks = front.blocks
+
+    def changed(self, cursor: str, wait: float) -> bool:
+        return self.front.changed(cursor, wait)
 
     def head(self) -> str:
         return self.front.head()

@@ -24,6 +24,14 @@ class MemoryFeed(FeedWire):
     def head(self) -> str:
         return self.store.call(lambda: str(self.store.space.feed_base + len(self.store.space.feed)))
 
+    def changed(self, cursor: str, wait: float) -> bool:
+        """Whether records lie after *cursor* (one request, at once)."""
+        def changed() -> bool:
+            space = self.store.space
+            return not (cursor.isdigit() and len(cursor) < 20) or int(cursor) < space.feed_base + len(space.feed)
+
+        return bool(self.store.call(changed))
+
     def read(self, cursor: str) -> tuple[list[bytes | None], str, bool]:
         def read() -> tuple[list[bytes | None], str, bool]:
             space = self.store.space

@@ -48,10 +48,14 @@ class RedisConnection:
             self._kwargs["password"] = password
         self._client: Any = None
         self._client_lock = threading.Lock()
+        #: The client of requests that wait in the server (``waiting_client``), made at first use.
+        self._waiting: Any = None
         self.counters = counters if counters is not None else new_counters()
         self.level = Level("redis", self.url, self.counters)
         self.clock = TierClock(self.server_time)
         self.codec = EntryCodec(namespace, key, self.counters, horizon=self.clock.horizon_us)
+        import redis.cluster  # noqa: F401  here, once: two worker threads importing it at once can each
+        # find it half made ("partially initialized module")
 
     @property
     def client(self) -> Any:
@@ -71,6 +75,22 @@ class RedisConnection:
                     else:
                         self._client = redis.Redis.from_url(self._url, health_check_interval=0, **self._kwargs)
         return self._client
+
+    def waiting_client(self, timeout: float) -> Any:
+        """A second client, for requests that wait in the server for news (``XREAD BLOCK``): its sockets
+        time out after *timeout* seconds, not ``OP_TIMEOUT``, and a wait holds none of the first client's
+        connections."""
+        with self._client_lock:
+            if self._waiting is None:
+                import redis.cluster
+
+                kwargs = dict(self._kwargs, socket_timeout=timeout)
+                if self.cluster:
+                    self._waiting = redis.cluster.RedisCluster.from_url(
+                        self._url, cluster_error_retry_attempts=1, require_full_coverage=True, **kwargs)
+                else:
+                    self._waiting = redis.Redis.from_url(self._url, health_check_interval=0, **kwargs)
+        return self._waiting
 
     # -- availability ----------------------------------------------------
     def levels(self) -> list[Level]:
@@ -179,6 +199,8 @@ class RedisConnection:
         return info["used_memory"]
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        """Close both clients: a request waiting in the server ends with an error."""
+        for client in (self._client, self._waiting):
+            if client is not None:
+                client.close()
 

@@ -1,8 +1,10 @@
 """The change feed in Redis: one stream, ``mfs:{namespace}:changes``.
 
-Appended with ``XADD MAXLEN ~ FEED_MAXLEN`` and read with one non-blocking
-``XREAD`` every ``REDIS_PERIOD`` seconds from the last id seen (the
-interface and what a record is: ``stores.feed``).  A reader away long
+Appended with ``XADD MAXLEN ~ FEED_MAXLEN``.  A follower waits for news in
+the server: one ``XREAD BLOCK`` of at most ``WAIT_MAX`` seconds from the
+last id seen, answered the moment a record is appended, then reads on
+(the interface and what a record is: ``stores.feed``).  The wait runs on a
+client of its own (``RedisConnection.waiting_client``).  A reader away long
 enough for the stream to be trimmed past its cursor is told it missed
 records (``read``'s third value), once, at its first read.
 """
@@ -15,14 +17,19 @@ from typing import Any
 from mithrilfs.shared.stores.feed import FEED_MAXLEN, MAX_RECORD_BYTES, READ_BATCH, FeedWire
 from mithrilfs.shared.stores.redis.conn import RedisConnection
 
-#: Seconds between two polls (one XREAD).
+#: Seconds between two polls (one XREAD) by a follower that does not wait in the server.
 REDIS_PERIOD = 2.0
+#: The longest one ``XREAD BLOCK`` waits (a longer wait asked for is cut to it).
+WAIT_MAX = 100.0
+#: The waiting client's socket timeout: a wait's answer is due within it.
+WAIT_TIMEOUT = WAIT_MAX + 20.0
 
 
 class RedisFeed(FeedWire):
     """A Redis stream (see the module doc)."""
 
     period = REDIS_PERIOD
+    blocks = True
 
     def __init__(self, store: RedisConnection) -> None:
         self.store = store  # its client, back-off and counted requests
@@ -32,6 +39,17 @@ class RedisFeed(FeedWire):
     def head(self) -> str:
         last = self.store.call(lambda: self.store.client.xrevrange(self.key, "+", "-", count=1))
         return last[0][0].decode() if last else "0-0"
+
+    def changed(self, cursor: str, wait: float) -> bool:
+        """One ``XREAD BLOCK`` from *cursor*: True as soon as a record is there, False after *wait* seconds
+        (at most ``WAIT_MAX``) without one.  The first check reads at once: it asks whether records were
+        trimmed away while this node was gone."""
+        if not self._checked_gap or not re.fullmatch(r"\d{1,20}-\d{1,20}", cursor):
+            return True
+        block_ms = max(1, int(min(wait, WAIT_MAX) * 1000))
+        client = self.store.waiting_client(WAIT_TIMEOUT)
+        got = self.store.call(lambda: client.xread({self.key: cursor}, count=1, block=block_ms))
+        return bool(got)
 
     def read(self, cursor: str) -> tuple[list[bytes | None], str, bool]:
         if not re.fullmatch(r"\d{1,20}-\d{1,20}", cursor):

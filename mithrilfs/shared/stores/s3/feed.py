@@ -2,12 +2,17 @@
 
 One object per announcement,
 ``changes/{time_ns // 10**12:08d}/{time_ns:020d}-{rand}``, written once
-(``If-None-Match: *``) and read by one LIST every ``S3_PERIOD`` seconds of
-the keys of the current time bucket (a "directory" of about 17 minutes; two
-LISTs when the window spans a bucket's start), from the last key seen less
-a window for writers' clocks and slow puts; announcers delete objects older
-than ``S3_KEEP_SECONDS`` (one LIST, at most hourly).  The interface and what
-a record is: ``stores.feed``.
+(``If-None-Match: *``), then the feed's head object, ``feed``, rewritten
+(a few bytes naming the new key): its ETag changes with every announcement.
+A follower asks for the head with ``If-None-Match`` its last ETag, one
+small GET answered ``304 Not Modified`` while nothing was announced, and
+lists only when it changed: one LIST of the keys of the current time
+bucket (a "directory" of about 17 minutes; two LISTs when the window spans
+a bucket's start), from the last key seen less a window for writers'
+clocks and slow puts.  The head is written after the journal object, so a
+follower that sees a new head lists the new key.  Announcers delete
+journal objects older than ``S3_KEEP_SECONDS`` (one LIST, at most hourly).
+The interface and what a record is: ``stores.feed``.
 """
 
 from __future__ import annotations
@@ -20,8 +25,12 @@ from typing import Any
 from mithrilfs.shared.stores.feed import MAX_RECORD_BYTES, READ_BATCH, FeedWire
 from mithrilfs.shared.stores.s3.conn import S3Connection, obstore_api
 
-#: Seconds between two polls (one LIST).
+#: Seconds between two checks of the head (one conditional GET) while the mount is in use.
 S3_PERIOD = 3.0
+#: The feed's head object (a namespace's top-level name, ``s3.layout``): its ETag changes with each record.
+HEAD_KEY = "feed"
+#: Largest head object read (it names a journal key; anything larger is planted, and still a change).
+HEAD_BYTES = 256
 #: A journal object is kept this long; a node unmounted longer reconciles everything it holds at its mount.
 S3_KEEP_SECONDS = 7 * 24 * 3600
 #: An announcer deletes old journal objects at most this often.
@@ -62,6 +71,8 @@ class S3Feed(FeedWire):
         self._seen: set[str] = set()
         #: When this process last deleted old journal objects (at most once per ``S3_PRUNE_SECONDS``).
         self._pruned_at = 0.0
+        #: The head's ETag at the last check ("" absent); None before the first check, which reads.
+        self._head: str | None = None
 
     def _now_ns(self) -> int:
         """The bucket's time (its clock, ``stores.clock``): what the journal's keys are dated and read by."""
@@ -69,6 +80,27 @@ class S3Feed(FeedWire):
 
     def head(self) -> str:
         return f"{self._now_ns():020d}"
+
+    def changed(self, cursor: str, wait: float) -> bool:
+        """Whether the head's ETag changed since the last check (the first check: always)."""
+        import obstore.exceptions
+
+        options = {"if_none_match": self._head} if self._head not in (None, "", "?") else {}
+
+        def get() -> Any:
+            try:
+                return obstore_api().get(self.store.quick, self.store.base + HEAD_KEY, options=options)
+            except obstore.exceptions.NotModifiedError:
+                return "not modified"
+
+        got = self.store.call(lambda: self.store.unless_absent(get))
+        if got == "not modified":
+            return False
+        etag = "" if got is None else (got.meta.get("e_tag") or "?")
+        if got is not None and got.meta["size"] <= HEAD_BYTES:
+            got.bytes()  # read to its end: the connection is kept for the next request
+        previous, self._head = self._head, etag
+        return previous is None or etag == "?" or etag != previous
 
     def _prefixes(self, start: int, now: int) -> list[str]:
         """The listing prefixes that cover journal keys dated from *start* to *now*: one per time bucket
@@ -125,6 +157,8 @@ class S3Feed(FeedWire):
         now = self._now_ns()
         key = f"{self.prefix}{now // S3_BUCKET_NS:08d}/{now:020d}-{secrets.token_hex(8)}"
         self.store.call(lambda: self.store.put_object(self.store.names, key, raw, "create", len(raw)))
+        # after the record: a follower that sees the new head finds the record listed
+        self.store.call(lambda: self.store.put_object(self.store.quick, HEAD_KEY, key.encode(), "overwrite", len(key)))
         if time.monotonic() - self._pruned_at > S3_PRUNE_SECONDS or not self._pruned_at:
             self._pruned_at = time.monotonic()
             self.store.call(self._prune)

@@ -16,7 +16,9 @@ Layout under ``s3://BUCKET/PREFIX/NAMESPACE/``
   ``startup/~NAME/ID``  a startup set: one record per mount that recorded one, written
                         over by that mount at most once a minute (``stores.records``)
   ``changes/``, ``purges/``  the change feed's journal and the purges kept
-                        (``stores.feed``, ``stores.s3.records``)
+                        (``stores.feed``, ``stores.s3.records``); ``feed``, the
+                        journal's head, rewritten with each record: followers ask
+                        for it ``If-None-Match`` and list only when it changed
   ``usage/T-R``         use records, one per node flush (``fleet gc`` merges them)
   ``bad/HEX``           a blob a reader found corrupt (``stores.s3.repair``)
   ``gc-sweeps/T-R``     a running ``fleet gc``'s sweep marker, one per run (``stores.s3.gc``)
