@@ -10,7 +10,8 @@ deletes a pack only when none of its blobs is named: entries aged one in
 two, every pack would stay half live and gc free no byte, compaction not
 being built); then one ``fleet gc --max-age 7d`` (in this process, as
 the CLI runs it) and a second run, in a fresh store as the next scheduled
-one would be, that finds nothing to do.  Prints one JSON document.
+one would be, that finds nothing to do; then one entry in a hundred is
+published anew (used today) and a third run finds it.  Prints one JSON document.
 "requests" are round trips (a Redis pipeline or script counts one).
 
     python scripts/bench/bench_fleet_gc.py --names 10000 [--store redis|s3|both] [--file-bytes 2048]
@@ -37,19 +38,23 @@ from mithrilfs.shared.fleet import gc
 from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.connect import RemoteSpec, collector_for, open_remote
 from mithrilfs.shared.stores.entries import RemoteEntry, RemoteError
+from mithrilfs.shared.stores.s3 import gc_state
+from mithrilfs.shared.stores.s3.conn import obstore_api
 from mithrilfs.shared.stores.s3.settings import from_environment
+from mithrilfs.shared.stores.s3.store import S3Store
 from mithrilfs.store.cas import hash_bytes
 
 BATCH = 1000
 
 
-def fill(store: RemoteStore, names: int, file_bytes: int, tmp: Path) -> dict[str, float]:
-    """*names* entries of two files each; returns the seconds it took."""
+def fill(store: RemoteStore, names: int, file_bytes: int, tmp: Path, first: int = 0) -> dict[str, float]:
+    """*names* entries of two files each (numbered from *first*; those of the first fill aged by batch, later ones
+    used now); returns the seconds it took."""
     started = time.monotonic()
     now = time.time()
-    for start in range(0, names, BATCH):
+    for start in range(first, first + names, BATCH):
         files, items, used = [], [], {}
-        for i in range(start, min(names, start + BATCH)):
+        for i in range(start, min(first + names, start + BATCH)):
             d = f"triton/{i % 256:02x}/k{i}"
             for f in ("kernel.cubin", "kernel.json"):
                 data = os.urandom(file_bytes)
@@ -58,7 +63,7 @@ def fill(store: RemoteStore, names: int, file_bytes: int, tmp: Path) -> dict[str
                 path.write_bytes(data)
                 files.append((h, str(path)))
                 items.append((f"{d}/{f}", RemoteEntry("f", int(now * 1e6), "bench", h, file_bytes, 0o644, 0)))
-            used[d] = now - 30 * 86400 if (i // BATCH) % 2 == 0 else now
+            used[d] = now - 30 * 86400 if (i // BATCH) % 2 == 0 and not first else now
         store.upload_blobs(files)
         dirs = {p.rpartition("/")[0] for p, _ in items}
         for d in sorted(dirs | {d.rpartition("/")[0] for d in dirs} | {"triton"}):
@@ -98,8 +103,15 @@ def one(kind: str, spec: RemoteSpec, names: int, file_bytes: int) -> dict:
     store.close()
     store = open_remote(spec)  # a run of its own, as the next CronJob's (nothing cached from the first)
     second = gc.run(collector_for(store), max_size=None, max_age=7 * 86400, grace=0.0, dry_run=False)
+    with tempfile.TemporaryDirectory() as tmp:  # one entry in a hundred published since (used: today)
+        fill(store, names // 100, file_bytes, Path(tmp), first=names + BATCH)
     store.close()
-    for label, r in (("gc", first), ("gc_again", second)):
+    store = open_remote(spec)
+    third = gc.run(collector_for(store), max_size=None, max_age=7 * 86400, grace=0.0, dry_run=False)
+    if isinstance(store, S3Store):  # what a bucket's run keeps for the next (``gc_state``)
+        out["state_bytes"] = obstore_api().head(store.names, store.base + gc_state.STATE_KEY)["size"]
+    store.close()
+    for label, r in (("gc", first), ("gc_again", second), ("gc_after_1pct_published", third)):
         out[label] = {"seconds": r.seconds, "requests": r.requests, "deleted_dirs": r.deleted_dirs,
                       "deleted_names": r.deleted_names, "deleted_blobs": r.deleted_blobs,
                       "deleted_packs": r.deleted_packs, "freed_bytes": r.freed_bytes, "names_left": r.names,

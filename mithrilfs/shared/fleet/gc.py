@@ -4,6 +4,8 @@ A run, on any store (its ``collector.Collector``, built by ``connect.collector_f
 
 1. list every directory's entries and the use records (``fleet.usage``);
    directories no node ever recorded are given "now" (they start aging);
+   a store that pays a request per directory reads only those changed since
+   the last run (``Collector.keep_listing``, written at the end of a run);
 2. choose: the cache entries (directories holding files) unused longer than
    ``max_age``, then the least recently used until the bytes the remaining
    names reference fit ``max_size``;
@@ -33,6 +35,7 @@ tombstones and refused entries are no names (refused ones are counted in
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -73,7 +76,10 @@ def _is_dir(raw: bytes) -> bool:
     return e is not None and e.type == "d"
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def _entry(raw: bytes) -> RemoteEntry | None:
+    """The entry *raw* holds (parsed once however often a run looks at it, up to a bound on memory; emptied
+    when a run ends), None when it is none."""
     try:
         return parse_entry(raw)[0]
     except ValueError:
@@ -236,6 +242,8 @@ def run(collector: Collector, *, max_size: int | None, max_age: float | None, gr
         _delete_names(collector, p.victims, report)
         collector.forget_use([u.path for u in p.victims])
         _sweep(collector, now, grace, report, key_store)
+        collector.keep_listing()
+    _entry.cache_clear()
     report.requests = collector.requests() - requests0
     report.rejected = collector.rejected() - rejected0
     report.seconds = round(time.monotonic() - started, 3)

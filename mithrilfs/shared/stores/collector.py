@@ -60,6 +60,12 @@ class Collector(ABC):
     def remove_names(self, dir_path: str, raw: dict[bytes, bytes]) -> int:
         """Delete these names where they still hold these values; how many went."""
 
+    def keep_listing(self) -> None:
+        """After a run: keep what the last ``list_names`` read for the next run's, where reading a directory
+        costs a request of its own (a bucket's ``gc-state``); elsewhere nothing (a Redis listing reads
+        hundreds of directories a request, memory none)."""
+        return None
+
     @abstractmethod
     def names_of(self, dir_path: str) -> dict[bytes, bytes]:
         """One directory's entries, raw."""

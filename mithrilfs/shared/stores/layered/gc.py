@@ -45,6 +45,9 @@ class LayeredCollector(Collector):
     def names_of(self, dir_path: str) -> dict[bytes, bytes]:
         return self.back.names_of(dir_path)
 
+    def keep_listing(self) -> None:
+        self.back.keep_listing()
+
     def is_empty(self, dir_path: str) -> bool:
         return self.back.is_empty(dir_path)
 

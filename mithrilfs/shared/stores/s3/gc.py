@@ -1,5 +1,9 @@
 """``fleet gc`` on a bucket (alone, or behind Redis): manifests by compare-and-swap, blobs by age.
 
+A run GETs only the manifests whose ETag (in the LIST of ``names/``) is
+not in the last run's ``gc-state`` (``gc_state``), and writes that state
+again at its end.
+
 A name goes by the same compare-and-swap writers use (``If-Match`` the
 manifest's ETag): only names still holding the value gc listed, so a name
 published meanwhile stays.  Use records are small objects under ``usage/``,
@@ -22,17 +26,21 @@ object).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
 from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.collector import Collector, Container
 from mithrilfs.shared.stores.entries import RemoteError, is_hex_digest, is_pack_id
+from mithrilfs.shared.stores.s3 import gc_state
 from mithrilfs.shared.stores.s3.blobs import object_age
 from mithrilfs.shared.stores.s3.conn import obstore_api
 from mithrilfs.shared.stores.s3.layout import SWEEPS, USAGE, is_record_key, record_key
 from mithrilfs.shared.stores.s3.packs import pack_key
 from mithrilfs.shared.stores.s3.store import CAS_ATTEMPTS, S3Store, unquote_component
+
+log = logging.getLogger(__name__)
 
 #: A gc that finds more use-record objects than this merges them into one.
 USAGE_COMPACTED = 64
@@ -53,6 +61,12 @@ class S3Collector(Collector):
         self._sweep_key = ""
         #: Manifests read by this collector: directory -> (ETag, entries).
         self._manifests: dict[str, tuple[str, dict[bytes, bytes]]] = {}
+        #: Their bytes as stored, where their ETag proves them (``gc_state.proven``): the next state.
+        self._bodies: dict[str, tuple[str, bytes]] = {}
+        #: The last run's state (None until the first listing reads it).
+        self._state: dict[str, tuple[str, bytes]] | None = None
+        #: The last listing: directory -> ETag.
+        self._listed: dict[str, str] = {}
 
     def _list(self, prefix: str) -> list[dict[str, Any]]:
         out = []
@@ -63,9 +77,11 @@ class S3Collector(Collector):
 
     # -- names ---------------------------------------------------------------
     def list_names(self) -> dict[str, dict[bytes, bytes]]:
-        """One LIST of the manifests, then a GET of each whose ETag changed since this collector last read it
-        (a run lists twice: the second costs the LIST and what writers changed meanwhile)."""
+        """One LIST of the manifests, then a GET of each whose ETag is neither in what this collector read
+        nor in the last run's state (``gc_state``): a run with nothing changed reads no manifest."""
         def get() -> dict[str, dict[bytes, bytes]]:
+            if self._state is None:
+                self._state = self._load_state()
             listed: dict[str, str] = {}
             for meta in self._list("names/"):
                 rest = meta["path"][len(self.s3.base + "names/"):]
@@ -78,12 +94,50 @@ class S3Collector(Collector):
                     continue
                 if len(names) == len(parts):
                     listed["/".join(names)] = meta.get("e_tag") or ""
-            todo = [d for d, etag in listed.items() if not etag or self._manifests.get(d, ("", {}))[0] != etag]
-            for d, (raw, etag) in zip(todo, self.s3.parallel(self.s3.read_manifest, todo)):
+            todo = []
+            for d, etag in listed.items():
+                if etag and self._manifests.get(d, ("", {}))[0] == etag:
+                    continue
+                kept = self._state.get(d)
+                if etag and kept is not None and kept[0] == etag and gc_state.proven(etag, kept[1]):
+                    self._manifests[d] = (etag, self.s3.decode_manifest(d, kept[1]))
+                    self._bodies[d] = kept
+                else:
+                    todo.append(d)
+            for d, (raw, etag, data) in zip(todo, self.s3.parallel(self.s3.read_manifest_data, todo)):
                 self._manifests[d] = (etag or "", raw)
+                if etag and data is not None and gc_state.proven(etag, data):
+                    self._bodies[d] = (etag, data)
+                else:
+                    self._bodies.pop(d, None)
+            self._listed = listed
             return {d: self._manifests[d][1] for d in listed if self._manifests[d][1]}
 
         return self.s3.call(get)
+
+    def _load_state(self) -> dict[str, tuple[str, bytes]]:
+        """The last run's state; none (every manifest read) when absent, and when it is no state (counted)."""
+        got = self.s3.get_object(self.s3.names, gc_state.STATE_KEY, gc_state.MAX_STATE_BYTES)
+        if got is None:
+            return {}
+        try:
+            if got[0] is None:
+                raise ValueError(f"larger than {gc_state.MAX_STATE_BYTES} bytes")
+            return gc_state.decode(got[0])
+        except ValueError as e:
+            self.s3.count("remote_rejected")
+            log.warning("the last gc's state ignored (every manifest is read): %s", e)
+            return {}
+
+    def keep_listing(self) -> None:
+        """Write the state of the last listing's manifests, when it differs from the one read."""
+        keep = {d: self._bodies[d] for d, etag in self._listed.items() if d in self._bodies
+                and self._bodies[d][0] == etag}
+        if self._state is None or keep == self._state:
+            return
+        data = gc_state.encode(keep)
+        self.s3.call(lambda: self.s3.put_object(self.s3.names, gc_state.STATE_KEY, data, "overwrite", len(data)))
+        self._state = keep
 
     def names_of(self, dir_path: str) -> dict[bytes, bytes]:
         return self.s3.call(lambda: self.s3.read_manifest(dir_path)[0])

@@ -3,7 +3,7 @@
 Under ``s3://BUCKET/PREFIX/NAMESPACE/`` a fleet keeps the directories
 ``names/``, ``packs/``, ``blobs/``, ``startup/``, ``changes/``,
 ``purges/``, ``usage/``, ``bad/`` and ``gc-sweeps/`` and the objects
-``epoch``, ``feed``, ``gc`` and ``gc-sweep`` (``stores.s3.store``'s module doc).  A listing
+``epoch``, ``feed``, ``gc``, ``gc-state`` and ``gc-sweep`` (``stores.s3.store``'s module doc).  A listing
 of a directory returns every key below it, whoever wrote it: gc and every
 pruning take (read, merge, delete) only the keys that parse as their own
 record format, the rest they leave alone.  And a ``--remote`` whose
@@ -25,7 +25,7 @@ from mithrilfs.shared.stores.s3.settings import S3Location
 
 #: The top-level names of a namespace: its directories and its single objects.
 RESERVED = frozenset({"names", "packs", "blobs", "startup", "changes", "purges", "usage", "bad", "gc-sweeps",
-                      "epoch", "feed", "gc", "gc-sweep"})
+                      "epoch", "feed", "gc", "gc-state", "gc-sweep"})
 #: Use records (``usage``): one object per node flush, merged (and compacted) by ``fleet gc``.
 USAGE = "usage/"
 #: A running ``fleet gc``'s sweep marker, one per run (``s3_gc``): writers hold their names back while one is young.

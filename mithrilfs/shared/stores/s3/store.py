@@ -24,7 +24,8 @@ Layout under ``s3://BUCKET/PREFIX/NAMESPACE/``
   ``gc-sweeps/T-R``     a running ``fleet gc``'s sweep marker, one per run (``stores.s3.gc``)
   ``epoch``             a random token: gone means the bucket was emptied, and
                         every node uploads what it has again; ``gc``, the last
-                        ``fleet gc``'s summary
+                        ``fleet gc``'s summary; ``gc-state``, the manifests it
+                        read (``stores.s3.gc_state``)
 
 These names are reserved (``stores.s3.layout``): gc and the prunings take only the
 keys below them that parse as their own records, and a namespace inside
@@ -173,21 +174,29 @@ class S3Store(S3Connection, RemoteStore):
         its ETag still guards the next writer's put; so does every entry
         this node cannot read (it is dropped, and counted).
         """
-        raw, etag = self._parse_manifest(dir_path)
-        self.seen.saw(dir_path, raw, etag)  # the next publish to it merges into this without reading
+        raw, etag, _ = self.read_manifest_data(dir_path)
         return raw, etag
 
-    def _parse_manifest(self, dir_path: str) -> tuple[dict[bytes, bytes], str | None]:
+    def read_manifest_data(self, dir_path: str) -> tuple[dict[bytes, bytes], str | None, bytes | None]:
+        """``read_manifest``, and the manifest's bytes as stored (None when absent or too large)."""
         got = self.get_object(self.names, self._manifest_key(dir_path), MAX_MANIFEST_BYTES)
         if got is None:
-            return {}, None
+            self.seen.saw(dir_path, {}, None)
+            return {}, None, None
         data, etag = got
         if etag is None:
             raise RemoteError(f"{self.url} gives objects no ETag: names cannot be merged safely")
+        raw = self.decode_manifest(dir_path, data)
+        self.seen.saw(dir_path, raw, etag)  # the next publish to it merges into this without reading
+        return raw, etag, data
+
+    def decode_manifest(self, dir_path: str, data: bytes | None) -> dict[bytes, bytes]:
+        """A manifest's entries from its bytes (None: too large); what is not a manifest reads empty, and
+        every entry that is no name is dropped (both counted)."""
         if data is None:
             self.count("remote_rejected")
             log.warning("manifest of %r ignored: larger than %d bytes", dir_path, MAX_MANIFEST_BYTES)
-            return {}, etag
+            return {}
         try:
             doc = json.loads(data)
             entries = doc["entries"]
@@ -198,7 +207,7 @@ class S3Store(S3Connection, RemoteStore):
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             self.count("remote_rejected")
             log.warning("manifest of %r ignored: not a manifest (%s)", dir_path, e)
-            return {}, etag
+            return {}
         out: dict[bytes, bytes] = {}
         for name, raw in entries.items():
             try:
@@ -207,7 +216,7 @@ class S3Store(S3Connection, RemoteStore):
                 out[name.encode(errors="surrogateescape")] = raw.encode(errors="surrogateescape")
             except (ValueError, UnicodeError):  # a lone surrogate JSON allows, no name can hold
                 self.count("remote_rejected")
-        return out, etag
+        return out
 
     @staticmethod
     def _manifest(raw: dict[bytes, bytes]) -> bytes:
