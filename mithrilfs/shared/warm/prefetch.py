@@ -12,7 +12,10 @@ pipeline (or a pack's range), a set's in the order its workload read them,
 from the first batch of names on (``Todo``: a set's thousands of names are
 created a batch at a time while the first blobs arrive).
 A blob a read (or a read-ahead) is already bringing is not asked for again,
-and a read of a blob a worker is bringing waits for it (``sync.in_flight``).
+and a read of a blob a worker is bringing waits for it (``sync.in_flight``);
+a read of a blob in a batch no worker has taken yet starts that batch at
+once and waits for it, and the workers go on after it (``warm.batches``:
+the prefetch follows its reader).
 By default a mount runs it in the background as soon as it serves; ``mount
 --prefetch`` waits for it.  Every blob is verified
 (size and blake3) before it enters the store; a missing or corrupt one is a
