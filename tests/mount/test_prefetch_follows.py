@@ -13,8 +13,8 @@ from test_startup_sets import recorded_load
 
 from mithrilfs.testing.delay_proxy import DelayProxy
 
-#: Each exchange with Redis costs this long: the prefetch's ten batches take seconds, four at a time.
-RTT_MS = 500
+#: Each exchange with Redis costs this long: the prefetch's fifteen batches take seconds, four at a time.
+RTT_MS = 800
 
 
 def queued_all(b, files: dict[str, bytes]) -> None:
@@ -29,7 +29,7 @@ def test_a_read_of_what_the_prefetch_has_queued_starts_its_batch_rather_than_fet
     read it overtakes starts the batch holding its file (``hurried``) and waits for it; no read fetches a blob
     of its own, each blob comes once, every byte is right."""
     a = mount_factory("a", *_remote(redis_server))
-    files = recorded_load(a, dirs=4, per_dir=40, size=200)
+    files = recorded_load(a, dirs=6, per_dir=40, size=200)
     with DelayProxy("127.0.0.1", redis_server.port, rtt_ms=RTT_MS, protocol="redis", connect_rtts=0) as proxy:
         b = mount_factory("b", "--remote", f"redis://127.0.0.1:{proxy.port}/0", "--min-age", "0")
         queued_all(b, files)
@@ -51,7 +51,7 @@ def test_a_bad_blob_in_a_batch_a_read_started_fails_that_read_without_asking_aga
     queued, starts its batch, waits, and fails with EIO on that batch's answer; the blob is asked for (and
     found bad) once, not a second time by the read."""
     a = mount_factory("a", *_remote(redis_server))
-    files = recorded_load(a, dirs=4, per_dir=40, size=200)
+    files = recorded_load(a, dirs=6, per_dir=40, size=200)
     bad = sorted(files)[-1]
     redis_server.cli("SET", blob_key(files[bad]), "x" * len(files[bad]))
     with DelayProxy("127.0.0.1", redis_server.port, rtt_ms=RTT_MS, protocol="redis", connect_rtts=0) as proxy:
