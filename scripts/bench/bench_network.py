@@ -240,10 +240,14 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
                     expected = got
                 check_files(f"rtt {rtt:g} ms, rep {rep}, {arm}", got, expected)
                 m = re.search(r"prefetched .*", out)
+                ran = stats.get("prefetch", {})
+                behind = (f"background prefetch {ran.get('state')}: {ran.get('files', 0)} files in"
+                          f" {ran.get('seconds', 0):.1f} s, {ran.get('hurried', 0)} batches hurried by reads"
+                          if ran.get("background") else None)
                 fig = {"mount_s": mount_s, "load_s": load["seconds"], "total_s": mount_s + load["seconds"],
                        "files": load["files"], "bytes": load["bytes"], "requests": loaded,
                        "unmount_requests": diff(proxies.snapshot(), loaded),
-                       "prefetch": m.group(0) if m else None, "cpu": cpu, "disk_us": disk_us,
+                       "prefetch": m.group(0) if m else None, "background": behind, "cpu": cpu, "disk_us": disk_us,
                        "fetches": {k: v for k, v in sorted(stats.items()) if k.startswith("remote_")
                                    and isinstance(v, int) and v and not k.endswith("_bytes")}}
                 if arm == "B+prefetch":  # what the same disk does alone, right after: a prefetch's ceiling
@@ -256,6 +260,7 @@ def one_rtt(rtt: float, args: argparse.Namespace, base: Path, s3_env: dict[str, 
                     + f"  disk before: {disk_us:.0f} us a 32 KiB file"
                     + (f" (after {disk['waited_s']:.0f} s waiting for it to settle)" if disk["waited_s"] else "")
                     + (f"  [{fig['prefetch']}]" if fig["prefetch"] else "")
+                    + (f"  [{behind}]" if behind else "")
                     + (f"\n  rep {rep} {'':10s} the same {fig['disk_alone']['files']} blobs written to a plain"
                        f" directory of that disk: {fig['disk_alone']['seconds']:.1f} s"
                        f" ({fig['disk_alone']['mib_s']:.1f} MiB/s)" if "disk_alone" in fig else ""))

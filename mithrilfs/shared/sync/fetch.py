@@ -65,8 +65,10 @@ class RemoteFetch:
         """The first read of a file whose content is remote: its small siblings come along (read-ahead)."""
         digest = ino.hash
         assert digest is not None
+        if digest not in self.in_flight.fetching:  # the prefetch will bring it: its batch now, not one blob
+            self.in_flight.hurry([ino])
         coming = self.in_flight.fetching.get(digest)
-        if coming is not None and coming[1] == ino.size:  # a read-ahead is bringing it: wait, not ask twice
+        if coming is not None and coming[1] == ino.size:  # on its way (a batch, a read-ahead): wait, not ask twice
             self.counters["remote_fetch_joined"] = self.counters.get("remote_fetch_joined", 0) + 1
             try:
                 await within_bound(self.remote, coming[0].wait)
@@ -80,6 +82,7 @@ class RemoteFetch:
             self.in_flight.missed.discard((digest, ino.size))
             if self.remote.placement.knows_where(digest.hex()):
                 return Fetched.NO
+        self.counters["remote_read_fetches"] = self.counters.get("remote_read_fetches", 0) + 1  # its own request
         if not self.remote.placement.knows_where(digest.hex()):  # named in an earlier mount: its entry says where
             await self._relearn(ino)
         self.read_ahead(ino)
@@ -132,6 +135,7 @@ class RemoteFetch:
             todo.append(node)
             if len(todo) >= READ_AHEAD_FILES:
                 break
+        todo = self.in_flight.hurry(todo)  # what the prefetch has queued comes with its batches, now
         own = 0 if any(n.hash == ino.hash for n in todo) else ino.size  # the file looked up or read: next
         if todo and self.in_flight.room_for(todo, own):
             todo, events, _ = self.in_flight.claim(todo)  # now: a read right after this lookup waits for it

@@ -9,12 +9,16 @@ its way waits for that fetch and takes its answer (``RemoteFetch.fetch``), a
 prefetch worker waits for it instead of asking again.  A blob a background
 fetch found missing or bad is remembered (``missed``), so the read that
 waited on it answers at once rather than ask the same question again.
+While a prefetch runs, a blob in one of its batches not yet taken is not
+fetched by a read, a read-ahead or the look-ahead on their own: that batch
+is started at once and they wait for it (``hurry``, ``warm.batches``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
@@ -27,6 +31,12 @@ from mithrilfs.store.namespace import Inode
 from mithrilfs.store.open import disk_room, is_disk_full
 
 log = logging.getLogger(__name__)
+
+class Queued(Protocol):
+    """A running prefetch's batches not yet taken (``warm.batches.Batches``)."""
+
+    def hurry(self, digest: bytes) -> bool: ...
+
 
 #: Claimed blobs: content -> (set once it arrived or did not, the size it was claimed at).
 Events = dict[bytes, tuple[trio.Event, int]]
@@ -51,6 +61,8 @@ class InFlight:
         #: (blob, size) a background fetch found missing or bad: the read that waited on one answers at once
         #: (with the size: a name claiming another size for the same content must not miss a good one).
         self.missed: set[tuple[bytes, int]] = set()
+        #: The running prefetch's batches not yet taken; None while none runs.
+        self.queued: Queued | None = None
 
     def claim(self, nodes: list[Inode]) -> tuple[list[Inode], Events, list[trio.Event]]:
         """Of *nodes*, those not here and not on their way (registered as on their way now, once per
@@ -71,6 +83,13 @@ class InFlight:
             events[digest] = self.fetching[digest] = (trio.Event(), node.size)
             mine.append(node)
         return mine, events, others
+
+    def hurry(self, nodes: list[Inode]) -> list[Inode]:
+        """Of *nodes*, those the running prefetch will not bring: the batches of the others, if they were
+        still waiting their turn, are started now (they are on their way then)."""
+        if self.queued is None:
+            return nodes
+        return [node for node in nodes if node.hash is None or not self.queued.hurry(node.hash)]
 
     def register(self, digest: bytes, size: int) -> Events:
         """One blob a read fetches itself, unless something already brings it (then nothing)."""
@@ -95,8 +114,10 @@ class InFlight:
                 and wanted + own <= disk_room(self.blobs.cas.objects))
 
     async def bring(self, nodes: list[Inode], counter: str) -> None:
-        """Fetch small blobs ahead of their reads (the look-ahead), within the budget and the disk's room."""
-        if self.room_for(nodes):
+        """Fetch small blobs ahead of their reads (the look-ahead), within the budget and the disk's room;
+        those a running prefetch has queued come with its batches, started now."""
+        nodes = self.hurry(nodes)
+        if nodes and self.room_for(nodes):
             todo, events, _ = self.claim(nodes)
             await self.bring_claimed(todo, events, counter)
 

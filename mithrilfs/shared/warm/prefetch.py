@@ -12,7 +12,10 @@ pipeline (or a pack's range), a set's in the order its workload read them,
 from the first batch of names on (``Todo``: a set's thousands of names are
 created a batch at a time while the first blobs arrive).
 A blob a read (or a read-ahead) is already bringing is not asked for again,
-and a read of a blob a worker is bringing waits for it (``sync.in_flight``).
+and a read of a blob a worker is bringing waits for it (``sync.in_flight``);
+a read of a blob in a batch no worker has taken yet starts that batch at
+once and waits for it, and the workers go on after it (``warm.batches``:
+the prefetch follows its reader).
 By default a mount runs it in the background as soon as it serves; ``mount
 --prefetch`` waits for it.  Every blob is verified
 (size and blake3) before it enters the store; a missing or corrupt one is a
@@ -28,7 +31,6 @@ prefetch`` and ``status --ready`` follow it).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -39,7 +41,9 @@ from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.writepath import crash_point
 from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.entries import RemoteEntry, RemoteError
+from mithrilfs.shared.sync.in_flight import Queued
 from mithrilfs.shared.sync.local_disk import cause, disk_full_message
+from mithrilfs.shared.warm.batches import Batches
 from mithrilfs.shared.warm.order import StartupOrder
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.namespace import DirPaths, Inode, Namespace
@@ -71,6 +75,8 @@ class BlobsOnTheWay(Protocol):
     """``sync.in_flight.InFlight`` as the prefetch sees it: what a read is bringing is not asked again."""
 
     missed: set[tuple[bytes, int]]
+    limiter: trio.CapacityLimiter
+    queued: Queued | None
 
     def claim(self, nodes: list[Inode]) -> tuple[list[Inode], dict[bytes, tuple[trio.Event, int]],
                                                  list[trio.Event]]: ...
@@ -127,7 +133,8 @@ class Prefetcher:
         ended = [self.ended(self.state)] if "run" in self.state else []
         self.runs += 1
         self.state = {"state": "running", "set": set_name or "*", "run": self.runs, "files": 0, "bytes": 0,
-                      "total_files": 0, "total_bytes": 0, "misses": 0, "skipped_for_budget": 0, "seconds": 0.0,
+                      "total_files": 0, "total_bytes": 0, "misses": 0, "skipped_for_budget": 0, "hurried": 0,
+                      "seconds": 0.0,
                       "earlier": (ended + self.state.get("earlier", []))[:KEPT_ENDED]}
         if background:
             self.state["background"] = True
@@ -169,17 +176,27 @@ class Prefetcher:
     # -- names -----------------------------------------------------------
     async def _prefetch(self, set_name: str | None, batch_blobs: int) -> None:
         """Name what is wanted and fetch it, at once: the workers fetch the first batches while the rest
-        of a set's names are created, rather than wait for all of them."""
-        send, receive = trio.open_memory_channel[list[Inode]](math.inf)
-        todo = Todo(self, send, batch_blobs, in_order=set_name is not None)
+        of a set's names are created, rather than wait for all of them.  While it runs, a read of a blob
+        in a batch not yet taken starts that batch (``Batches.hurry``, on the tier's threads)."""
         limiter = trio.CapacityLimiter(WORKERS)
-        async with trio.open_nursery() as nursery:
-            for _ in range(WORKERS):
-                nursery.start_soon(self._worker, receive.clone(), limiter)
-            receive.close()
-            async with send:
-                await self._names(set_name, todo.add)
-                todo.finish()
+        try:
+            async with trio.open_nursery() as nursery:
+                def hurried(batch: list[Inode]) -> None:  # claimed now: the read that hurried it waits for it
+                    self.state["hurried"] += 1
+                    nursery.start_soon(self._take, batch, self.in_flight.claim(batch), self.in_flight.limiter)
+
+                queue = Batches(hurried)
+                self.in_flight.queued = queue
+                for _ in range(WORKERS):
+                    nursery.start_soon(self._worker, queue, limiter)
+                todo = Todo(self, queue, batch_blobs, in_order=set_name is not None)
+                try:
+                    await self._names(set_name, todo.add)
+                    todo.finish()
+                finally:
+                    queue.close()
+        finally:
+            self.in_flight.queued = None
 
     async def _names(self, set_name: str | None, wanted: Callable[[list[Inode]], None]) -> None:
         """Materialize the names wanted; *wanted* is told the inodes whose content is not here yet (a set's
@@ -239,21 +256,25 @@ class Prefetcher:
         return self.blobs.cas.exists(node.hash)  # type: ignore[arg-type]
 
     # -- blobs -------------------------------------------------------------
-    async def _worker(self, receive: trio.MemoryReceiveChannel, limiter: trio.CapacityLimiter) -> None:
-        async with receive:
-            async for batch in receive:
-                mine, events, others = self.in_flight.claim(batch)  # what a read is bringing is not asked again
-                try:
-                    await self._fetch_batch_of(mine, limiter)
-                finally:
-                    self.in_flight.release(events)
-                for event in others:  # brought by a read or a read-ahead: counted once it is here
-                    self.counters["remote_fetch_joined"] = self.counters.get("remote_fetch_joined", 0) + 1
-                    await event.wait()
-                fetched = {id(node) for node in mine}  # by identity: a batch holds hundreds (packs)
-                for node in batch:
-                    if id(node) not in fetched:
-                        self._count(node, self._present(node))
+    async def _worker(self, queue: Batches, limiter: trio.CapacityLimiter) -> None:
+        while (batch := await queue.next()) is not None:
+            await self._take(batch, self.in_flight.claim(batch), limiter)  # a blob on its way is not asked again
+
+    async def _take(self, batch: list[Inode], claimed: tuple[list[Inode], dict[bytes, tuple[trio.Event, int]],
+                                                              list[trio.Event]], limiter: trio.CapacityLimiter) -> None:
+        """Fetch a batch's blobs *claimed* (``InFlight.claim``) and wait for those another fetch brings."""
+        mine, events, others = claimed
+        try:
+            await self._fetch_batch_of(mine, limiter)
+        finally:
+            self.in_flight.release(events)
+        for event in others:  # brought by a read or a read-ahead: counted once it is here
+            self.counters["remote_fetch_joined"] = self.counters.get("remote_fetch_joined", 0) + 1
+            await event.wait()
+        fetched = {id(node) for node in mine}  # by identity: a batch holds hundreds (packs)
+        for node in batch:
+            if id(node) not in fetched:
+                self._count(node, self._present(node))
 
     async def _fetch_batch_of(self, batch: list[Inode], limiter: trio.CapacityLimiter) -> None:
         if not batch:
@@ -262,19 +283,20 @@ class Prefetcher:
             ok = await self.fetch_blob(batch[0], self.policy.max_bytes)
             self._count(batch[0], ok)
             return
-        digests = [node.hash for node in batch]  # now: a read that fails meanwhile drops an inode's content
+        # now: a read that fails meanwhile drops an inode's content
+        wanted = [(node.hash, node.size) for node in batch]
         try:
             arrived = await self.small.fetch(batch, limiter)
         except OSError as e:
             if is_disk_full(e):  # the batch stopped part way: what it wrote is fetched
-                for node, digest in zip(batch, digests):
+                for node, (digest, _size) in zip(batch, wanted):
                     if self.blobs.cas.exists(digest):  # type: ignore[arg-type]
                         self._count(node, True)
             raise
-        for node, digest, ok in zip(batch, digests, arrived):
+        for node, blob, ok in zip(batch, wanted, arrived):
             self._count(node, ok)
             if not ok:  # missing or bad (counted): a read that waited for it answers at once
-                self.in_flight.missed.add(digest)  # type: ignore[arg-type]
+                self.in_flight.missed.add(blob)  # type: ignore[arg-type]
 
     def _count(self, node: Inode, ok: bool) -> None:
         if ok:
@@ -290,11 +312,10 @@ class Todo:
     smallest first), batches by count and bytes, or, where the store packs blobs, by bytes and at pack
     boundaries (``PACKED_BATCH_MIN_BYTES``); a batch left open waits for the next names."""
 
-    def __init__(self, prefetcher: Prefetcher, send: trio.MemorySendChannel[list[Inode]], batch_blobs: int, *,
-                 in_order: bool) -> None:
+    def __init__(self, prefetcher: Prefetcher, queue: Batches, batch_blobs: int, *, in_order: bool) -> None:
         self.remote = prefetcher.remote
         self.state = prefetcher.state
-        self.send = send
+        self.queue = queue
         self.batch_blobs = batch_blobs
         self.in_order = in_order
         self.room = prefetcher.policy.low_bytes - prefetcher.physical()
@@ -326,7 +347,7 @@ class Todo:
         packed = self.remote.packs_by_directory
         for n in todo:
             if n.size > self.remote.small_blob_bytes:
-                self.send.send_nowait([n])  # streamed alone, at its place in the order
+                self.queue.put([n])  # streamed alone, at its place in the order
                 continue
             pack = self.remote.placement.container_of(n.hash.hex()) if packed else None  # type: ignore[union-attr]
             # packed: a part's blobs stay one batch (they may pass BATCH_BYTES by the one that begins at its end)
@@ -341,5 +362,5 @@ class Todo:
     def finish(self) -> None:
         """The open batch goes (the names are all known, or it is full)."""
         if self.batch:
-            self.send.send_nowait(self.batch)
+            self.queue.put(self.batch)
             self.batch, self.size = [], 0
