@@ -18,7 +18,8 @@ Every node mounts on the same path, each in a mount namespace of its own
 (``unshare -m``): Triton's group files hold absolute paths, so a kernel
 cache loads only where it was written.
 
-Then the nodes stay mounted, idle, for ``--idle`` seconds: the requests
+Then the nodes stay mounted; once each says it is idle (nobody used it for
+``--idle-after`` seconds), for ``--idle`` seconds: the requests
 their tier sends meanwhile (the daemon's counters, and the proxy's per
 node) give the idle requests per node-hour.  Prints one JSON object: per
 node its time to warm (mount + load), its requests to warm by method and
@@ -142,6 +143,11 @@ def node_main(spec: dict[str, Any]) -> int:
         emit(out, {"warm": dict(warm, log=warnings(store)), "tier": tier_state(mp) if mounted else None})
         for step in ("idle", "end"):
             sys.stdin.readline()
+            if step == "idle" and mounted:  # idle once nobody used it for MITHRILFS_IDLE_AFTER
+                deadline = time.monotonic() + float(spec["env"]["MITHRILFS_IDLE_AFTER"]) + 120
+                while (json.loads((mp / ".mithrilfs" / "stats.json").read_text())["remote_idle"] != 1
+                       and time.monotonic() < deadline):
+                    time.sleep(0.5)
             emit(out, {step: tier_state(mp) if mounted else None})
     finally:
         if mounted:
@@ -237,7 +243,7 @@ def run(args: argparse.Namespace, say: Any) -> dict[str, Any]:
                 (home / d).mkdir(parents=True)
             remote = ["--remote", f"redis://127.0.0.1:{rp.add_client(name)}/0"] if rp else []
             env = dict(s3_env, AWS_ENDPOINT_URL=f"http://127.0.0.1:{s3.add_client(name)}", HOME=str(home / "home"),
-                       TMPDIR=str(home / "tmp"))
+                       TMPDIR=str(home / "tmp"), MITHRILFS_IDLE_AFTER=str(args.idle_after))
             specs[name] = {"remote": [*remote, "--remote", "s3://bench/fleet"], "env": env, "mp": str(base / "mnt"),
                            "store": str(home / "store"), "flags": MODES[args.mode], "kernels": args.kernels,
                            "keys": str(base / "keys.json"), "digests": str(home / "digests.json"),
@@ -345,6 +351,8 @@ def main() -> int:
                     help="how the new nodes mount: --prefetch (default), lazily (--no-prefetch), or plain")
     slowdown_arguments(ap)  # the proxy's --slowdown-rate, --slowdown-depth, --retry-after
     ap.add_argument("--idle", type=float, default=60.0, help="seconds the warm nodes are measured idle (default 60)")
+    ap.add_argument("--idle-after", type=float, default=20.0,
+                    help="seconds without a use before a node is idle (MITHRILFS_IDLE_AFTER; a mount's default: 300)")
     ap.add_argument("--remote", choices=("s3", "redis+s3"), default="s3",
                     help="the shared tier: a SeaweedFS bucket, or Redis in front of it (both behind proxies)")
     ap.add_argument("--base", default=None, metavar="DIR", help="where the stores and the mount point go")
