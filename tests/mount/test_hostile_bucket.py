@@ -274,17 +274,6 @@ def test_nodes_mounting_at_once_through_a_rate_limited_bucket_all_read_every_byt
     assert keys(shared_seaweedfs, bucket, BASE + "bad/") == []
 
 
-@pytest.mark.timeout(240)
-def test_nodes_reading_at_once_through_a_bucket_throttled_for_seconds_wait_and_read_every_byte(
-        mount_factory: MountFactory, shared_seaweedfs: SeaweedFS, bucket: str):
-    """Four lazy nodes read 30 kernels at once through a bucket that takes 5 requests a second: every read
-    has to wait for seconds, and must then return A's bytes, not EIO.  Before, a request refused for
-    ``REMOTE_WAIT`` failed and backed the level off: reads failed EIO, lookups missed."""
-    files = published_and_recorded(mount_factory("a", *_s3(bucket), env=shared_seaweedfs.env()),
-                                   workload(30, seed=13))
-    burst(mount_factory, shared_seaweedfs, bucket, "--no-prefetch", 5, files)
-
-
 def plant_record(weed: SeaweedFS, bucket: str, order: list[list[str]], name: str = "default") -> str:
     """A startup set record, planted as the set's newest (as anyone with write access could); its id."""
     rid = new_record_id()

@@ -375,11 +375,10 @@ def test_a_bucket_asking_to_slow_down_is_waited_for_within_the_bound_then_backed
     """503 SlowDown past 10 requests a second under a prefix (S3's way): every request gets through, sent
     again after pauses (the client's own two quick retries are not enough: its second is refused too), the
     level has no error and says so in one log line.  503 to every request: a call gives up after
-    ``SLOWED_WAIT`` of it, a failure of the level, which backs off."""
+    ``slowed_wait`` of it (``SLOWED_WAIT``, lowered here to 3 s), a failure of the level, which backs off."""
     import logging
     import time
 
-    from mithrilfs.shared.stores.s3.conn import SLOWED_WAIT
     from mithrilfs.shared.stores.s3.settings import S3Settings
     from mithrilfs.testing.delay_proxy import DelayProxy
 
@@ -400,10 +399,11 @@ def test_a_bucket_asking_to_slow_down_is_waited_for_within_the_bound_then_backed
                     assert store.level.errors == 0 and store.level.slowdowns > 0, proxy.counts()
                     assert len([r for r in caplog.records if "fewer requests" in r.message]) == 1
                     continue
+                store.slowed_wait = 3.0
                 t = time.monotonic()
-                with pytest.raises(RemoteError, match="slow down"):
+                with pytest.raises(RemoteError, match="slow down for 3 s"):
                     store.list_dir("")
-                assert SLOWED_WAIT <= time.monotonic() - t < SLOWED_WAIT + 3
+                assert 3.0 <= time.monotonic() - t < 3.0 + 3
                 assert not store.level.available() and store.level.errors == 1
                 assert proxy.counts()["slowdowns"] == proxy.counts()["requests"]
             finally:

@@ -84,6 +84,8 @@ class S3Connection:
         self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="s3")
         self._lock = threading.Lock()
         self.clock = TierClock(self.server_time)
+        #: How long a request answered SlowDown is sent again (``SLOWED_WAIT``; a test lowers it).
+        self.slowed_wait = SLOWED_WAIT
 
     # -- clients and errors ---------------------------------------------------
     def _client(self, timeout: timedelta) -> Any:
@@ -181,7 +183,7 @@ class S3Connection:
     def patiently(self, call: Callable[[], Any]) -> Any:
         """``call()``, sent again while the bucket answers that it wants fewer requests (``slowed``: S3's
         ``503 SlowDown`` under a burst), after a jittered pause that doubles (``SLOWED_PAUSE``), for at most
-        ``SLOWED_WAIT`` from the first such answer; then ``Throttled``.  The level counts and logs it
+        ``slowed_wait`` (``SLOWED_WAIT``) from the first such answer; then ``Throttled``.  The level counts and logs it
         (``Level.slowed``: a line a minute, not one per request), and does not back off for it.
 
         The client cannot show the answer's ``Retry-After`` (S3 sends none with SlowDown): the pauses are
@@ -197,10 +199,10 @@ class S3Connection:
                 if not slowed(e):
                     raise
                 now = time.monotonic()
-                deadline = deadline or now + SLOWED_WAIT
+                deadline = deadline or now + self.slowed_wait
                 self.level.slowed(log)
                 if now >= deadline:
-                    raise Throttled(f"asked to slow down for {SLOWED_WAIT:g} s: {self.why(e)}") from None
+                    raise Throttled(f"asked to slow down for {self.slowed_wait:g} s: {self.why(e)}") from None
                 time.sleep(min(random.uniform(0, pause), deadline - now))
                 pause = min(2 * pause, SLOWED_PAUSE_MAX)
 
