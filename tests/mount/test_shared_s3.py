@@ -385,13 +385,15 @@ def test_stalled_endpoint_never_blocks_names_the_node_holds(mount_factory: Mount
     (a.mountpoint / "k").mkdir()
     for i in range(10):
         write_committed(a.mountpoint / "k" / f"f{i}", f"held {i}".encode())
+    # larger than any read-ahead brings (the listing's lookups may bring the small ones before the stall)
+    write_committed(a.mountpoint / "k" / "z-large", os.urandom(2 << 20))
     wait_uploaded(a)
     b = mount_factory("b", *_s3("fleet"), env=seaweedfs.env())
-    assert len(os.listdir(b.mountpoint / "k")) == 10  # B knows the names; their content stays in the bucket
+    assert len(os.listdir(b.mountpoint / "k")) == 11  # B knows the names; z-large's content stays in the bucket
     seaweedfs.signal(signal.SIGSTOP)
     try:
         t = time.monotonic()
-        assert errno_of_read(b.mountpoint / "k" / "f0") == errno.EIO
+        assert errno_of_read(b.mountpoint / "k" / "z-large") == errno.EIO
         assert time.monotonic() - t < 20, "a blob read waits one short timeout, not minutes"
         write_committed(a.mountpoint / "k" / "during", b"written while stalled")
         t = time.monotonic()
