@@ -32,23 +32,26 @@ import os
 from mithrilfs.shared.stores.clock import FUTURE_SLACK_US
 
 
-def _env_seconds(name: str, default: float) -> float:
+def env_seconds(name: str, default: float, *, positive: bool = False) -> float:
+    """Seconds from the environment variable *name* (tests lower some periods), *default* when unset or not
+    a number; with *positive*, also when not a finite number above 0."""
     try:
-        return float(os.environ.get(name, default))
+        seconds = float(os.environ.get(name, default))
     except ValueError:
         return default
+    return default if positive and not (math.isfinite(seconds) and seconds > 0) else seconds
 
 
 #: A node records the use of one directory at most this often.
-USE_RECORD_SECONDS = _env_seconds("MITHRILFS_USE_RECORD_SECONDS", 3600.0)
+USE_RECORD_SECONDS = env_seconds("MITHRILFS_USE_RECORD_SECONDS", 3600.0)
 #: A bucket gets one object of use records at most this often per node.
-USE_FLUSH_SECONDS = _env_seconds("MITHRILFS_USE_FLUSH_SECONDS", 300.0)
+USE_FLUSH_SECONDS = env_seconds("MITHRILFS_USE_FLUSH_SECONDS", 300.0)
 #: A blob older than this in the tier is uploaded again by a writer that needs it (renewing its time).
-BLOB_TRUST_SECONDS = _env_seconds("MITHRILFS_BLOB_TRUST_SECONDS", 6 * 3600.0)
+BLOB_TRUST_SECONDS = env_seconds("MITHRILFS_BLOB_TRUST_SECONDS", 6 * 3600.0)
 #: A batch's names are published at most this long after its blobs were checked (else checked again).
-UPLOAD_LAG_SECONDS = _env_seconds("MITHRILFS_UPLOAD_LAG_SECONDS", 3600.0)
+UPLOAD_LAG_SECONDS = env_seconds("MITHRILFS_UPLOAD_LAG_SECONDS", 3600.0)
 #: A gc sweep's marker older than this is a dead gc's (writers ignore it; a live gc renews it).
-GC_RUN_SECONDS = _env_seconds("MITHRILFS_GC_RUN_SECONDS", 3600.0)
+GC_RUN_SECONDS = env_seconds("MITHRILFS_GC_RUN_SECONDS", 3600.0)
 
 
 def younger(age: float, limit: float) -> bool:

@@ -22,27 +22,18 @@ while the node was idle, per hour of idleness (``stats``:
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
-
-def _seconds(name: str, default: float) -> float:
-    value = os.environ.get(name, "")
-    try:
-        seconds = float(value)
-    except ValueError:
-        return default
-    return seconds if math.isfinite(seconds) and seconds > 0 else default
-
+from mithrilfs.shared.stores.ages import env_seconds
 
 #: Seconds without a use after which the mount is idle (``MITHRILFS_IDLE_AFTER``: tests lower it).
-IDLE_AFTER = _seconds("MITHRILFS_IDLE_AFTER", 300.0)
+IDLE_AFTER = env_seconds("MITHRILFS_IDLE_AFTER", 300.0, positive=True)
 #: Seconds between two checks of the feed by an idle node (``MITHRILFS_IDLE_PERIOD``: tests lower it).
-IDLE_PERIOD = _seconds("MITHRILFS_IDLE_PERIOD", 75.0)
+IDLE_PERIOD = env_seconds("MITHRILFS_IDLE_PERIOD", 75.0, positive=True)
 #: The longest a lookup that ends an idle spell waits for the feed's check it started.
 FRESH_WAIT = 2.0
 
