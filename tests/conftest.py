@@ -232,6 +232,16 @@ def hung_mounts_aborted(factory: MountFactory, request: pytest.FixtureRequest) -
         timer.cancel()
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker more than the CPUs this process may use.
+
+    Most of a mount test's time is spent waiting (servers starting, a proxy's
+    latency, a daemon's timer, ``wait_for``), not computing, so a worker more
+    than the cores keeps them busy; the suite stays green beside busy loops.
+    """
+    return len(os.sched_getaffinity(0)) + 1
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     """Keep each phase's report on the item: a fixture's teardown can tell that its test failed."""
