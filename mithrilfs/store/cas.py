@@ -9,6 +9,7 @@ work in ``staging/`` and a finished staging file becomes a blob by one
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Collection
@@ -18,6 +19,7 @@ import blake3
 
 # the standard-library half the blob writer process runs too: one way to write a blob's file
 from mithrilfs.store.blob_writer_child import BLOB_MODE, write_and_rename
+from mithrilfs.store.spare_files import SpareFiles
 
 DIGEST_SIZE = 32
 #: Files at least this large are hashed with blake3's threads over an mmap.
@@ -51,13 +53,16 @@ class CAS:
         self.objects = self.root / "objects"
         self.staging = self.root / "staging"
         self.quarantine = self.root / "quarantine"
+        #: Empty files made ahead for ``write_blob`` (``spare_files``).
+        self.spare = self.root / "spare"
         #: Shard directories known to exist (``write_blob`` skips their mkdir).
         self._shards: set[str] = set()
         #: ``objects/`` as a string: the read path builds a blob's file name per request without pathlib.
         self._objects_prefix = os.fspath(self.objects) + os.sep
         self._staging_prefix = os.fspath(self.staging) + os.sep
+        self.spares = SpareFiles(os.fspath(self.spare) + os.sep, BLOB_MODE)
         if create:
-            for d in (self.objects, self.staging, self.quarantine):
+            for d in (self.objects, self.staging, self.quarantine, self.spare):
                 d.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     # -- blobs -----------------------------------------------------------
@@ -127,7 +132,8 @@ class CAS:
 
         For small blobs (a prefetch, a commit of content staged in memory):
         a create and a rename each, where a staging file, its link and its
-        unlink cost more.  Unless *trust_existing*, an existing blob is
+        unlink cost more; the create is a spare file made ahead when one is
+        ready (``spares``).  Unless *trust_existing*, an existing blob is
         atomically replaced by these bytes (as ``adopt`` does).  Safe from
         worker threads.
         """
@@ -141,7 +147,11 @@ class CAS:
             self._shards.add(shard)
         # a crash leaves the temporary file where startup clears; a full disk removes it (the retry after
         # making room starts over)
-        write_and_rename(f"{self._staging_prefix}{uuid.uuid4().hex}", dest, data, exclusive=True)
+        spare = self.spares.take()
+        if spare is not None:
+            write_and_rename(spare[1], dest, data, exclusive=True, fd=spare[0])
+        else:
+            write_and_rename(f"{self._staging_prefix}{uuid.uuid4().hex}", dest, data, exclusive=True)
         return not existed
 
     def quarantine_blob(self, digest: bytes) -> Path | None:
@@ -161,7 +171,8 @@ class CAS:
         return fd, path
 
     def clear_staging(self, keep: Collection[str] = ()) -> int:
-        """Remove every staging file (uncommitted writes of a previous run) but those in *keep*."""
+        """Remove every staging file (uncommitted writes of a previous run) but those in *keep*, and the
+        spare files a previous run left (empty; not counted)."""
         n = 0
         for entry in os.scandir(self.staging):
             if entry.path in keep:
@@ -171,6 +182,10 @@ class CAS:
                 n += 1
             except FileNotFoundError:
                 pass
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.spare):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
         return n
 
     def iter_digests(self):
