@@ -127,13 +127,15 @@ class CAS:
             return False
         return True
 
-    def write_blob(self, digest: bytes, data: bytes | bytearray | memoryview, *, trust_existing: bool = True) -> bool:
+    def write_blob(self, digest: bytes, data: bytes | bytearray | memoryview, *, trust_existing: bool = True,
+                   spare: bool = False) -> bool:
         """Write verified bytes as the blob *digest* in one rename (no staging file); True when new.
 
         For small blobs (a prefetch, a commit of content staged in memory):
         a create and a rename each, where a staging file, its link and its
-        unlink cost more; the create is a spare file made ahead when one is
-        ready (``spares``).  Unless *trust_existing*, an existing blob is
+        unlink cost more.  *spare*: for a caller on the event loop, the file
+        is a spare made ahead when one is ready (``spares``); worker threads
+        make their own, in parallel with the event loop already.  Unless *trust_existing*, an existing blob is
         atomically replaced by these bytes (as ``adopt`` does).  Safe from
         worker threads.
         """
@@ -147,9 +149,9 @@ class CAS:
             self._shards.add(shard)
         # a crash leaves the temporary file where startup clears; a full disk removes it (the retry after
         # making room starts over)
-        spare = self.spares.take()
-        if spare is not None:
-            write_and_rename(spare[1], dest, data, exclusive=True, fd=spare[0])
+        made = self.spares.take() if spare else None
+        if made is not None:
+            write_and_rename(made[1], dest, data, exclusive=True, fd=made[0])
         else:
             write_and_rename(f"{self._staging_prefix}{uuid.uuid4().hex}", dest, data, exclusive=True)
         return not existed

@@ -63,13 +63,16 @@ class SpareFiles:
                 self._thread.start()
 
     def _run(self) -> None:
+        try:
+            os.makedirs(self._dir, mode=0o700, exist_ok=True)  # a store made before spares were
+        except OSError:
+            pass
         while True:
             self._wanted.wait()
             self._wanted.clear()
             while not self._closed and len(self._ready) < self._count:
                 path = f"{self._dir}{uuid.uuid4().hex}"
                 try:
-                    os.makedirs(self._dir, mode=0o700, exist_ok=True)
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, self._mode)
                 except OSError as e:  # a full disk, a store that cannot be written: callers make their own
                     log.debug("no spare file (%s)", e)
