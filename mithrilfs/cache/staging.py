@@ -429,11 +429,9 @@ class Staging:
         self._dirty(of)
 
     def shutdown(self) -> None:
-        """Drop staging that could not be committed, and the spare files (``CAS.spares``); the next mount
-        clears leftover files anyway."""
+        """Drop staging that could not be committed; the next mount clears leftover files anyway."""
         for ino in list(self.staged):
             self.drop(ino)
-        self.cas.spares.close()
 
 
 def _pwrite_hash(fd: int, buf: Any, off: int, hasher: Any) -> int:

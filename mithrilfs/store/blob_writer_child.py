@@ -45,16 +45,13 @@ def _read_exactly(stdin: int, n: int) -> bytes | None:
     return data
 
 
-def write_and_rename(tmp: str, dest: str, data: bytes | bytearray | memoryview, *, exclusive: bool,
-                     fd: int | None = None) -> None:
+def write_and_rename(tmp: str, dest: str, data: bytes | bytearray | memoryview, *, exclusive: bool) -> None:
     """*data* written to a new file *tmp* (mode ``BLOB_MODE``), then renamed onto *dest*: a blob is never
     seen half-written.  On any failure (a full disk) *tmp* is removed and the error raised.  *exclusive*:
-    *tmp* must not exist (a unique name); otherwise a leftover of that name is truncated.  *fd*: *tmp* was
-    made already, empty, and *fd* is open on it for writing (a spare file); it is closed here.  The one
-    way a blob's file is written, by ``CAS.write_blob`` and by this process alike."""
-    if fd is None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
-        fd = os.open(tmp, flags, BLOB_MODE)
+    *tmp* must not exist (a unique name); otherwise a leftover of that name is truncated.  The one way a
+    blob's file is written, by ``CAS.write_blob`` and by this process alike."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
+    fd = os.open(tmp, flags, BLOB_MODE)
     try:
         try:
             view = memoryview(data)

@@ -80,7 +80,7 @@ class Blobs:
         a file it made.  *between* is called between the two ("after_adopt",
         then "after_intent": the row is not in the index yet).
         """
-        new = self.cas.write_blob(digest, data, trust_existing=digest in self.verified, spare=True)
+        new = self.cas.write_blob(digest, data, trust_existing=digest in self.verified)
         between("after_adopt")
         between("after_intent")
         try:

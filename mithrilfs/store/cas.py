@@ -9,7 +9,6 @@ work in ``staging/`` and a finished staging file becomes a blob by one
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import Collection
@@ -19,7 +18,6 @@ import blake3
 
 # the standard-library half the blob writer process runs too: one way to write a blob's file
 from mithrilfs.store.blob_writer_child import BLOB_MODE, write_and_rename
-from mithrilfs.store.spare_files import SpareFiles
 
 DIGEST_SIZE = 32
 #: Files at least this large are hashed with blake3's threads over an mmap.
@@ -53,16 +51,13 @@ class CAS:
         self.objects = self.root / "objects"
         self.staging = self.root / "staging"
         self.quarantine = self.root / "quarantine"
-        #: Empty files made ahead for ``write_blob`` (``spare_files``).
-        self.spare = self.root / "spare"
         #: Shard directories known to exist (``write_blob`` skips their mkdir).
         self._shards: set[str] = set()
         #: ``objects/`` as a string: the read path builds a blob's file name per request without pathlib.
         self._objects_prefix = os.fspath(self.objects) + os.sep
         self._staging_prefix = os.fspath(self.staging) + os.sep
-        self.spares = SpareFiles(os.fspath(self.spare) + os.sep, BLOB_MODE)
         if create:
-            for d in (self.objects, self.staging, self.quarantine, self.spare):
+            for d in (self.objects, self.staging, self.quarantine):
                 d.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     # -- blobs -----------------------------------------------------------
@@ -127,15 +122,12 @@ class CAS:
             return False
         return True
 
-    def write_blob(self, digest: bytes, data: bytes | bytearray | memoryview, *, trust_existing: bool = True,
-                   spare: bool = False) -> bool:
+    def write_blob(self, digest: bytes, data: bytes | bytearray | memoryview, *, trust_existing: bool = True) -> bool:
         """Write verified bytes as the blob *digest* in one rename (no staging file); True when new.
 
         For small blobs (a prefetch, a commit of content staged in memory):
         a create and a rename each, where a staging file, its link and its
-        unlink cost more.  *spare*: for a caller on the event loop, the file
-        is a spare made ahead when one is ready (``spares``); worker threads
-        make their own, in parallel with the event loop already.  Unless *trust_existing*, an existing blob is
+        unlink cost more.  Unless *trust_existing*, an existing blob is
         atomically replaced by these bytes (as ``adopt`` does).  Safe from
         worker threads.
         """
@@ -149,11 +141,7 @@ class CAS:
             self._shards.add(shard)
         # a crash leaves the temporary file where startup clears; a full disk removes it (the retry after
         # making room starts over)
-        made = self.spares.take() if spare else None
-        if made is not None:
-            write_and_rename(made[1], dest, data, exclusive=True, fd=made[0])
-        else:
-            write_and_rename(f"{self._staging_prefix}{uuid.uuid4().hex}", dest, data, exclusive=True)
+        write_and_rename(f"{self._staging_prefix}{uuid.uuid4().hex}", dest, data, exclusive=True)
         return not existed
 
     def quarantine_blob(self, digest: bytes) -> Path | None:
@@ -173,8 +161,7 @@ class CAS:
         return fd, path
 
     def clear_staging(self, keep: Collection[str] = ()) -> int:
-        """Remove every staging file (uncommitted writes of a previous run) but those in *keep*, and the
-        spare files a previous run left (empty; not counted)."""
+        """Remove every staging file (uncommitted writes of a previous run) but those in *keep*."""
         n = 0
         for entry in os.scandir(self.staging):
             if entry.path in keep:
@@ -184,10 +171,6 @@ class CAS:
                 n += 1
             except FileNotFoundError:
                 pass
-        with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(self.spare):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
         return n
 
     def iter_digests(self):

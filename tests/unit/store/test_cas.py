@@ -7,12 +7,10 @@ import stat
 
 import blake3
 import pytest
-from conftest import wait_for
 
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.cas import CAS, EMPTY_DIGEST, hash_file
 from mithrilfs.store.namespace import Namespace
-from mithrilfs.store.spare_files import SPARE_FILES
 
 
 @pytest.fixture
@@ -109,29 +107,3 @@ def test_clear_staging_removes_leftovers(cas):
         os.close(fd)
     assert cas.clear_staging() == 3
     assert os.listdir(cas.staging) == []
-
-
-def test_blobs_are_written_into_spare_files_made_ahead_and_none_outlive_close(cas):
-    """``write_blob`` takes an empty file a thread made ahead when one is ready (its first call finds none
-    and starts the thread); the blob is whole and private either way, and ``close`` and the next mount's
-    ``clear_staging`` leave no spare behind."""
-    first, second = b"first blob" * 100, b"second blob" * 100
-    try:
-        assert cas.write_blob(blake3.blake3(first).digest(), first, spare=True)
-        wait_for(lambda: len(os.listdir(cas.spare)) == SPARE_FILES, what="the spare files")
-        spares = set(os.listdir(cas.spare))
-        assert cas.write_blob(blake3.blake3(second).digest(), second, spare=True)
-        left = set(os.listdir(cas.spare))
-        assert len(left) == SPARE_FILES - 1 and left < spares  # one was taken; none made for so few gone
-        for data in (first, second):
-            digest = blake3.blake3(data).digest()
-            assert cas.read(digest) == data and stat.S_IMODE(os.stat(cas.path(digest)).st_mode) == 0o400
-        assert os.listdir(cas.staging) == []
-        third = b"from a worker thread" * 100  # makes its own file: the spares stay for the event loop
-        assert cas.write_blob(blake3.blake3(third).digest(), third)
-        assert set(os.listdir(cas.spare)) == left
-    finally:
-        cas.spares.close()
-    assert os.listdir(cas.spare) == []
-    (cas.spare / "left-by-a-crash").write_bytes(b"")
-    assert cas.clear_staging() == 0 and os.listdir(cas.spare) == []
