@@ -1,12 +1,15 @@
 """Commits: how an inode's staging content (``staging``) becomes its committed content, crash-safely.
 
 A commit hashes the staging content (the running blake3 when writes came
-in sequence; off the event loop for large files), records a refcount-0
-intent row, puts the bytes into ``objects/`` (``Blobs.add_data``: written
-under a temporary name and renamed; ``Blobs.add``: the staging file
-hard-linked), and only then points the inode at the hash in one
-transaction.  Until that transaction the inode keeps its last committed
-content, so a crash never exposes a torn file.
+in sequence; off the event loop for large files), puts the bytes into
+``objects/`` and only then points the inode at the hash in one
+transaction.  Content staged in memory is written under a temporary name
+and renamed, and its blob row goes in that same transaction
+(``Blobs.adding_data``); a staging file is hard-linked after a
+transaction of its own records a refcount-0 intent row (``Blobs.add``).
+A rename publishing the file joins the transaction too (``along``).
+Until that transaction the inode keeps its last committed content, so a
+crash never exposes a torn file.
 
 With no close to commit at, the commit points are those the frameworks
 give (``fs`` calls them): a rename of the file, fsync, link, chmod, FORGET
@@ -23,8 +26,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 import trio
 
@@ -36,6 +39,8 @@ from mithrilfs.store.cas import CAS, hash_bytes, hash_file
 from mithrilfs.store.namespace import Namespace
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: An inode with no write for this long is committed (unconfirmed) by the idle timer.
 IDLE_COMMIT_SECONDS = 1.0
@@ -80,7 +85,7 @@ class WritePath(Staging):
         """Bytes the store holds on disk: unique blobs plus content being written (what the budget counts)."""
         return self.blobs.bytes + self._bytes
 
-    async def commit(self, of: Staged, *, confirmed: bool = True) -> None:
+    async def commit(self, of: Staged, *, confirmed: bool = True, along: Callable[[], T] | None = None) -> T | None:
         """Make the staging content the inode's committed content (see module doc).
 
         *confirmed*: the caller knows the content is whole (rename, fsync,
@@ -88,18 +93,22 @@ class WritePath(Staging):
         is recorded as unconfirmed.  With nothing to commit, a confirmation
         still clears an earlier unconfirmed mark.  A file whose writes
         failed for room raises ``ContentDropped`` at its next confirmed commit.
+        *along*: an index change made in the transaction that points the
+        inode at its content (a rename publishing the file), or in one of
+        its own when there is nothing to commit; returns what it returns.
+        Should it fail, the content stays uncommitted, as it was.
         """
         if of.inode.id in self.failed:
             self._settle_failed(of.inode.id, confirmed)
-            return
+            return self._alone(along)
         if not of.dirty or not of.has_staging or of.inode.nlink == 0:
             # nothing written, or no name can ever show it (dropped at forget)
             self._settled(of, confirmed)
-            return
+            return self._alone(along)
         async with Held(of.lock):
             if not of.dirty or not of.has_staging or of.inode.nlink == 0:
                 self._settled(of, confirmed)
-                return
+                return self._alone(along)
             gen, size, path, mem = of.write_gen, of.size, of.staging_path, of.mem
             if of.hasher is not None and of.hashed == size:
                 digest = of.hasher.digest()
@@ -109,29 +118,30 @@ class WritePath(Staging):
                 assert path is not None
                 digest = await trio.to_thread.run_sync(hash_file, path, limiter=self._limiter)
                 if of.write_gen != gen or of.staging_path != path or of.inode.nlink == 0:
-                    return  # changed meanwhile: a later commit point takes the newer content
+                    return self._alone(along)  # changed meanwhile: a later commit point takes the newer content
             else:
                 assert path is not None
                 digest = hash_file(path)
             crash_point("before_intent")
+            old = of.inode.hash
             if mem is not None:
-                new = self.blobs.add_data(mem, digest, between=crash_point)
+                # the blob's row goes in the transaction that points the inode at it
+                with self.blobs.adding_data(mem, digest, between=crash_point) as new:
+                    result = self._point(of, digest, size, confirmed, along)
             else:
                 new = self.blobs.add(path, digest, size, between=crash_point)  # type: ignore[arg-type]
+                crash_point("after_adopt")
+                # until this transaction succeeds the staging file stays, so a
+                # failed attempt (disk full) can simply be retried
+                try:
+                    with self.ns.txn():
+                        result = self._point(of, digest, size, confirmed, along)
+                except BaseException:
+                    self._unshare(of)
+                    raise
             if not new:
                 self.stats.add(of.top, "dedup_hits")
             of.deduped = not new
-            crash_point("after_adopt")
-            old = of.inode.hash
-            # until this transaction succeeds the staging file stays, so a
-            # failed attempt (disk full) can simply be retried
-            try:
-                with self.ns.txn():
-                    self.ns.set_content(of.inode, digest, size, of.mtime_ns, confirmed=confirmed)
-            except BaseException:
-                if mem is None:
-                    self._unshare(of)
-                raise
             crash_point("after_set_content")
             self.stats.add(of.top, "commits")
             self._drop_staging(of)
@@ -140,6 +150,19 @@ class WritePath(Staging):
             if old != digest:
                 self.blobs.collect(old)
         await self._tell_committed(of)
+        return result
+
+    def _point(self, of: Staged, digest: bytes, size: int, confirmed: bool, along: Callable[[], T] | None) -> T | None:
+        """Inside a commit's transaction: the inode's content is the blob *digest*, then *along*."""
+        self.ns.set_content(of.inode, digest, size, of.mtime_ns, confirmed=confirmed)
+        return along() if along is not None else None
+
+    def _alone(self, along: Callable[[], T] | None) -> T | None:
+        """*along* of a commit with nothing to commit: in a transaction of its own."""
+        if along is None:
+            return None
+        with self.ns.txn():
+            return along()
 
     async def _tell_committed(self, of: Staged) -> None:
         for listener in self.listeners:
@@ -150,15 +173,19 @@ class WritePath(Staging):
             self.ns.confirm(of.inode.id)
         self._forget_if_settled(of)
 
-    async def commit_inode(self, ino: int, *, confirmed: bool = True) -> None:
-        """Commit an inode's uncommitted writes, if it has any; confirm its content either way."""
+    async def commit_inode(self, ino: int, *, confirmed: bool = True, along: Callable[[], T] | None = None) -> T | None:
+        """Commit an inode's uncommitted writes, if it has any; confirm its content either way.
+
+        *along*: as for ``commit``, in a transaction of its own when the inode has nothing to commit.
+        """
         of = self.staged.get(ino)
         if of is not None:
-            await self.commit(of, confirmed=confirmed)
-        elif ino in self.failed:
+            return await self.commit(of, confirmed=confirmed, along=along)
+        if ino in self.failed:
             self._settle_failed(ino, confirmed)
         elif confirmed:
             self.ns.confirm(ino)
+        return self._alone(along)
 
     def _settle_failed(self, ino: int, confirmed: bool) -> None:
         """A commit point of a file whose writes failed for room: a confirmed one tells the writer, once."""

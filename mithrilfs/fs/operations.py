@@ -299,14 +299,15 @@ class Operations(kernel.Operations):
         other = self.ns.lookup(parent_inode_new, name_new) if flags & kernel.RENAME_EXCHANGE else None
         # a rename the kernel sent completes whatever the budget: the commits below may start an
         # eviction, which must not take the files being renamed
+        rename = functools.partial(self.names.rename, parent_inode_old, name_old, parent_inode_new, name_new,
+                                   exchange=bool(flags & kernel.RENAME_EXCHANGE),
+                                   noreplace=bool(flags & kernel.RENAME_NOREPLACE))
         with self.budget.using(source, *([other] if other is not None else [])):
-            # the frameworks publish by rename: what the source holds is whole; commit it first
-            await self.writes.commit_inode(source)
             if other is not None:
                 await self.writes.commit_inode(other)
-            replaced = self.names.rename(parent_inode_old, name_old, parent_inode_new, name_new,
-                                         exchange=bool(flags & kernel.RENAME_EXCHANGE),
-                                         noreplace=bool(flags & kernel.RENAME_NOREPLACE))
+            # the frameworks publish by rename: what the source holds is whole; its commit and the
+            # rename are one transaction
+            replaced = await self.writes.commit_inode(source, along=rename)
         self.recompiles.settle(source)  # a file renamed into its cache entry: judged under its final name
         if replaced is not None:
             await self._delete_if_unused(replaced)

@@ -4,7 +4,11 @@ Every producer of blobs (a committed write, a fetch from the shared tier, an
 archive import) goes through ``Blobs.add``: record a refcount-0 intent row,
 then hard-link the finished staging file into ``objects/``.  A crash between
 the two leaves a row that startup collects, never an untracked file; the
-caller points an inode at the blob in its own transaction afterwards.
+caller points an inode at the blob in its own transaction afterwards.  A
+commit of content staged in memory (``adding_data``) writes the file first
+and its row in the transaction that points the inode at it: a crash between
+leaves a file no row names, which the first collection after an unclean
+stop deletes.
 ``collect`` deletes a blob whose last reference went.  ``bytes`` is the
 running total of blob bytes on disk, the budget's physical size: it moves
 only when a file really appears or goes (a row whose file never came, a
@@ -18,7 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from mithrilfs.store.blob_writer import BlobWriter
 from mithrilfs.store.cas import CAS, hash_bytes, hash_file
@@ -60,19 +65,33 @@ class Blobs:
         self.written(digest, size, new)
         return new
 
-    def add_data(self, data: bytes | bytearray, digest: bytes, *,
-                 between: Callable[[str], None] = lambda point: None) -> bool:
-        """Make *data* (blake3 *digest*, content staged in memory) a blob; True when it is new.
+    @contextmanager
+    def adding_data(self, data: bytes | bytearray, digest: bytes, *,
+                    between: Callable[[str], None] = lambda point: None) -> Iterator[bool]:
+        """Make *data* (blake3 *digest*, content staged in memory) a blob; yields True when it is new.
 
-        As ``add``, with the file written straight into place (``CAS.write_blob``:
-        one create and one rename, no staging file to link and unlink).
+        The file comes first (``CAS.write_blob``: one create and one rename,
+        no staging file to link and unlink), then its row, inside the index
+        transaction this opens: the caller points inodes at the blob in the
+        same transaction, so a commit of content staged in memory costs one
+        transaction, not two.  A crash between the file and the transaction
+        leaves a file no row names, which the first collection after an
+        unclean stop deletes (``recount``); a transaction that fails deletes
+        a file it made.  *between* is called between the two ("after_adopt",
+        then "after_intent": the row is not in the index yet).
         """
-        with self.ns.txn():
-            self.ns.blob_intent(digest, len(data))
-        between("after_intent")
         new = self.cas.write_blob(digest, data, trust_existing=digest in self.verified)
+        between("after_adopt")
+        between("after_intent")
+        try:
+            with self.ns.txn():
+                self.ns.blob_intent(digest, len(data))
+                yield new
+        except BaseException:
+            if new:
+                self.cas.delete(digest)
+            raise
         self.written(digest, len(data), new)
-        return new
 
     def recount(self, *, check_files: bool = False) -> int:
         """Set ``bytes`` afresh from the index (after the startup repair deleted blobs); returns it.

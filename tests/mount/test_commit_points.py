@@ -181,7 +181,9 @@ def test_kill9_inside_a_commit_leaves_whole_files(mount_factory: MountFactory, k
         if (d / name).exists():
             assert (d / name).read_bytes() in (b"", b"OLD" * 1000, b"NEW" * 1000, b"published content" * 100), name
     if kind == "rename" and point == "after_set_content":
-        assert (d / "tmp").read_bytes() == b"published content" * 100  # committed, confirmed, not yet renamed
+        # the commit and the rename are one transaction: committed, confirmed and published together
+        assert (d / "final").read_bytes() == b"published content" * 100
+        assert not (d / "tmp").exists()
     m.umount()
     fsck = run_cli("fsck", "--store", str(m.store))
     assert fsck.returncode == 0 and "no problems" in fsck.stdout, fsck.stdout + fsck.stderr
