@@ -374,6 +374,13 @@ class Session:
                 return None  # stop()
         return None
 
+    def _idle_work(self) -> bool:
+        """Run the oldest job left for after a reply, when one is queued; whether one ran."""
+        if not self.after_reply.pending or self._stopping:
+            return False
+        self._run_after_reply(everything=False)
+        return True
+
     def _run_after_reply(self, *, everything: bool) -> None:
         begun = time.perf_counter_ns()
         self.after_reply.run(everything=everything)
@@ -531,7 +538,7 @@ class Session:
         self.notifier.open()
         if caps & abi.OVER_IO_URING and self._nursery is not None:
             self.transport = UringTransport(self.fd, max(abi.MIN_READ_BUFFER, self.max_write), self._bufsize,
-                                            self._dispatch, self._finish, lambda: self._stopping)
+                                            self._dispatch, self._finish, lambda: self._stopping, self._idle_work)
             self._nursery.start_soon(self.transport.serve)  # runs once this reply is written
         return abi.INIT_OUT.pack(
             abi.KERNEL_VERSION, self.proto_minor, min(max_readahead, self.max_readahead), caps & 0xFFFFFFFF,

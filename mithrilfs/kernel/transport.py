@@ -61,14 +61,16 @@ class UringTransport:
     """The io_uring side of one session: its ring, its entries, and the task that serves them."""
 
     def __init__(self, fd: int, payload_size: int, bufsize: int, dispatch: Callable[..., Any],
-                 finish: Callable[..., Awaitable[None]], stopped: Callable[[], bool]) -> None:
+                 finish: Callable[..., Awaitable[None]], stopped: Callable[[], bool], idle: Callable[[], bool]) -> None:
         """*dispatch* and *finish*: the session's (``Session._dispatch``, ``Session._finish``); *stopped*:
-        whether the session is ending; *bufsize*: its request buffer's size."""
+        whether the session is ending; *idle*: run one job left for after a reply, if any (whether it ran
+        one); *bufsize*: its request buffer's size."""
         self.fd = fd
         self.bufsize = bufsize
         self._dispatch = dispatch
         self._finish = finish
         self._stopped = stopped
+        self._idle = idle
         self.payload_size = payload_size
         self.queues = uring.possible_cpus()
         self.ring: uring.Ring | None = None
@@ -136,6 +138,13 @@ class UringTransport:
                     return
             if not self._live:
                 return
+            # nothing to answer: time for the head starts handlers left, one at a time, until a request comes
+            while self._idle():
+                ring.submit_and_wait(0)  # runs the task work that posts a request that came meanwhile
+                if ring.has_completions():
+                    break
+            if ring.has_completions():
+                continue
             try:
                 await trio.lowlevel.wait_readable(ring.fd)
             except trio.ClosedResourceError:

@@ -158,6 +158,10 @@ class Ring:
             except InterruptedError:
                 n = 0
 
+    def has_completions(self) -> bool:
+        """Whether a completion is there to reap now."""
+        return self._rv[self._cq_head] != self._rv[self._cq_tail]
+
     def completions(self) -> Iterator[tuple[int, int]]:
         """(user_data, result) of each completion there now; each is consumed as it is yielded."""
         rv = self._rv
