@@ -12,6 +12,7 @@ transport serves.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -97,6 +98,12 @@ def test_a_mount_served_over_io_uring_answers_other_processes_with_the_right_byt
     m.umount()
     m.mount()  # and what was written is there after a remount
     assert (m.mountpoint / "d" / "e" / "f1.done").stat().st_size == 1
+    # the head starts handlers leave after their replies (a directory's names, a file's blob) run over io_uring
+    # too: nothing else wakes the /dev/fuse loop that runs them when the ring serves
+    for name in ("f2.done", "f3.done", "f4.done"):
+        subprocess.run(["cat", str(m.mountpoint / "d" / "e" / name)], capture_output=True, check=True, timeout=60)
+    stats = json.loads((m.mountpoint / ".mithrilfs" / "stats.json").read_text())
+    assert stats["requests"].get("AFTER_REPLY", {}).get("count", 0) >= 1, stats["requests"]
 
 
 def test_without_the_kernel_s_consent_the_mount_falls_back_to_dev_fuse(mount_factory):
