@@ -21,7 +21,8 @@ from .api import (
 )
 from .mount import FuseMount, MountError, mount
 from .notify import Notifier
-from .session import ProtocolError, RequestTimes, Session, SessionParameters
+from .request_times import RequestTimes
+from .session import ProtocolError, Session, SessionParameters
 from .transport import URING_VARIABLE
 
 __all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "AfterReply", "DirBuffer", "EntryAttributes", "FileInfo", "FUSEError",

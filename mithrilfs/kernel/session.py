@@ -37,6 +37,12 @@ session runs it once the reply is written, when a read finds no request
 waiting (the client is waking up), or before the next read once a waiting
 request went first.
 
+FUSE over io_uring (``uring=True``, when the kernel offers it at INIT):
+``transport.UringTransport`` serves the requests the kernel puts in its
+ring entries through the same ``_dispatch``, answering each by a commit of
+its entry; this loop goes on serving what still comes through /dev/fuse
+(INIT, INTERRUPT, FORGET, and everything until every queue has entries).
+
 Notifications (invalidate an entry, an inode, tell of a deletion) are
 written by a thread of their own: the kernel takes the directory's lock to
 apply them, so writing one from the event loop while a request in that
@@ -60,6 +66,7 @@ from . import abi
 from .after_reply import AfterReply
 from .api import FUSEError, Operations, RequestContext
 from .notify import Notifier
+from .request_times import AFTER_REPLY, OPCODE_LABELS, RequestTimes
 from .requests import Handler, Malformed, Requests
 from .transport import UringTransport
 
@@ -91,46 +98,12 @@ UNIQUE_RESEND = 1 << 63
 _GONE_WHEN_DONE = frozenset({abi.UNLINK, abi.RMDIR, abi.RENAME, abi.RENAME2})
 #: NOTIFY_RESEND came with protocol 7.40.
 RESEND_MINOR = 40
-#: Where ``RequestTimes`` counts the work handlers left for after their reply (no opcode is negative).
-AFTER_REPLY = -1
-_NAMES = {**abi.OPCODE_NAMES, AFTER_REPLY: "AFTER_REPLY"}
 #: How a request's answer goes back: ``reply(unique, payload)`` and ``reply_error(unique, errno)``.
 Reply = Callable[[int, "bytes | memoryview | None"], None]
 ReplyError = Callable[[int, int], None]
 #: A request whose handler suspended in ``Session._dispatch``: its coroutine, the step it yielded, its
 #: opcode, unique id, caller, the clock at its start and how to answer it (what ``Session._finish`` goes on with).
 _Suspended = tuple[Any, Any, int, int, RequestContext, int, Reply, ReplyError]
-
-
-class RequestTimes:
-    """Requests answered and nanoseconds spent on them (decode, handler, reply), by opcode.
-
-    Kept by the session because only it sees every request (the IOCTL the
-    kernel forwards for every ``isatty()``, the ones answered ENOSYS);
-    ``stats`` and ``scripts/bench/bench_warmstart.py`` read it to show where a
-    load's time goes.
-    """
-
-    def __init__(self) -> None:
-        self.by_opcode: dict[int, list[int]] = {}
-        #: Which transport serves the requests (the session sets it: ``Session.describe_transport``).
-        self.transport: Callable[[], str] = lambda: "/dev/fuse read/write"
-
-    def record(self, opcode: int, ns: int) -> None:
-        entry = self.by_opcode.get(opcode)
-        if entry is None:
-            entry = self.by_opcode[opcode] = [0, 0]
-        entry[0] += 1
-        entry[1] += ns
-
-    def clear(self) -> None:
-        self.by_opcode.clear()
-
-    def by_name(self) -> dict[str, dict[str, float]]:
-        """Most time first: ``{"LOOKUP": {"count": n, "seconds": s, "us_each": u}, ...}``."""
-        return {_NAMES.get(op, str(op)):
-                {"count": n, "seconds": round(ns / 1e9, 6), "us_each": round(ns / n / 1000, 2) if n else 0.0}
-                for op, (n, ns) in sorted(self.by_opcode.items(), key=lambda kv: -kv[1][1])}
 
 
 class ProtocolError(Exception):
@@ -409,7 +382,7 @@ class Session:
             self.request_times.record(opcode, time.perf_counter_ns() - start)
             return None
         if self.debug:
-            log.debug("request %d: %s node %d (%d bytes)", unique, _NAMES.get(opcode, opcode), nodeid, length)
+            log.debug("request %d: %s node %d (%d bytes)", unique, OPCODE_LABELS.get(opcode, opcode), nodeid, length)
         ctx = RequestContext(uid, gid, pid)
         if unique & UNIQUE_RESEND:
             ctx.resent = True
@@ -439,7 +412,7 @@ class Session:
             reply_error(unique, errno.ENOSYS)
         elif end - _HDR < _MIN_BODY.get(opcode, 0):
             # handlers unpack fixed structs from a buffer larger than the request: never past its end
-            log.error("malformed %s request: %d bytes of body", _NAMES.get(opcode, opcode), end - _HDR)
+            log.error("malformed %s request: %d bytes of body", OPCODE_LABELS.get(opcode, opcode), end - _HDR)
             if opcode not in _NO_REPLY:
                 reply_error(unique, errno.EIO)
         else:
@@ -480,9 +453,9 @@ class Session:
                 reply_error(unique, e.errno)
             return
         if isinstance(e, (Malformed, ValueError, IndexError)):
-            log.error("malformed %s request: %s", _NAMES.get(opcode, opcode), e)
+            log.error("malformed %s request: %s", OPCODE_LABELS.get(opcode, opcode), e)
         else:
-            log.error("%s failed", _NAMES.get(opcode, opcode), exc_info=e)
+            log.error("%s failed", OPCODE_LABELS.get(opcode, opcode), exc_info=e)
         if opcode not in _NO_REPLY:
             reply_error(unique, errno.EIO)
 
