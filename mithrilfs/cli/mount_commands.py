@@ -320,6 +320,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
               f"{format_size(snap['max_bytes'])}, hit rate {snap['hit_rate']:.0%} of lookups{_restarts_line(snap)}")
         from mithrilfs.observe.stats import format_levels
 
+        print(f"  requests served over {snap.get('transport', '/dev/fuse read/write')}")
         for line in format_levels(snap):
             print(line)
         for leak in leaks.since_mount(Path(snap["store"]), dict(os.environ)):

@@ -155,7 +155,8 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
             return 1
         session = kernel.Session(fuse.fd, mounted.ops, interruptible=mounted.tier.slow, debug=opts.debug,
                                  notifier=notifier, request_times=mounted.request_times,
-                                 after_reply=mounted.after_reply, polls=lambda: not mounted.tier.streaming)
+                                 after_reply=mounted.after_reply, polls=lambda: not mounted.tier.streaming,
+                                 uring=os.environ.get(kernel.URING_VARIABLE) == "1")
         if not store.read_only:  # named in the error a second mount of this store gets
             (store.root / HOLDER_FILE).write_text(json.dumps({
                 "pid": os.getpid(), "mountpoint": str(opts.mountpoint),

@@ -21,8 +21,11 @@ from .api import (
 )
 from .mount import FuseMount, MountError, mount
 from .notify import Notifier
-from .session import ProtocolError, RequestTimes, Session, SessionParameters
+from .request_times import RequestTimes
+from .session import ProtocolError, Session, SessionParameters
+from .transport import URING_VARIABLE
 
 __all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "AfterReply", "DirBuffer", "EntryAttributes", "FileInfo", "FUSEError",
            "FuseMount", "MountError", "Notifier", "Operations", "ProtocolError", "RequestContext", "RequestTimes", "Session", "SessionParameters", "SetattrFields",
-           "StatvfsData", "mount"]
+           "StatvfsData", "mount",
+           "URING_VARIABLE"]

@@ -94,6 +94,7 @@ CACHE_SYMLINKS = 1 << 23
 NO_OPENDIR_SUPPORT = 1 << 24
 INIT_EXT = 1 << 30
 PASSTHROUGH = 1 << 37
+OVER_IO_URING = 1 << 41
 
 # -- open reply flags --------------------------------------------------
 FOPEN_DIRECT_IO = 1 << 0

@@ -37,6 +37,12 @@ session runs it once the reply is written, when a read finds no request
 waiting (the client is waking up), or before the next read once a waiting
 request went first.
 
+FUSE over io_uring (``uring=True``, when the kernel offers it at INIT):
+``transport.UringTransport`` serves the requests the kernel puts in its
+ring entries through the same ``_dispatch``, answering each by a commit of
+its entry; this loop goes on serving what still comes through /dev/fuse
+(INIT, INTERRUPT, FORGET, and everything until every queue has entries).
+
 Notifications (invalidate an entry, an inode, tell of a deletion) are
 written by a thread of their own: the kernel takes the directory's lock to
 apply them, so writing one from the event loop while a request in that
@@ -50,7 +56,7 @@ import logging
 import os
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +66,9 @@ from . import abi
 from .after_reply import AfterReply
 from .api import FUSEError, Operations, RequestContext
 from .notify import Notifier
+from .request_times import AFTER_REPLY, OPCODE_LABELS, RequestTimes
 from .requests import Handler, Malformed, Requests
+from .transport import UringTransport
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +82,11 @@ _YIELD_EVERY = 8
 #: 50 us 0.67 s, 200 us 0.61-0.62 s, 1 ms 0.59-0.67 s.
 SPIN_SECONDS = 200e-6
 _HDR = abi.IN_HEADER.size
+_unpack_header = abi.IN_HEADER.unpack_from
+_pack_reply = abi.OUT_HEADER.pack
+_MIN_BODY = abi.MIN_BODY
+#: Replies with a payload up to this size go out as one buffer (a copy is cheaper than ``writev``'s list).
+_JOIN_BELOW = 4096
 _NO_REPLY = frozenset({abi.FORGET, abi.BATCH_FORGET, abi.INTERRUPT})
 #: Requests that may wait on something slow (the shared tier) and can be
 #: abandoned safely when the caller is interrupted: they change no local
@@ -85,38 +98,12 @@ UNIQUE_RESEND = 1 << 63
 _GONE_WHEN_DONE = frozenset({abi.UNLINK, abi.RMDIR, abi.RENAME, abi.RENAME2})
 #: NOTIFY_RESEND came with protocol 7.40.
 RESEND_MINOR = 40
-#: Where ``RequestTimes`` counts the work handlers left for after their reply (no opcode is negative).
-AFTER_REPLY = -1
-_NAMES = {**abi.OPCODE_NAMES, AFTER_REPLY: "AFTER_REPLY"}
-
-
-class RequestTimes:
-    """Requests answered and nanoseconds spent on them (decode, handler, reply), by opcode.
-
-    Kept by the session because only it sees every request (the IOCTL the
-    kernel forwards for every ``isatty()``, the ones answered ENOSYS);
-    ``stats`` and ``scripts/bench/bench_warmstart.py`` read it to show where a
-    load's time goes.
-    """
-
-    def __init__(self) -> None:
-        self.by_opcode: dict[int, list[int]] = {}
-
-    def record(self, opcode: int, ns: int) -> None:
-        entry = self.by_opcode.get(opcode)
-        if entry is None:
-            entry = self.by_opcode[opcode] = [0, 0]
-        entry[0] += 1
-        entry[1] += ns
-
-    def clear(self) -> None:
-        self.by_opcode.clear()
-
-    def by_name(self) -> dict[str, dict[str, float]]:
-        """Most time first: ``{"LOOKUP": {"count": n, "seconds": s, "us_each": u}, ...}``."""
-        return {_NAMES.get(op, str(op)):
-                {"count": n, "seconds": round(ns / 1e9, 6), "us_each": round(ns / n / 1000, 2) if n else 0.0}
-                for op, (n, ns) in sorted(self.by_opcode.items(), key=lambda kv: -kv[1][1])}
+#: How a request's answer goes back: ``reply(unique, payload)`` and ``reply_error(unique, errno)``.
+Reply = Callable[[int, "bytes | memoryview | None"], None]
+ReplyError = Callable[[int, int], None]
+#: A request whose handler suspended in ``Session._dispatch``: its coroutine, the step it yielded, its
+#: opcode, unique id, caller, the clock at its start and how to answer it (what ``Session._finish`` goes on with).
+_Suspended = tuple[Any, Any, int, int, RequestContext, int, Reply, ReplyError]
 
 
 class ProtocolError(Exception):
@@ -127,12 +114,14 @@ class ProtocolError(Exception):
 _OWN = {abi.INIT: "_init", abi.DESTROY: "_destroy", abi.INTERRUPT: "_interrupt"}
 
 
-def wanted_capabilities(readdirplus: bool) -> int:
+def wanted_capabilities(readdirplus: bool, uring: bool = False) -> int:
     """What we ask for at INIT (the module doc and docs/design.md say why each)."""
     want = (abi.ASYNC_READ | abi.BIG_WRITES | abi.AUTO_INVAL_DATA | abi.PARALLEL_DIROPS
             | abi.MAX_PAGES | abi.CACHE_SYMLINKS | abi.INIT_EXT)
     if readdirplus:
         want |= abi.DO_READDIRPLUS | abi.READDIRPLUS_AUTO
+    if uring:
+        want |= abi.OVER_IO_URING
     return want
 
 
@@ -151,7 +140,8 @@ class Session:
     def __init__(self, fd: int, ops: Operations, *, max_write: int = 1 << 20, max_readahead: int = 1 << 20,
                  readdirplus: bool = True, interruptible: bool = False, debug: bool = False,
                  notifier: Notifier | None = None, request_times: RequestTimes | None = None,
-                 after_reply: AfterReply | None = None, polls: Callable[[], bool] = lambda: True) -> None:
+                 after_reply: AfterReply | None = None, polls: Callable[[], bool] = lambda: True,
+                 uring: bool = False) -> None:
         self.fd = fd
         self.ops = ops
         self.max_write = max_write
@@ -161,6 +151,9 @@ class Session:
         #: lookups and directory reads run in a cancel scope an INTERRUPT can cancel.
         self.interruptible = interruptible
         self.debug = debug
+        #: Whether to ask for FUSE over io_uring at INIT (served by ``transport.UringTransport`` when agreed).
+        self.uring = uring
+        self.transport: UringTransport | None = None
         self.spin = SPIN_SECONDS
         #: Whether to poll for the next request now (``SPIN_SECONDS``) rather than sleep at once: the daemon
         #: says no while it streams a prefetch on the same cores (``Tier.streaming``), where a core
@@ -173,6 +166,8 @@ class Session:
         self.capabilities = 0
         self.proto_minor = 0
         self.initialized = trio.Event()
+        #: ``initialized`` as a plain flag, for the request loop.
+        self._ready = False
         self._bufsize = max(abi.MIN_READ_BUFFER, max_write + 4096)
         self._stopping = False
         #: Handlers suspended in tasks of their own.
@@ -184,11 +179,20 @@ class Session:
         self.error: ProtocolError | None = None
         #: Requests and the daemon's time on them, by opcode name (``stats`` shows them).
         self.request_times: RequestTimes = request_times if request_times is not None else RequestTimes()
+        self.request_times.transport = self.describe_transport
         #: Head starts the filesystem's handlers leave, run after each reply (the filesystem's, when it has one).
         self.after_reply = after_reply if after_reply is not None else AfterReply()
         #: The handler of each opcode; anything else is answered ENOSYS.
         self._handlers: dict[int, Handler] = {
             **Requests(ops).handlers(), **{opcode: getattr(self, name) for opcode, name in _OWN.items()}}
+
+    def describe_transport(self) -> str:
+        """Which transport serves the mount, in a few words (``mithrilfs status``)."""
+        if self.transport is not None:
+            return self.transport.describe()
+        if self.uring and self._ready:
+            return "/dev/fuse read/write (io_uring asked for; the kernel does not offer it: enable_uring is N?)"
+        return "/dev/fuse read/write"
 
     @property
     def parameters(self) -> SessionParameters:
@@ -205,6 +209,7 @@ class Session:
         self.proto_minor, self.capabilities, self.max_write = params.proto_minor, params.capabilities, params.max_write
         self._bufsize = max(abi.MIN_READ_BUFFER, self.max_write + 4096)
         await self.ops.init()
+        self._ready = True
         self.initialized.set()
         if self.proto_minor >= RESEND_MINOR:
             try:
@@ -231,6 +236,8 @@ class Session:
             return
         self._stopping = True
         self.notifier.shut()
+        if self.transport is not None:
+            self.transport.stop()
         try:
             trio.lowlevel.notify_closing(self.fd)  # wakes the reader out of its wait
         except RuntimeError:
@@ -245,159 +252,232 @@ class Session:
         buf = bytearray(self._bufsize)
         view = memoryview(buf)
         streak = 0
+        read = self._read_waiting
+        dispatch = self._dispatch
+        reply, reply_error = self._reply, self._reply_error
         while True:
-            n = await self._next_request(buf)
-            if n is None:
-                return
-            coro = self._handle(buf, view, n)
-            try:
-                step = coro.send(None)
-            except StopIteration:
+            n = read(buf)
+            if n <= 0:
+                waited = await self._next_request(buf, n)
+                if waited is None:
+                    return
+                n = waited
+            suspended = dispatch(buf, view, n, reply, reply_error)
+            if suspended is None:
                 streak += 1
                 if streak >= _YIELD_EVERY:
                     streak = 0
                     await trio.lowlevel.checkpoint()
                 continue
-            except BaseException:
-                coro.close()
-                raise
             # the handler waits on something: finish it here and let a new reader go on
             assert self._nursery is not None
             if self._suspended < MAX_WORKERS:
                 self._suspended += 1
                 self._nursery.start_soon(self._reader)
                 try:
-                    await _resume(coro, step)
+                    await self._finish(*suspended)
                 finally:
                     self._suspended -= 1
                 return
-            await _resume(coro, step)  # too many suspended: finish this one before reading more
+            await self._finish(*suspended)  # too many suspended: finish this one before reading more
 
-    async def _next_request(self, buf: bytearray) -> int | None:
-        """Read one request into *buf*; None once the session is over."""
-        if self.polls():
+    def _read_waiting(self, buf: bytearray) -> int:
+        """Read a request already waiting into *buf*: its length, or 0 when none waits (-1: try again at once).
+
+        Work left for after a reply that a request overtook runs first; an
+        error other than "nothing waiting" is left to ``_next_request``.
+        """
+        after = self.after_reply
+        if after.overdue and not self._stopping:
+            self._run_after_reply(everything=True)
+        if self._stopping:
+            return -1
+        try:
+            n = os.readv(self.fd, [buf])
+        except BlockingIOError:
+            return 0
+        except OSError:
+            return -1
+        if n == 0:
+            return -1
+        after.overtaken()
+        return n
+
+    async def _next_request(self, buf: bytearray, last: int) -> int | None:
+        """Wait for the next request and read it into *buf*; None once the session is over.
+
+        *last* is what ``_read_waiting`` found: 0 (nothing waiting, so poll
+        a moment when ``polls`` says so, then sleep in epoll) or -1 (read
+        again: an error or the end of the session shows there).
+        """
+        if last == 0 and self.polls():
             spin_until = time.perf_counter() + self.spin
             self.polled += 1
         else:
             spin_until = 0.0
-        if self.after_reply.overdue and not self._stopping:
-            self._run_after_reply(everything=True)
+        nothing_waiting = last == 0
         while not self._stopping:
-            try:
-                n = os.readv(self.fd, [buf])
-                if n == 0:  # end of file: the other side is gone (never happens on /dev/fuse)
-                    self.stop()
-                    return None
-                self.after_reply.overtaken()
-                return n
-            except BlockingIOError:
-                if self.after_reply.pending:  # nothing to answer: time for a head start
-                    self._run_after_reply(everything=False)
-                    continue
-                if time.perf_counter() < spin_until:
-                    continue
-            except OSError as e:
-                if e.errno in (errno.ENOENT, errno.EINTR):
-                    continue  # the request was interrupted before we read it
-                if e.errno == errno.ENODEV:
-                    log.debug("the kernel ended the session (unmounted)")
-                    self.stop()
-                    return None
-                raise
+            if not nothing_waiting:
+                try:
+                    n = os.readv(self.fd, [buf])
+                    if n == 0:  # end of file: the other side is gone (never happens on /dev/fuse)
+                        self.stop()
+                        return None
+                    self.after_reply.overtaken()
+                    return n
+                except BlockingIOError:
+                    pass
+                except OSError as e:
+                    if e.errno in (errno.ENOENT, errno.EINTR):
+                        continue  # the request was interrupted before we read it
+                    if e.errno == errno.ENODEV:
+                        log.debug("the kernel ended the session (unmounted)")
+                        self.stop()
+                        return None
+                    raise
+            nothing_waiting = False
+            if self.after_reply.pending:  # nothing to answer: time for a head start
+                self._run_after_reply(everything=False)
+                continue
+            if time.perf_counter() < spin_until:
+                continue
             try:
                 await trio.lowlevel.wait_readable(self.fd)
             except trio.ClosedResourceError:
                 return None  # stop()
         return None
 
+    def _idle_work(self) -> bool:
+        """Run the oldest job left for after a reply, when one is queued; whether one ran."""
+        if not self.after_reply.pending or self._stopping:
+            return False
+        self._run_after_reply(everything=False)
+        return True
+
     def _run_after_reply(self, *, everything: bool) -> None:
         begun = time.perf_counter_ns()
         self.after_reply.run(everything=everything)
         self.request_times.record(AFTER_REPLY, time.perf_counter_ns() - begun)
 
-    async def _handle(self, buf: bytearray, view: memoryview, n: int) -> None:
+    def _dispatch(self, buf: bytearray, view: memoryview, n: int, reply: Reply, reply_error: ReplyError,
+                  ) -> _Suspended | None:
+        """Decode the request in *buf* and run its handler's first step; answer it unless the handler suspends.
+
+        *reply* and *reply_error* send the answer: a write to /dev/fuse, or
+        a commit of the io_uring entry that brought the request.
+
+        Returns what ``_finish`` needs to go on with a handler that
+        suspended, or None once the request is answered (or needs no answer).
+        """
         start = time.perf_counter_ns()
         if n < _HDR:
             log.error("short request from the kernel (%d bytes): ignored", n)
-            return
-        length, opcode, unique, nodeid, uid, gid, pid, extlen, _ = abi.IN_HEADER.unpack_from(buf)
+            return None
+        length, opcode, unique, nodeid, uid, gid, pid, extlen, _ = _unpack_header(buf)
+        handler = self._handlers.get(opcode)
+        end = (length if length < n else n) - 8 * extlen
+        if (handler is None or end < _HDR or end - _HDR < _MIN_BODY.get(opcode, 0)
+                or not self._ready and opcode != abi.INIT):
+            self._refuse(opcode, unique, handler, end, reply_error)
+            self.request_times.record(opcode, time.perf_counter_ns() - start)
+            return None
+        if self.debug:
+            log.debug("request %d: %s node %d (%d bytes)", unique, OPCODE_LABELS.get(opcode, opcode), nodeid, length)
+        ctx = RequestContext(uid, gid, pid)
+        if unique & UNIQUE_RESEND:
+            ctx.resent = True
+        coro: Any = handler(nodeid, ctx, buf, view, _HDR, end)
+        if self.interruptible and opcode in _INTERRUPTIBLE:
+            coro = self._cancellable(unique, coro)
         try:
-            end = min(length, n) - 8 * extlen
-            if end < _HDR:
-                self._reply_error(unique, errno.EIO)
-                return
-            if self.debug:
-                log.debug("request %d: %s node %d (%d bytes)", unique, abi.OPCODE_NAMES.get(opcode, opcode), nodeid,
-                          length)
-            handler = self._handlers.get(opcode)
-            if handler is None:
-                self._reply_error(unique, errno.ENOSYS)
-                return
-            if end - _HDR < abi.MIN_BODY.get(opcode, 0):
-                # handlers unpack fixed structs from a buffer larger than the request: never past its end
-                log.error("malformed %s request: %d bytes of body", abi.OPCODE_NAMES.get(opcode, opcode), end - _HDR)
-                if opcode not in _NO_REPLY:
-                    self._reply_error(unique, errno.EIO)
-                return
-            if not self.initialized.is_set() and opcode != abi.INIT:
-                self._reply_error(unique, errno.EIO)
-                return
-            ctx = RequestContext(uid, gid, pid)
-            if unique & UNIQUE_RESEND:
-                ctx.resent = True
-            scope = None
-            try:
-                if self.interruptible and opcode in _INTERRUPTIBLE:
-                    with trio.CancelScope() as scope:
-                        self._inflight[unique] = scope
-                        payload = await handler(nodeid, ctx, buf, view, _HDR, end)
-                    if scope.cancelled_caught:
-                        raise FUSEError(errno.EINTR)
-                else:
-                    payload = await handler(nodeid, ctx, buf, view, _HDR, end)
-            except FUSEError as e:
-                if ctx.resent and e.errno == errno.ENOENT and opcode in _GONE_WHEN_DONE:
-                    self._reply(unique, None)  # the previous daemon did it before it died
-                elif opcode not in _NO_REPLY:
-                    self._reply_error(unique, e.errno)
-                return
-            except (Malformed, ValueError, IndexError) as e:
-                log.error("malformed %s request: %s", abi.OPCODE_NAMES.get(opcode, opcode), e)
-                if opcode not in _NO_REPLY:
-                    self._reply_error(unique, errno.EIO)
-                return
-            except Exception:
-                log.exception("%s failed", abi.OPCODE_NAMES.get(opcode, opcode))
-                if opcode not in _NO_REPLY:
-                    self._reply_error(unique, errno.EIO)
-                return
-            finally:
-                if scope is not None:
-                    self._inflight.pop(unique, None)
+            step = coro.send(None)
+        except StopIteration as done:
             if opcode not in _NO_REPLY:
-                self._reply(unique, payload)
+                reply(unique, done.value)
+        except Exception as e:
+            self._failed(opcode, unique, ctx, e, reply, reply_error)
+        except BaseException:
+            coro.close()
+            raise
+        else:
+            return coro, step, opcode, unique, ctx, start, reply, reply_error
+        self.request_times.record(opcode, time.perf_counter_ns() - start)
+        return None
+
+    def _refuse(self, opcode: int, unique: int, handler: Handler | None, end: int, reply_error: ReplyError) -> None:
+        """Answer a request no handler may run: malformed or before INIT (EIO), or unknown (ENOSYS)."""
+        if end < _HDR:
+            reply_error(unique, errno.EIO)
+        elif handler is None:
+            reply_error(unique, errno.ENOSYS)
+        elif end - _HDR < _MIN_BODY.get(opcode, 0):
+            # handlers unpack fixed structs from a buffer larger than the request: never past its end
+            log.error("malformed %s request: %d bytes of body", OPCODE_LABELS.get(opcode, opcode), end - _HDR)
+            if opcode not in _NO_REPLY:
+                reply_error(unique, errno.EIO)
+        else:
+            reply_error(unique, errno.EIO)  # nothing but INIT before INIT
+
+    async def _finish(self, coro: Any, step: Any, opcode: int, unique: int, ctx: RequestContext, start: int,
+                      reply: Reply, reply_error: ReplyError) -> None:
+        """Go on with a handler that suspended in ``_dispatch``, and answer its request."""
+        try:
+            payload = await _resume(coro, step)
+        except Exception as e:
+            self._failed(opcode, unique, ctx, e, reply, reply_error)
+        else:
+            if opcode not in _NO_REPLY:
+                reply(unique, payload)
         finally:
             self.request_times.record(opcode, time.perf_counter_ns() - start)
+
+    async def _cancellable(self, unique: int, handler: Awaitable[Any]) -> Any:
+        """Run *handler* in a cancel scope an INTERRUPT for *unique* cancels (then it is answered EINTR)."""
+        try:
+            with trio.CancelScope() as scope:
+                self._inflight[unique] = scope
+                payload = await handler
+        finally:
+            self._inflight.pop(unique, None)
+        if scope.cancelled_caught:
+            raise FUSEError(errno.EINTR)
+        return payload
+
+    def _failed(self, opcode: int, unique: int, ctx: RequestContext, e: Exception, reply: Reply,
+                reply_error: ReplyError) -> None:
+        """Answer a request whose handler raised *e*: a ``FUSEError`` is its answer, anything else EIO."""
+        if isinstance(e, FUSEError):
+            if ctx.resent and e.errno == errno.ENOENT and opcode in _GONE_WHEN_DONE:
+                reply(unique, None)  # the previous daemon did it before it died
+            elif opcode not in _NO_REPLY:
+                reply_error(unique, e.errno)
+            return
+        if isinstance(e, (Malformed, ValueError, IndexError)):
+            log.error("malformed %s request: %s", OPCODE_LABELS.get(opcode, opcode), e)
+        else:
+            log.error("%s failed", OPCODE_LABELS.get(opcode, opcode), exc_info=e)
+        if opcode not in _NO_REPLY:
+            reply_error(unique, errno.EIO)
 
     # ------------------------------------------------------------------
     # replies and notifications
     # ------------------------------------------------------------------
-    def _send(self, parts: list[Any]) -> None:
-        try:
-            os.writev(self.fd, parts)
-        except OSError as e:
-            # ENOENT: the request was interrupted and is gone; ENODEV: unmounted meanwhile
-            if e.errno not in (errno.ENOENT, errno.ENODEV):
-                log.error("cannot write a reply to the kernel: %s", e)
-
     def _reply(self, unique: int, payload: bytes | memoryview | None) -> None:
-        if not payload:
-            self._send([abi.OUT_HEADER.pack(16, 0, unique)])
-        else:
-            self._send([abi.OUT_HEADER.pack(16 + len(payload), 0, unique), payload])
+        try:
+            if not payload:
+                os.write(self.fd, _pack_reply(16, 0, unique))
+            elif len(payload) < _JOIN_BELOW:
+                os.write(self.fd, _pack_reply(16 + len(payload), 0, unique) + payload)
+            else:
+                os.writev(self.fd, [_pack_reply(16 + len(payload), 0, unique), payload])
+        except OSError as e:
+            _unsent(e)
 
     def _reply_error(self, unique: int, code: int) -> None:
-        self._send([abi.OUT_HEADER.pack(16, -code, unique)])
+        try:
+            os.write(self.fd, _pack_reply(16, -code, unique))
+        except OSError as e:
+            _unsent(e)
 
     # ------------------------------------------------------------------
     # session management
@@ -416,7 +496,7 @@ class Session:
         kernel_caps = flags
         if flags & abi.INIT_EXT and end - off >= abi.INIT_IN.size:
             kernel_caps |= abi.INIT_IN.unpack_from(buf, off)[4] << 32
-        caps = wanted_capabilities(self.readdirplus) & kernel_caps
+        caps = wanted_capabilities(self.readdirplus, self.uring) & kernel_caps
         self.capabilities = caps
         self.proto_minor = min(minor, abi.KERNEL_MINOR_VERSION)
         max_pages = max(1, self.max_write // 4096)
@@ -424,10 +504,15 @@ class Session:
                  abi.KERNEL_VERSION, self.proto_minor, major, minor, self.max_write,
                  bool(caps & abi.PARALLEL_DIROPS), bool(caps & abi.DO_READDIRPLUS))
         await self.ops.init()
-        # no await from here to the reply's write in _handle: whoever waits on ``initialized`` (the
+        # no await from here to the reply's write in _dispatch: whoever waits on ``initialized`` (the
         # supervisor's line, told a successor may take over) runs only once the kernel has the reply
+        self._ready = True
         self.initialized.set()
         self.notifier.open()
+        if caps & abi.OVER_IO_URING and self._nursery is not None:
+            self.transport = UringTransport(self.fd, max(abi.MIN_READ_BUFFER, self.max_write), self._bufsize,
+                                            self._dispatch, self._finish, lambda: self._stopping, self._idle_work)
+            self._nursery.start_soon(self.transport.serve)  # runs once this reply is written
         return abi.INIT_OUT.pack(
             abi.KERNEL_VERSION, self.proto_minor, min(max_readahead, self.max_readahead), caps & 0xFFFFFFFF,
             64, 48, self.max_write, 1, max_pages, 0, caps >> 32, 0, 0)
@@ -445,6 +530,13 @@ class Session:
         if scope is not None:
             scope.cancel()
         return None
+
+
+def _unsent(e: OSError) -> None:
+    """A reply the kernel refused: ENOENT (the request was interrupted and is gone) and ENODEV (unmounted
+    meanwhile) are expected; anything else is logged."""
+    if e.errno not in (errno.ENOENT, errno.ENODEV):
+        log.error("cannot write a reply to the kernel: %s", e)
 
 
 @types.coroutine

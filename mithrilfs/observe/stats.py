@@ -44,6 +44,8 @@ class RequestLog(Protocol):
 
     def clear(self) -> None: ...
 
+    def transport(self) -> str: ...
+
 
 class NoRequests:
     """No session behind these counters (a store opened without a mount)."""
@@ -53,6 +55,9 @@ class NoRequests:
 
     def clear(self) -> None:
         pass
+
+    def transport(self) -> str:
+        return "none"
 
 
 def _zeroes() -> dict[str, int]:
@@ -151,6 +156,8 @@ class Stats:
             "latency_us": self.latency_us(),
             # every request this mount answered, by opcode, with the daemon's time on it (most first)
             "requests": self.requests.by_name(),
+            # how the kernel's requests reach the daemon: /dev/fuse read/write, or io_uring
+            "transport": self.requests.transport(),
             "by_dir": {top: dict(c, hit_rate=_hit_rate(c)) for top, c in sorted(self.by_dir.items())},
             # the same counters over every mount since the last ``stats --zero``
             "all_mounts": dict(every_totals, since=round(self.since, 3), hit_rate=_hit_rate(every_totals),

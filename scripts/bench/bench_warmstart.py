@@ -179,6 +179,7 @@ def main() -> int:
                         daemon[phase].append(requests_between(before, request_times(mp)))
                     if not args.json:
                         print(f"rep {rep} {side:5s} {phase:6s} load {run['seconds']:7.3f} s", flush=True)
+        transport = json.loads((mp / ".mithrilfs" / "stats.json").read_text()).get("transport", "/dev/fuse read/write")
         some_file = next(p for p in sorted(caches["mount"].rglob("*")) if p.is_file())
         trips = round_trip_us(some_file, caches["plain"] / some_file.relative_to(caches["mount"]))
     result = ratios(times, ("first", "second"))
@@ -191,10 +192,11 @@ def main() -> int:
         floor[phase] = {"requests": sent, "seconds": plain_s + sent * rt / 1e6,
                         "ratio": (plain_s + sent * rt / 1e6) / plain_s}
     if args.json:
-        print(json.dumps({"kernels": args.kernels, "cpuidle": cpu_wakeup_note(), **result, "daemon": per_op,
+        print(json.dumps({"kernels": args.kernels, "cpuidle": cpu_wakeup_note(), "transport": transport, **result,
+                          "daemon": per_op,
                           "round_trip_us": trips, "floor": floor}))
         return 0
-    print(f"\n{args.kernels} kernels, {args.kernels * 8} files ({cpu_wakeup_note()})")
+    print(f"\n{args.kernels} kernels, {args.kernels * 8} files ({cpu_wakeup_note()}); requests served over {transport}")
     print(f"{'load':22s} {'runs':>4s} {'plain (s)':>10s} {'mount (s)':>10s} {'mount/plain':>12s}   quartiles plain | mount")
     for phase, label in (("first", "first after remount"), ("second", "second")):
         r = result[phase]
