@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
                    default=argparse.SUPPRESS)
     m.add_argument("--allow-other", action="store_true", help="let other users see the mount")
     m.add_argument("--debug", action="store_true", help="log every FUSE request")
+    m.add_argument("--passthrough", choices=("on", "off"), default="on",
+                   help="serve reads and mmap of large committed files from the store's disk through FUSE"
+                        " passthrough (default on; needs root: off by itself on a user's mount)")
     _add_settings(m, "the store's setting ('mithrilfs config'), else ")
     m.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
                    help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
