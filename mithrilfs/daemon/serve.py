@@ -134,7 +134,8 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
                                    restarts=handover.restarts if handover is not None else Restarts(),
                                    lookups=lookups, passthrough=opts.passthrough,
                                    backing=kernel.BackingFiles(fuse.fd),
-                                   held=held_table(store.root, fresh=handover is None, read_only=store.read_only))
+                                   held=held_table(store.root, fresh=handover is None, read_only=store.read_only)
+                                   if opts.passthrough != "off" else None)
             removed = take_over(store, mounted, handover) if handover is not None else []
             metrics = None
             if opts.metrics_port is not None:

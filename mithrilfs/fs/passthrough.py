@@ -1,7 +1,9 @@
 """Which opens the kernel serves from the blob itself (FUSE passthrough), and the backing ids it holds.
 
-With passthrough on, OPEN is answered (it is ENOSYS otherwise: the
-kernel then opens files itself).  A read-only open of a committed regular
+With passthrough on (``mount --passthrough on``; off by default: answered,
+every open of any file costs a round trip and every close a RELEASE),
+OPEN is answered (it is ENOSYS otherwise: the kernel then opens files
+itself).  A read-only open of a committed regular
 file of at least ``min_size`` bytes, not staged, not being written, gets
 its blob as backing file: the kernel reads and maps the blob directly and
 no READ reaches the daemon.  Every other open is served through the page
@@ -46,6 +48,7 @@ from mithrilfs.cache.writepath import WritePath
 from mithrilfs.kernel import BackingFiles, FileInfo, FUSEError
 from mithrilfs.shared.tier import Tier
 from mithrilfs.store.namespace import Inode
+from mithrilfs.units import format_size
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +124,7 @@ class Passthrough:
     def why_off(self) -> str | None:
         """None when passthrough serves; else why not, in a few words."""
         if self.mode == "off":
-            return "off (--passthrough off)"
+            return "off (the default; --passthrough on serves large files from the disk, a round trip an open)"
         if not self.capable:
             return "off: the daemon lacks CAP_SYS_ADMIN (a user's mount)"
         if not self.agreed():
@@ -135,7 +138,7 @@ class Passthrough:
         off = self.why_off()
         if off is not None:
             return f"passthrough {off}"
-        return f"passthrough on: read-only opens of committed files of {self.min_size >> 10} KiB or more"
+        return f"passthrough on: read-only opens of committed files of {format_size(self.min_size)} or more"
 
     def answers_open(self) -> bool:
         """Whether OPEN is answered (else ENOSYS: the kernel opens every file itself); fixed from INIT on."""

@@ -187,7 +187,7 @@ class Requests:
             if not (ctx.resent and e.errno == errno.EEXIST):
                 raise
             # the previous daemon made it: the caller opens the file that is there
-            return pack_entry(await self.ops.lookup(nodeid, name, ctx)) + abi.OPEN_OUT.pack(0, abi.FOPEN_KEEP_CACHE, 0)
+            return pack_entry(await self.ops.lookup(nodeid, name, ctx)) + abi.OPEN_OUT.pack(0, 0, 0)
         return pack_entry(attr) + abi.OPEN_OUT.pack(fi.fh, fi.open_flags(), fi.backing_id)
 
     async def read(self, nodeid, ctx, buf, view, off, end) -> bytes | memoryview:

@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(os.geteuid() != 0, reason="FUSE passthrough needs CAP_SYS_ADMIN")]
 
 BIG = 2 * MIN_SIZE
+ON = ("--passthrough", "on")
 
 #: Reads the file by read() and by mmap; prints both digests.
 READER = textwrap.dedent(
@@ -78,7 +79,8 @@ def _status(m: Mount) -> str:
     return run_cli("status", str(m.mountpoint), check=True).stdout
 
 
-def test_a_large_committed_file_is_read_and_mapped_without_a_read_request(mnt: Mount):
+def test_a_large_committed_file_is_read_and_mapped_without_a_read_request(mount_factory: MountFactory):
+    mnt = mount_factory("big", *ON)
     data = os.urandom(BIG)
     write_committed(mnt.mountpoint / "big.bin", data)
     mnt.remount()  # a cold mount: the blob is verified at the open that hands it over
@@ -90,7 +92,8 @@ def test_a_large_committed_file_is_read_and_mapped_without_a_read_request(mnt: M
     assert "passthrough on" in _status(mnt)
 
 
-def test_small_files_and_files_being_written_are_served_as_before(mnt: Mount):
+def test_small_files_and_files_being_written_are_served_as_before(mount_factory: MountFactory):
+    mnt = mount_factory("small", *ON)
     small = os.urandom(4096)
     write_committed(mnt.mountpoint / "small", small)
     mnt.remount()
@@ -110,7 +113,8 @@ def test_small_files_and_files_being_written_are_served_as_before(mnt: Mount):
         assert _read_elsewhere(mnt.mountpoint / "growing") == [h, h]
 
 
-def test_a_writer_cannot_open_a_file_a_reader_holds_from_its_blob(mnt: Mount):
+def test_a_writer_cannot_open_a_file_a_reader_holds_from_its_blob(mount_factory: MountFactory):
+    mnt = mount_factory("writer", *ON)
     data = os.urandom(BIG)
     write_committed(mnt.mountpoint / "big.bin", data)
     holder = _holder(mnt.mountpoint / "big.bin")
@@ -142,7 +146,7 @@ def test_a_writer_cannot_open_a_file_a_reader_holds_from_its_blob(mnt: Mount):
 
 
 def test_a_corrupt_large_blob_is_never_handed_to_the_kernel(mount_factory: MountFactory):
-    m = mount_factory("corrupt")
+    m = mount_factory("corrupt", *ON)
     data = os.urandom(BIG)
     write_committed(m.mountpoint / "victim.bin", data)
     m.umount()
@@ -163,7 +167,7 @@ def test_a_corrupt_large_blob_is_never_handed_to_the_kernel(mount_factory: Mount
 
 
 def test_a_mapped_file_stays_readable_after_its_name_and_blob_go(mount_factory: MountFactory):
-    m = mount_factory("gone", "--min-age", "0")
+    m = mount_factory("gone", "--min-age", "0", *ON)
     data = os.urandom(BIG)
     write_committed(m.mountpoint / "big.bin", data)
     m.remount()
@@ -181,7 +185,7 @@ def test_a_mapped_file_stays_readable_after_its_name_and_blob_go(mount_factory: 
 
 
 def test_a_file_held_from_its_blob_stays_readable_when_its_blob_is_evicted(mount_factory: MountFactory):
-    m = mount_factory("evict", "--max-size", str(3 * BIG), "--min-age", "0")
+    m = mount_factory("evict", "--max-size", str(3 * BIG), "--min-age", "0", *ON)
     data = os.urandom(BIG)
     write_committed(m.mountpoint / "big.bin", data)
     holder = _holder(m.mountpoint / "big.bin")
@@ -198,8 +202,9 @@ def test_a_file_held_from_its_blob_stays_readable_when_its_blob_is_evicted(mount
         holder.wait(timeout=30)
 
 
-def test_with_passthrough_off_open_stays_in_the_kernel(mount_factory: MountFactory):
-    m = mount_factory("off", "--passthrough", "off")
+@pytest.mark.parametrize("option", [(), ("--passthrough", "off")], ids=["default", "off"])
+def test_with_passthrough_off_open_stays_in_the_kernel(mount_factory: MountFactory, option: tuple[str, ...]):
+    m = mount_factory("off", *option)
     data = os.urandom(BIG)
     write_committed(m.mountpoint / "big.bin", data)
     m.remount()
@@ -210,10 +215,11 @@ def test_with_passthrough_off_open_stays_in_the_kernel(mount_factory: MountFacto
     assert requests.get("OPEN", {}).get("count", 0) <= 1  # answered ENOSYS once, then never sent
     assert "RELEASE" not in requests
     assert m.stats()["reads"] > 0
-    assert "passthrough off (--passthrough off)" in _status(m)
+    assert "passthrough off (the default;" in _status(m)
 
 
-def test_a_successor_serves_files_a_predecessor_handed_to_the_kernel(mnt: Mount):
+def test_a_successor_serves_files_a_predecessor_handed_to_the_kernel(mount_factory: MountFactory):
+    mnt = mount_factory("successor", *ON)
     data = os.urandom(BIG)
     write_committed(mnt.mountpoint / "big.bin", data)
     holder = _holder(mnt.mountpoint / "big.bin")
