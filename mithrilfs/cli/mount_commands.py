@@ -95,6 +95,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         foreground=args.foreground,
         allow_other=args.allow_other,
         debug=args.debug,
+        passthrough=args.passthrough,
         nonempty=args.nonempty,
         fixed_settings=frozenset(given),
         on_crash=args.on_crash,
@@ -290,6 +291,14 @@ def _restarts_line(snap: dict[str, Any]) -> str:
     return f", restarted {snap['restarts']} times (last: {snap['last_restart_cause']}, {at})"
 
 
+def _passthrough_line(mp: Path) -> str:
+    """What the daemon says of FUSE passthrough (empty from a daemon that does not say)."""
+    try:
+        return control_file(mp, "passthrough").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     mp = args.mountpoint.expanduser().absolute()
     state = probe_mount(mp, timeout=1.0)
@@ -311,6 +320,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         outside = leaks.since_mount(Path(snap["store"]), dict(os.environ)) if "store" in snap else []
         print(json.dumps({"mountpoint": str(mp), "state": state, "ready": status == 0,
                           **{k: snap[k] for k in keys if k in snap}, "prefetch": prefetch or None,
+                          "passthrough": _passthrough_line(mp) if state == "live" else None,
                           "ended": gone, "outside_since_mount": [leaks.as_json(x) for x in outside]},
                          sort_keys=True))
         return status
@@ -323,6 +333,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(f"  requests served over {snap.get('transport', '/dev/fuse read/write')}")
         for line in format_levels(snap):
             print(line)
+        passthrough = _passthrough_line(mp)
+        if passthrough:
+            print(f"  {passthrough}")
         for leak in leaks.since_mount(Path(snap["store"]), dict(os.environ)):
             print(f"  since the mount: {leaks.describe(leak)}")
         if snap.get("supervisor") == "gone":

@@ -150,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
                    default=argparse.SUPPRESS)
     m.add_argument("--allow-other", action="store_true", help="let other users see the mount")
     m.add_argument("--debug", action="store_true", help="log every FUSE request")
+    m.add_argument("--passthrough", choices=("on", "off"), default="off",
+                   help="on: the kernel reads and maps committed files of 1 MiB or more straight from the"
+                        " store's disk (FUSE passthrough; needs root), at the price of a round trip at every"
+                        " open of any file; for mounts of large files (weights, big libraries). Default off")
     _add_settings(m, "the store's setting ('mithrilfs config'), else ")
     m.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
                    help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")

@@ -53,6 +53,8 @@ class MountOptions:
     on_crash: str = "takeover"
     #: The process the mount is for (``run``): when it is gone, the supervisor takes the mount down.
     owner: Owner | None = None
+    #: FUSE passthrough for large committed files (``fs.passthrough.MODES``: "on" or "off").
+    passthrough: str = "off"
 
     def remote_spec(self) -> RemoteSpec:
         """The shared store these options name (``remote`` must be set)."""

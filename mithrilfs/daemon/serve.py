@@ -45,6 +45,7 @@ from mithrilfs.daemon.options import MountOptions
 from mithrilfs.daemon.process import raise_fd_limit
 from mithrilfs.daemon.repair import repair_at_startup, take_over
 from mithrilfs.daemon.wiring import TierOptions
+from mithrilfs.fs.passthrough import held_table
 from mithrilfs.jitcaches import catalog
 from mithrilfs.observe.metrics import MetricsServer
 from mithrilfs.shared.stores.connect import open_remote
@@ -131,7 +132,10 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
             mounted = wiring.build(store, opts.policy, notifier, tier_options, after_crash=after_crash,
                                    fixed_settings=opts.fixed_settings, supervisor=supervisor,
                                    restarts=handover.restarts if handover is not None else Restarts(),
-                                   lookups=lookups)
+                                   lookups=lookups, passthrough=opts.passthrough,
+                                   backing=kernel.BackingFiles(fuse.fd),
+                                   held=held_table(store.root, fresh=handover is None, read_only=store.read_only)
+                                   if opts.passthrough != "off" else None)
             removed = take_over(store, mounted, handover) if handover is not None else []
             metrics = None
             if opts.metrics_port is not None:
@@ -156,7 +160,11 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
         session = kernel.Session(fuse.fd, mounted.ops, interruptible=mounted.tier.slow, debug=opts.debug,
                                  notifier=notifier, request_times=mounted.request_times,
                                  after_reply=mounted.after_reply, polls=lambda: not mounted.tier.streaming,
-                                 uring=os.environ.get(kernel.URING_VARIABLE) == "1")
+                                 uring=os.environ.get(kernel.URING_VARIABLE) == "1",
+                                 passthrough=mounted.passthrough.asks)
+        # what INIT agreed (a successor: what its predecessor's INIT agreed, ``Session.adopt``)
+        mounted.passthrough.agreed = lambda: bool(session.capabilities & kernel.PASSTHROUGH)
+        mounted.control.add(b"passthrough", lambda: (mounted.passthrough.describe() + "\n").encode())
         if not store.read_only:  # named in the error a second mount of this store gets
             (store.root / HOLDER_FILE).write_text(json.dumps({
                 "pid": os.getpid(), "mountpoint": str(opts.mountpoint),

@@ -30,7 +30,8 @@ from mithrilfs.control.node import ControlNode
 from mithrilfs.daemon.channel import NoSupervisor, Restarts, Supervisor
 from mithrilfs.daemon.duties import Duties
 from mithrilfs.fs import Operations, Parts
-from mithrilfs.kernel import AfterReply, RequestTimes
+from mithrilfs.fs.passthrough import Passthrough
+from mithrilfs.kernel import AfterReply, BackingFiles, RequestTimes
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import KeptCounters
 from mithrilfs.observe.tops import TopDirs
@@ -70,13 +71,21 @@ class Mounted:
     request_times: RequestTimes
     #: What the handlers leave for the session to run after their reply.
     after_reply: AfterReply
+    #: Which opens the kernel serves from the blob (the session asks it whether INIT asks for it).
+    passthrough: Passthrough
 
 
 def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_options: TierOptions | None = None, *,
           after_crash: bool = False, fixed_settings: frozenset[str] = frozenset(),
           supervisor: Supervisor | None = None, restarts: Restarts | None = None,
-          lookups: LookupCounts | None = None) -> Mounted:
-    """The filesystem of *store*, with every collaborator it needs (see the module doc)."""
+          lookups: LookupCounts | None = None, passthrough: str = "off",
+          backing: BackingFiles | None = None, held: LookupCounts | None = None) -> Mounted:
+    """The filesystem of *store*, with every collaborator it needs (see the module doc).
+
+    *passthrough* is a ``fs.passthrough.MODES`` mode; *backing* registers backing files on the mount's
+    connection (none: no passthrough); *held* is the connection's table of backing ids
+    (``fs.passthrough.held_table``).
+    """
     tier_options = tier_options or TierOptions()
     ns, blobs = store.ns, store.blobs
     limiter = trio.CapacityLimiter(OFFLOAD_THREADS)
@@ -105,6 +114,7 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     commit_listeners += [tier, budget, recompiles]
     integrity = Integrity(store, lifetimes, budget, tier, stats, events, tops, limiter, ReadAhead(blobs, stats))
     after_reply = AfterReply()
+    passthrough_choice = Passthrough(passthrough, backing, integrity, writes, lifetimes, tier, held)
     control = ControlFiles()
     duties = Duties(store, budget, writes, lifetimes, recency, tier, kept, events, restarts or Restarts(),
                     recompiles, supervisor)
@@ -113,6 +123,6 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     ops = Operations(Parts(store=store, writes=writes, lifetimes=lifetimes, recency=recency, budget=budget,
                            integrity=integrity, tier=tier, control=ControlNode(control), stats=stats, events=events,
                            tops=tops, names=Names(ns, writes, lifetimes, tops, tier), recompiles=recompiles,
-                           after_reply=after_reply))
+                           after_reply=after_reply, passthrough=passthrough_choice))
     return Mounted(ops=ops, duties=duties, tier=tier, events=events, control=control, request_times=request_times,
-                   after_reply=after_reply)
+                   after_reply=after_reply, passthrough=passthrough_choice)

@@ -7,9 +7,11 @@ records what happened in ``stats``.  Everything runs on one trio event
 loop, so namespace access needs no locks; the code re-checks what it relies
 on after every ``await``.
 
-The kernel opens and closes files itself: OPEN and FLUSH are answered
-ENOSYS (the base class's answer), so a cached open, read and close never
-reaches the daemon, and READ, WRITE and SETATTR carry the inode.  Commit
+Without passthrough the kernel opens and closes files itself: OPEN and
+FLUSH are answered ENOSYS, so a cached open, read and close never reaches
+the daemon, and READ, WRITE and SETATTR carry the inode.  With it
+(``passthrough``), OPEN and RELEASE are answered, and a large committed
+file's read-only open gets its blob as backing file.  Commit
 points (``writepath``): a rename of a written file, fsync, link, chmod,
 FORGET, a clean unmount and the idle timer.  Content stays while the kernel
 holds the inode (an open file, an mmapped ``.so``) and goes at FORGET.
@@ -42,6 +44,7 @@ from mithrilfs.cache.staged import ContentDropped, Staged
 from mithrilfs.cache.writepath import WritePath
 from mithrilfs.control.node import ControlNode
 from mithrilfs.fs.attributes import Attributes
+from mithrilfs.fs.passthrough import Passthrough
 from mithrilfs.fs.policy import data_request, request, timed
 from mithrilfs.kernel import DirBuffer, EntryAttributes, FileInfo, FUSEError, SetattrFields, StatvfsData
 from mithrilfs.observe.events import EventLog
@@ -77,6 +80,8 @@ class Parts:
     recompiles: Recompiles
     #: Head starts for the next request, run once a reply is written (``lookup``).
     after_reply: kernel.AfterReply
+    #: Which opens get their blob as backing file (``open``).
+    passthrough: Passthrough
 
 
 class Operations(kernel.Operations):
@@ -100,6 +105,7 @@ class Operations(kernel.Operations):
         self.names = parts.names
         self.recompiles = parts.recompiles
         self.after_reply = parts.after_reply
+        self.passthrough = parts.passthrough
         #: An inode by number, ENOENT when gone (``Names.inode``); bound once: every request asks.
         self._inode = parts.names.inode
         #: An inode's attributes for an answer (``attributes.Attributes.of``); bound once, as ``_inode``.
@@ -212,6 +218,8 @@ class Operations(kernel.Operations):
                 raise FUSEError(errno.EISDIR)
             if not ino.is_reg:
                 raise FUSEError(errno.EINVAL)
+            if self.passthrough.holds(inode):
+                raise FUSEError(errno.ETXTBSY)  # a reader maps its blob (``passthrough``)
             # not a commit point: O_TRUNC arrives here too (with no file handle, like
             # truncate(2)), and its writer is only starting
             await self.writes.truncate(self._staged(inode), attr.st_size)
@@ -331,8 +339,22 @@ class Operations(kernel.Operations):
     ) -> tuple[FileInfo, EntryAttributes]:
         ino = self._new_entry(parent_inode, name, stat.S_IFREG | stat.S_IMODE(mode), ctx)
         self.tops.remember(ino.id, self.tops.of_child(parent_inode, False, name))
+        if self.passthrough.answers_open():  # a RELEASE comes: the inode is open through the page cache
+            return self.passthrough.opened_cached(ino.id), self._attr(ino)
         # no handle: the kernel opens files itself (OPEN is answered ENOSYS) and sends no RELEASE
         return FileInfo(fh=0, keep_cache=True), self._attr(ino)
+
+    @request
+    async def open(self, inode: int, flags: int, ctx: Any) -> FileInfo:
+        if self.control.owns(inode):
+            if not self.passthrough.answers_open():
+                raise FUSEError(errno.ENOSYS)
+            return FileInfo(fh=0, keep_cache=True)  # as the kernel's own open: never counted, never handed
+        return await self.passthrough.open(self._inode(inode), flags)
+
+    async def release(self, inode: int, fh: int) -> None:
+        if not self.control.owns(inode):
+            self.passthrough.release(inode, fh)
 
     @timed("read")
     @data_request  # a first read of content in the shared tier writes it into the store

@@ -6,6 +6,7 @@ Nothing here knows about the store: it is the layer go-fuse and fuser call
 the raw bridge.
 """
 
+from .abi import PASSTHROUGH
 from .after_reply import AfterReply
 from .api import (
                   RENAME_EXCHANGE,
@@ -19,6 +20,7 @@ from .api import (
                   SetattrFields,
                   StatvfsData,
 )
+from .backing import BackingFiles
 from .mount import FuseMount, MountError, mount
 from .notify import Notifier
 from .request_times import RequestTimes
@@ -29,3 +31,4 @@ __all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "AfterReply", "DirBuffer", "En
            "FuseMount", "MountError", "Notifier", "Operations", "ProtocolError", "RequestContext", "RequestTimes", "Session", "SessionParameters", "SetattrFields",
            "StatvfsData", "mount",
            "URING_VARIABLE"]
+__all__ += ["BackingFiles", "PASSTHROUGH"]

@@ -102,6 +102,8 @@ FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_NONSEEKABLE = 1 << 2
 FOPEN_CACHE_DIR = 1 << 3
 FOPEN_NOFLUSH = 1 << 5
+#: Reads and mmap of this open go to the backing file the reply's ``backing_id`` names (needs ``PASSTHROUGH``).
+FOPEN_PASSTHROUGH = 1 << 7
 
 # -- setattr valid bits ------------------------------------------------
 FATTR_MODE = 1 << 0
@@ -140,6 +142,7 @@ OPEN_OUT = struct.Struct("<QIi")  # fh open_flags backing_id
 WRITE_OUT = struct.Struct("<II")
 STATFS_OUT = struct.Struct("<QQQQQIIII24x")  # blocks bfree bavail files ffree bsize namelen frsize padding spare
 INIT_IN = struct.Struct("<IIIII")  # major minor max_readahead flags flags2 (flags2 only with INIT_EXT)
+#: ... max_pages map_alignment flags2 max_stack_depth request_timeout unused[11]
 INIT_OUT = struct.Struct("<IIIIHHIIHHIIH22x")
 FORGET_IN = struct.Struct("<Q")
 BATCH_FORGET_IN = struct.Struct("<II")
@@ -163,6 +166,13 @@ DIRENT = struct.Struct("<QQII")  # ino off namelen type, then the name, padded t
 NOTIFY_INVAL_ENTRY_OUT = struct.Struct("<QII")  # parent namelen flags
 NOTIFY_INVAL_INODE_OUT = struct.Struct("<Qqq")  # ino off len
 NOTIFY_DELETE_OUT = struct.Struct("<QQII")  # parent child namelen padding
+BACKING_MAP = struct.Struct("<iIQ")  # fd flags padding (fuse_backing_map)
+
+# -- /dev/fuse ioctls (_IOW(229, nr, size)) ------------------------------
+#: Register an open file as a backing file; returns its backing id (> 0).
+DEV_IOC_BACKING_OPEN = (1 << 30) | (BACKING_MAP.size << 16) | (229 << 8) | 1
+#: Drop a backing id (opens that use it keep their file).
+DEV_IOC_BACKING_CLOSE = (1 << 30) | (4 << 16) | (229 << 8) | 2
 
 assert ENTRY_OUT.size == 128 and ATTR_OUT.size == 104 and STATFS_OUT.size == 80 and INIT_OUT.size == 64
 assert SETATTR_IN.size == 88 and READ_IN.size == 40 and WRITE_IN.size == 40 and IN_HEADER.size == 40

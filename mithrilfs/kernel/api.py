@@ -98,16 +98,19 @@ class FileInfo:
     keep_cache: keep the page cache from earlier opens (content unchanged).
     noflush: the kernel sends no FLUSH at close (nothing to commit: read-only opens).
     direct_io: bypass the page cache (virtual files whose size is not known up front).
+    backing_id: not 0: the kernel serves reads and mmap from this backing file (``kernel.BackingFiles``).
     """
 
     fh: int
     keep_cache: bool = False
     noflush: bool = False
     direct_io: bool = False
+    backing_id: int = 0
 
     def open_flags(self) -> int:
         return ((abi.FOPEN_KEEP_CACHE if self.keep_cache else 0) | (abi.FOPEN_NOFLUSH if self.noflush else 0)
-                | (abi.FOPEN_DIRECT_IO if self.direct_io else 0))
+                | (abi.FOPEN_DIRECT_IO if self.direct_io else 0)
+                | (abi.FOPEN_PASSTHROUGH if self.backing_id else 0))
 
 
 @dataclass(slots=True)

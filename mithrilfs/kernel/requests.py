@@ -175,7 +175,7 @@ class Requests:
     async def open(self, nodeid, ctx, buf, view, off, end) -> bytes:
         flags, _ = abi.OPEN_IN.unpack_from(buf, off)
         fi = await self.ops.open(nodeid, flags, ctx)
-        return abi.OPEN_OUT.pack(fi.fh, fi.open_flags(), 0)
+        return abi.OPEN_OUT.pack(fi.fh, fi.open_flags(), fi.backing_id)
 
     async def create(self, nodeid, ctx, buf, view, off, end) -> bytes:
         flags, mode, umask, _ = abi.CREATE_IN.unpack_from(buf, off)
@@ -188,7 +188,7 @@ class Requests:
                 raise
             # the previous daemon made it: the caller opens the file that is there
             return pack_entry(await self.ops.lookup(nodeid, name, ctx)) + abi.OPEN_OUT.pack(0, 0, 0)
-        return pack_entry(attr) + abi.OPEN_OUT.pack(fi.fh, fi.open_flags(), 0)
+        return pack_entry(attr) + abi.OPEN_OUT.pack(fi.fh, fi.open_flags(), fi.backing_id)
 
     async def read(self, nodeid, ctx, buf, view, off, end) -> bytes | memoryview:
         fh, offset, size, *_ = abi.READ_IN.unpack_from(buf, off)

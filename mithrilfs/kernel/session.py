@@ -104,6 +104,8 @@ ReplyError = Callable[[int, int], None]
 #: A request whose handler suspended in ``Session._dispatch``: its coroutine, the step it yielded, its
 #: opcode, unique id, caller, the clock at its start and how to answer it (what ``Session._finish`` goes on with).
 _Suspended = tuple[Any, Any, int, int, RequestContext, int, Reply, ReplyError]
+#: INIT's ``max_stack_depth`` with passthrough: backing files on a plain local filesystem (the store's).
+_STACK_DEPTH = 1
 
 
 class ProtocolError(Exception):
@@ -114,7 +116,7 @@ class ProtocolError(Exception):
 _OWN = {abi.INIT: "_init", abi.DESTROY: "_destroy", abi.INTERRUPT: "_interrupt"}
 
 
-def wanted_capabilities(readdirplus: bool, uring: bool = False) -> int:
+def wanted_capabilities(readdirplus: bool, uring: bool = False, passthrough: bool = False) -> int:
     """What we ask for at INIT (the module doc and docs/design.md say why each)."""
     want = (abi.ASYNC_READ | abi.BIG_WRITES | abi.AUTO_INVAL_DATA | abi.PARALLEL_DIROPS
             | abi.MAX_PAGES | abi.CACHE_SYMLINKS | abi.INIT_EXT)
@@ -122,6 +124,8 @@ def wanted_capabilities(readdirplus: bool, uring: bool = False) -> int:
         want |= abi.DO_READDIRPLUS | abi.READDIRPLUS_AUTO
     if uring:
         want |= abi.OVER_IO_URING
+    if passthrough:
+        want |= abi.PASSTHROUGH
     return want
 
 
@@ -138,7 +142,8 @@ class Session:
     """Serve *ops* on the FUSE device *fd* (already mounted) until the mount goes away."""
 
     def __init__(self, fd: int, ops: Operations, *, max_write: int = 1 << 20, max_readahead: int = 1 << 20,
-                 readdirplus: bool = True, interruptible: bool = False, debug: bool = False,
+                 readdirplus: bool = True, passthrough: bool = False, interruptible: bool = False,
+                 debug: bool = False,
                  notifier: Notifier | None = None, request_times: RequestTimes | None = None,
                  after_reply: AfterReply | None = None, polls: Callable[[], bool] = lambda: True,
                  uring: bool = False) -> None:
@@ -147,6 +152,8 @@ class Session:
         self.max_write = max_write
         self.max_readahead = max_readahead
         self.readdirplus = readdirplus
+        #: Whether INIT asks for FUSE passthrough (backing files: ``kernel.BackingFiles``).
+        self.passthrough = passthrough
         #: Whether handlers can wait on something slow (the shared tier): then
         #: lookups and directory reads run in a cancel scope an INTERRUPT can cancel.
         self.interruptible = interruptible
@@ -496,7 +503,7 @@ class Session:
         kernel_caps = flags
         if flags & abi.INIT_EXT and end - off >= abi.INIT_IN.size:
             kernel_caps |= abi.INIT_IN.unpack_from(buf, off)[4] << 32
-        caps = wanted_capabilities(self.readdirplus, self.uring) & kernel_caps
+        caps = wanted_capabilities(self.readdirplus, self.uring, self.passthrough) & kernel_caps
         self.capabilities = caps
         self.proto_minor = min(minor, abi.KERNEL_MINOR_VERSION)
         max_pages = max(1, self.max_write // 4096)
@@ -515,7 +522,7 @@ class Session:
             self._nursery.start_soon(self.transport.serve)  # runs once this reply is written
         return abi.INIT_OUT.pack(
             abi.KERNEL_VERSION, self.proto_minor, min(max_readahead, self.max_readahead), caps & 0xFFFFFFFF,
-            64, 48, self.max_write, 1, max_pages, 0, caps >> 32, 0, 0)
+            64, 48, self.max_write, 1, max_pages, 0, caps >> 32, _STACK_DEPTH if caps & abi.PASSTHROUGH else 0, 0)
 
     async def _destroy(self, nodeid: int, ctx: RequestContext, buf: bytearray, view: memoryview, off: int,
                        end: int) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import shutil
 import stat as stat_mod
@@ -279,6 +280,65 @@ def big_file(roots: dict[str, Path], mib: int, reps: int) -> dict:
     return res
 
 
+def _touch_pages(fd: int) -> int:
+    """Map the open file *fd* read-only and touch every page (one byte a page)."""
+    with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as m:
+        return len(m[::mmap.PAGESIZE])
+
+
+def _open_mmap(p: Path) -> int:
+    """Open *p*, map it and touch every page: what a program loading a file does."""
+    with open(p, "rb") as f:
+        return _touch_pages(f.fileno())
+
+
+def _read_whole(p: Path, buf: bytearray) -> int:
+    """Open *p* and read() all of it into *buf* (1 MiB at a time, no allocation)."""
+    view, n = memoryview(buf), 0
+    with open(p, "rb", buffering=0) as f:
+        while k := f.readinto(view[n : n + (1 << 20)]):
+            n += k
+    return n
+
+
+def committed_big(roots: dict[str, Path], mib: int, reps: int) -> dict:
+    """A committed *mib* MiB file (written, fsynced, closed) read whole with the page cache warm, mount vs
+    plain in ABBA order, milliseconds per read: ``mmap`` maps an already open file and touches every
+    page (the mapping alone), ``open_mmap`` opens it first (plus the open's and the ``fstat``'s round
+    trips on the mount), ``read`` opens it and read()s it whole."""
+    data = os.urandom(mib << 20)
+    paths = {}
+    for side, root in roots.items():
+        paths[side] = root / "committed.bin"
+        with open(paths[side], "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    buf = bytearray(mib << 20)
+    fds = {str(p): os.open(p, os.O_RDONLY) for p in paths.values()}
+    ways: dict[str, Callable[[Path], int]] = {"mmap": lambda p: _touch_pages(fds[str(p)]), "open_mmap": _open_mmap,
+                                              "read": lambda p: _read_whole(p, buf)}
+    res = {}
+    for way, fn in ways.items():
+        for p in paths.values():
+            fn(p)  # warm: the page cache (and the mount's verification of the blob)
+        runs: dict[str, list[float]] = {"plain": [], "mount": []}
+        for order in abba(max(4, reps * 4)):
+            for side in order:
+                t = time.perf_counter()
+                fn(paths[side])
+                runs[side].append((time.perf_counter() - t) * 1e3)
+        pl, mo = median(runs["plain"]), median(runs["mount"])
+        res[way] = {"plain_ms": round(pl, 2), "mount_ms": round(mo, 2), "ratio": round(pl / mo, 3),
+                    "plain_iqr": [round(q, 2) for q in quartiles(runs["plain"])],
+                    "mount_iqr": [round(q, 2) for q in quartiles(runs["mount"])]}
+    for fd in fds.values():
+        os.close(fd)
+    for p in paths.values():
+        p.unlink()
+    return res
+
+
 def million(base: Path, n: int = 1_000_000) -> dict:
     """Build an n-file store through the index, then time mount, RSS and first-touch lookups."""
     from mithrilfs.store.open import open_store
@@ -345,11 +405,13 @@ def main() -> int:
     ap.add_argument("--many", type=int, metavar="N",
                     help="only the many-files test: N files created in one directory, both ways, and find")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--mount-option", action="append", default=[], metavar="ARG",
+                    help="pass ARG to mount (e.g. --mount-option=--passthrough --mount-option=off)")
     args = ap.parse_args()
 
     results: dict = {}
     if args.many:
-        with temp_mount("--max-size", "100G") as (mp, plain):
+        with temp_mount("--max-size", "100G", *args.mount_option) as (mp, plain):
             results["many"] = many_files({"plain": plain, "mount": mp}, args.many, args.reps)
         if args.json:
             print(json.dumps(results))
@@ -362,7 +424,7 @@ def main() -> int:
             print(f"{kind:14s} plain {k['plain_s']:7.2f} s  mount {k['mount_s']:7.2f} s  {k['ratio']:6.2f}x"
                   f"  runs {k['ratio_runs']}  plain {k['plain_runs']} mount {k['mount_runs']}{cpu}")
         return 0
-    with temp_mount() as (mp, plain):
+    with temp_mount(*args.mount_option) as (mp, plain):
         store = mp.parent / "store"
         roots = {"plain": plain, "mount": mp}
         files = {side: _populate(r / "cached") for side, r in roots.items()}
@@ -376,6 +438,7 @@ def main() -> int:
         results["python_open_read_4k"] = measure_pair(
             args.reps, lambda r: bench_python_open_read_one(files["plain" if r == plain else "mount"][0]), roots)
         results["big_file"] = big_file(roots, args.big_mib, max(2, args.reps))
+        results["committed_big"] = committed_big(roots, args.big_mib, args.reps)
         results["first_touch"] = first_touch(mp, store, [os.path.relpath(p, mp) for p in files["mount"]])
     if args.million:
         results["million"] = million(Path(tempfile.gettempdir()))
@@ -391,8 +454,12 @@ def main() -> int:
         print(f"{name:24s} {r['plain_ops_s']:>10d}/s {r['mount_ops_s']:>10d}/s {r['ratio']:>11.3f}x"
               f"   {p1}-{p3} | {m1}-{m3}")
     for phase, r in results["big_file"].items():
-        print(f"{'256MiB ' + phase:24s} {r['plain_mib_s']:>8d}MiB/s {r['mount_mib_s']:>8d}MiB/s {r['ratio']:>11.3f}x"
+        print(f"{f'{args.big_mib}MiB ' + phase:24s} {r['plain_mib_s']:>8d}MiB/s {r['mount_mib_s']:>8d}MiB/s {r['ratio']:>11.3f}x"
               f"   runs: plain {r['plain_runs']} mount {r['mount_runs']}")
+    for way, r in results["committed_big"].items():
+        (p1, p3), (m1, m3) = r["plain_iqr"], r["mount_iqr"]
+        print(f"{f'{args.big_mib}MiB committed ' + way:24s} {r['plain_ms']:>9.2f} ms {r['mount_ms']:>9.2f} ms"
+              f" {r['ratio']:>11.3f}x   {p1}-{p3} | {m1}-{m3} (ms; ratio plain/mount time)")
     ft = results["first_touch"]
     print(f"first touch: lookup p50 {ft['lookup_p50_us']} us p99 {ft['lookup_p99_us']} us;"
           f" open+first read p50 {ft['open_p50_us']} us p99 {ft['open_p99_us']} us"
