@@ -478,8 +478,9 @@ def _this_workers(port: int) -> bool:
     """Whether *port* is in this pytest-xdist worker's share (all of them without xdist)."""
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     # by port // 2: Linux hands out even ports to bind(0) (odd ones go to connect), so the port's parity
-    # alone would leave a second worker no port at all
-    return (port // 2) % count == int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    # alone would leave a second worker no port at all; modulo 10,000 first, so that a Redis Cluster
+    # node's bus port (its port + 10,000) is in the same worker's share whatever the worker count
+    return (port % 10000 // 2) % count == int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
 
 
 @pytest.fixture
