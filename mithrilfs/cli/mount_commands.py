@@ -330,12 +330,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
               f"{format_size(snap['max_bytes'])}, hit rate {snap['hit_rate']:.0%} of lookups{_restarts_line(snap)}")
         from mithrilfs.observe.stats import format_levels
 
-        print(f"  requests served over {snap.get('transport', '/dev/fuse read/write')}")
+        passthrough = _passthrough_line(mp)
+        print(f"  requests served over {snap.get('transport', '/dev/fuse read/write')}"
+              f"{'; ' + passthrough if passthrough else ''}")
         for line in format_levels(snap):
             print(line)
-        passthrough = _passthrough_line(mp)
-        if passthrough:
-            print(f"  {passthrough}")
         for leak in leaks.since_mount(Path(snap["store"]), dict(os.environ)):
             print(f"  since the mount: {leaks.describe(leak)}")
         if snap.get("supervisor") == "gone":

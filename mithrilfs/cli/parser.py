@@ -244,8 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--store", type=Path, default=None, help="read an unmounted store's events instead")
     w.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    st = sub.add_parser("status", help="exit 0 when the mount is live (health probe): a line for it, then one "
-                        "per shared-tier level")
+    st = sub.add_parser("status", help="exit 0 when the mount is live (health probe): a line for it, one for how the "
+                        "kernel's requests are served (transport, passthrough), then one per shared-tier level")
     st.add_argument("mountpoint", type=Path)
     st.add_argument("--ready", action="store_true",
                     help="also exit 1 while a prefetch runs (a startup probe that holds the app back)")

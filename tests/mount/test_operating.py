@@ -135,7 +135,9 @@ def test_event_log_rotates(tmp_path):
 
 def test_status_and_env(mnt: Mount, tmp_path):
     res = run_cli("status", str(mnt.mountpoint))
-    assert res.returncode == 0 and "live" in res.stdout and len(res.stdout.strip().splitlines()) == 1
+    lines = res.stdout.strip().splitlines()
+    assert res.returncode == 0 and "live" in lines[0] and len(lines) == 2, res.stdout  # no shared tier: no level
+    assert lines[1].startswith("  requests served over /dev/fuse read/write; passthrough off"), res.stdout
     res = run_cli("env", str(mnt.mountpoint), check=True)
     assert res.stdout.splitlines()[:2] == [
         f"export TORCHINDUCTOR_CACHE_DIR={mnt.mountpoint}/inductor",
