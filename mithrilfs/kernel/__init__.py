@@ -29,6 +29,4 @@ from .transport import URING_VARIABLE
 
 __all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "AfterReply", "DirBuffer", "EntryAttributes", "FileInfo", "FUSEError",
            "FuseMount", "MountError", "Notifier", "Operations", "ProtocolError", "RequestContext", "RequestTimes", "Session", "SessionParameters", "SetattrFields",
-           "StatvfsData", "mount",
-           "URING_VARIABLE"]
-__all__ += ["BackingFiles", "PASSTHROUGH"]
+           "StatvfsData", "mount", "URING_VARIABLE", "BackingFiles", "PASSTHROUGH"]

@@ -343,8 +343,7 @@ class Session:
                         return None
                     raise
             nothing_waiting = False
-            if self.after_reply.pending:  # nothing to answer: time for a head start
-                self._run_after_reply(everything=False)
+            if self._idle_work():  # nothing to answer: time for a head start
                 continue
             if time.perf_counter() < spin_until:
                 continue

@@ -32,6 +32,8 @@ import os
 import struct
 from collections.abc import Iterator
 
+from . import abi
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
@@ -53,14 +55,14 @@ FUSE_IO_URING_CMD_COMMIT_AND_FETCH = 2
 #: struct fuse_uring_req_header: in_out[128], op_in[128], ring_ent_in_out (flags, commit_id, payload_sz, pad, rsvd).
 HEADER_SIZE = 128 + 128 + 32
 _OP_IN = 128
+#: The in-header's size (``fuse_in_header``), before the opcode's argument in both layouts.
+_IN = abi.IN_HEADER.size
 _ENT_IN_OUT = 256
 ENT_IN_OUT = struct.Struct("<QQIIQ")
 #: The module parameter that lets the kernel offer FUSE_OVER_IO_URING.
 ENABLE_PARAMETER = "/sys/module/fuse/parameters/enable_uring"
 
 _PARAMS = struct.Struct("<IIIIII I III" + "IIIIIIIIQ" + "IIIIIIIIQ")
-_IN_HEADER_LEN = struct.Struct("<I")
-_OUT_HEADER = struct.Struct("<IiQ")
 # sqe: opcode flags ioprio fd | cmd_op pad | addr | len rw_flags | user_data | buf_index personality splice_fd_in
 _SQE_HEAD = struct.Struct("<BBHiIIQIIQHHi")
 _CMD_REQ = struct.Struct("<QQH6x")
@@ -69,15 +71,6 @@ _CQE = struct.Struct("<QiI")
 
 class UringError(Exception):
     """io_uring or FUSE over io_uring is not available here (said in one line)."""
-
-
-def kernel_enables() -> bool:
-    """Whether the fuse module lets a daemon serve over io_uring now (``enable_uring`` is Y)."""
-    try:
-        with open(ENABLE_PARAMETER) as f:
-            return f.read().strip() in ("Y", "1")
-    except OSError:
-        return False
 
 
 def possible_cpus() -> int:
@@ -199,13 +192,13 @@ class Entry:
         """Lay the request this entry holds out in *buf* as /dev/fuse would; its length."""
         h = self.header
         _, _, payload_sz, _, _ = ENT_IN_OUT.unpack_from(h, _ENT_IN_OUT)
-        (length,) = _IN_HEADER_LEN.unpack_from(h, 0)
-        op_size = max(0, min(length - 40 - payload_sz, 128))
-        buf[0:40] = h[0:40]
-        buf[40:40 + op_size] = h[_OP_IN:_OP_IN + op_size]
-        end = 40 + op_size + payload_sz
-        buf[40 + op_size:end] = self.payload[:payload_sz]
-        struct.pack_into("<I", buf, 0, end)
+        length = abi.IN_HEADER.unpack_from(h, 0)[0]
+        op_size = max(0, min(length - _IN - payload_sz, 128))
+        buf[0:_IN] = h[0:_IN]
+        buf[_IN:_IN + op_size] = h[_OP_IN:_OP_IN + op_size]
+        end = _IN + op_size + payload_sz
+        buf[_IN + op_size:end] = self.payload[:payload_sz]
+        struct.pack_into("<I", buf, 0, end)  # the in-header's length: the request as laid out here
         return end
 
     def commit(self, ring: Ring, fd: int, user_data: int, unique: int, error: int, payload: bytes | memoryview | None,
@@ -214,6 +207,6 @@ class Entry:
         size = len(payload) if payload else 0
         if payload:
             self.payload[:size] = payload
-        _OUT_HEADER.pack_into(self.header, 0, 16 + size, error, unique)
+        abi.OUT_HEADER.pack_into(self.header, 0, abi.OUT_HEADER.size + size, error, unique)
         ENT_IN_OUT.pack_into(self.header, _ENT_IN_OUT, 0, 0, size, 0, 0)
         ring.put_uring_cmd(fd, FUSE_IO_URING_CMD_COMMIT_AND_FETCH, user_data, _CMD_REQ.pack(0, unique, self.qid))
