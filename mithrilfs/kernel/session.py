@@ -106,6 +106,13 @@ ReplyError = Callable[[int, int], None]
 _Suspended = tuple[Any, Any, int, int, RequestContext, int, Reply, ReplyError]
 #: INIT's ``max_stack_depth`` with passthrough: backing files on a plain local filesystem (the store's).
 _STACK_DEPTH = 1
+#: The largest WRITE asked for: one PMD-sized folio.  A file written in one go then reaches the store in
+#: 2 MiB pieces, which the backing filesystem keeps in 2 MiB folios, so a mapping of its blob (passthrough)
+#: takes one page-table entry per 2 MiB, as a plain file written the same way does.
+MAX_WRITE = 2 << 20
+#: The kernel's cap on a request's pages (``fs.fuse.max_pages_limit``, 256 before it existed; setup raises it).
+MAX_PAGES_LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
+_PAGE = 4096
 
 
 class ProtocolError(Exception):
@@ -141,7 +148,7 @@ class SessionParameters:
 class Session:
     """Serve *ops* on the FUSE device *fd* (already mounted) until the mount goes away."""
 
-    def __init__(self, fd: int, ops: Operations, *, max_write: int = 1 << 20, max_readahead: int = 1 << 20,
+    def __init__(self, fd: int, ops: Operations, *, max_write: int | None = None, max_readahead: int = 1 << 20,
                  readdirplus: bool = True, passthrough: bool = False, interruptible: bool = False,
                  debug: bool = False,
                  notifier: Notifier | None = None, request_times: RequestTimes | None = None,
@@ -149,7 +156,8 @@ class Session:
                  uring: bool = False) -> None:
         self.fd = fd
         self.ops = ops
-        self.max_write = max_write
+        #: The largest WRITE (and READ) a request carries: ``MAX_WRITE`` unless the kernel allows less.
+        self.max_write = max_write if max_write is not None else allowed_max_write()
         self.max_readahead = max_readahead
         self.readdirplus = readdirplus
         #: Whether INIT asks for FUSE passthrough (backing files: ``kernel.BackingFiles``).
@@ -175,7 +183,7 @@ class Session:
         self.initialized = trio.Event()
         #: ``initialized`` as a plain flag, for the request loop.
         self._ready = False
-        self._bufsize = max(abi.MIN_READ_BUFFER, max_write + 4096)
+        self._bufsize = max(abi.MIN_READ_BUFFER, self.max_write + _PAGE)
         self._stopping = False
         #: Handlers suspended in tasks of their own.
         self._suspended = 0
@@ -196,10 +204,15 @@ class Session:
     def describe_transport(self) -> str:
         """Which transport serves the mount, in a few words (``mithrilfs status``)."""
         if self.transport is not None:
-            return self.transport.describe()
-        if self.uring and self._ready:
-            return "/dev/fuse read/write (io_uring asked for; the kernel does not offer it: enable_uring is N?)"
-        return "/dev/fuse read/write"
+            how = self.transport.describe()
+        elif self.uring and self._ready:
+            how = "/dev/fuse read/write (io_uring asked for; the kernel does not offer it: enable_uring is N?)"
+        else:
+            how = "/dev/fuse read/write"
+        if self.max_write < MAX_WRITE:
+            how += (f", writes in {self.max_write >> 10} KiB pieces (fs.fuse.max_pages_limit"
+                    f" {max_pages_limit()}, {MAX_WRITE // _PAGE} for 2 MiB)")
+        return how
 
     @property
     def parameters(self) -> SessionParameters:
@@ -214,7 +227,7 @@ class Session:
         its resend holds would never finish.
         """
         self.proto_minor, self.capabilities, self.max_write = params.proto_minor, params.capabilities, params.max_write
-        self._bufsize = max(abi.MIN_READ_BUFFER, self.max_write + 4096)
+        self._bufsize = max(abi.MIN_READ_BUFFER, self.max_write + _PAGE)
         await self.ops.init()
         self._ready = True
         self.initialized.set()
@@ -505,7 +518,7 @@ class Session:
         caps = wanted_capabilities(self.readdirplus, self.uring, self.passthrough) & kernel_caps
         self.capabilities = caps
         self.proto_minor = min(minor, abi.KERNEL_MINOR_VERSION)
-        max_pages = max(1, self.max_write // 4096)
+        max_pages = max(1, self.max_write // _PAGE)
         log.info("FUSE %d.%d (kernel %d.%d): max_write %d, parallel dirops %s, readdirplus %s",
                  abi.KERNEL_VERSION, self.proto_minor, major, minor, self.max_write,
                  bool(caps & abi.PARALLEL_DIROPS), bool(caps & abi.DO_READDIRPLUS))
@@ -536,6 +549,20 @@ class Session:
         if scope is not None:
             scope.cancel()
         return None
+
+
+def max_pages_limit(path: str = MAX_PAGES_LIMIT) -> int:
+    """The kernel's cap on the pages of one request (256 where the setting does not exist)."""
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 256
+
+
+def allowed_max_write(wanted: int = MAX_WRITE) -> int:
+    """*wanted* (``MAX_WRITE``), or the most the kernel lets one request carry when that is less."""
+    return max(_PAGE, min(wanted, max_pages_limit() * _PAGE))
 
 
 def _unsent(e: OSError) -> None:

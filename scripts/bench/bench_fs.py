@@ -21,6 +21,7 @@ daemon RSS and first-touch lookup latency on it.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import mmap
 import os
@@ -286,6 +287,42 @@ def _touch_pages(fd: int) -> int:
         return len(m[::mmap.PAGESIZE])
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+
+def _touch_pages_no_fstat(fd: int, size: int, pmd: list[int] | None = None) -> int:
+    """As ``_touch_pages``, without the ``fstat`` Python's ``mmap`` makes (``mmap(2)`` through ctypes).
+
+    On the mount with passthrough that ``fstat`` costs a GETATTR round trip (each passthrough map marks
+    the inode's atime stale), so this is the mapping alone.  *pmd*, when given, gets the kilobytes of
+    the mapping the kernel mapped with 2 MiB entries (``FilePmdMapped`` in smaps).
+    """
+    addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap")
+    try:
+        n = len(memoryview((ctypes.c_char * size).from_address(addr)).cast("B")[::mmap.PAGESIZE].tobytes())
+        if pmd is not None:
+            pmd.append(_pmd_mapped_kib(addr))
+        return n
+    finally:
+        _libc.munmap(addr, size)
+
+
+def _pmd_mapped_kib(addr: int) -> int:
+    """``FilePmdMapped`` of this process's mapping at *addr* (kB)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if not line.split(" ", 1)[0].endswith(":"):  # a mapping's first line: "start-end perms ..."
+            inside = line.startswith(f"{addr:x}-")
+        elif inside and line.startswith("FilePmdMapped:"):
+            return int(line.split()[1])
+    return 0
+
+
 def _open_mmap(p: Path) -> int:
     """Open *p*, map it and touch every page: what a program loading a file does."""
     with open(p, "rb") as f:
@@ -304,8 +341,10 @@ def _read_whole(p: Path, buf: bytearray) -> int:
 def committed_big(roots: dict[str, Path], mib: int, reps: int) -> dict:
     """A committed *mib* MiB file (written, fsynced, closed) read whole with the page cache warm, mount vs
     plain in ABBA order, milliseconds per read: ``mmap`` maps an already open file and touches every
-    page (the mapping alone), ``open_mmap`` opens it first (plus the open's and the ``fstat``'s round
-    trips on the mount), ``read`` opens it and read()s it whole."""
+    page, ``mmap_no_fstat`` the same without Python's ``fstat`` (the mapping alone: on the mount with
+    passthrough that ``fstat`` is a GETATTR round trip), ``open_mmap`` opens it first (plus the open's
+    and the ``fstat``'s round trips on the mount), ``read`` opens it and read()s it whole.  Each side's
+    ``pmd_kib`` is how much of a mapping the kernel mapped with 2 MiB entries (large folios)."""
     data = os.urandom(mib << 20)
     paths = {}
     for side, root in roots.items():
@@ -316,9 +355,12 @@ def committed_big(roots: dict[str, Path], mib: int, reps: int) -> dict:
             os.fsync(f.fileno())
     buf = bytearray(mib << 20)
     fds = {str(p): os.open(p, os.O_RDONLY) for p in paths.values()}
-    ways: dict[str, Callable[[Path], int]] = {"mmap": lambda p: _touch_pages(fds[str(p)]), "open_mmap": _open_mmap,
-                                              "read": lambda p: _read_whole(p, buf)}
-    res = {}
+    size = mib << 20
+    ways: dict[str, Callable[[Path], int]] = {
+        "mmap": lambda p: _touch_pages(fds[str(p)]),
+        "mmap_no_fstat": lambda p: _touch_pages_no_fstat(fds[str(p)], size),
+        "open_mmap": _open_mmap, "read": lambda p: _read_whole(p, buf)}
+    res: dict = {}
     for way, fn in ways.items():
         for p in paths.values():
             fn(p)  # warm: the page cache (and the mount's verification of the blob)
@@ -332,6 +374,23 @@ def committed_big(roots: dict[str, Path], mib: int, reps: int) -> dict:
         res[way] = {"plain_ms": round(pl, 2), "mount_ms": round(mo, 2), "ratio": round(pl / mo, 3),
                     "plain_iqr": [round(q, 2) for q in quartiles(runs["plain"])],
                     "mount_iqr": [round(q, 2) for q in quartiles(runs["mount"])]}
+    for side, p in paths.items():
+        pmd: list[int] = []
+        _touch_pages_no_fstat(fds[str(p)], size, pmd)
+        res.setdefault("pmd_kib", {})[side] = pmd[0]
+    # the floor of the ``mmap`` row: plain's map plus the one round trip the mount cannot avoid, the
+    # GETATTR at the ``fstat`` after a passthrough map (timed as the ``mmap`` row leaves it: right after one)
+    after: dict[str, list[float]] = {"plain": [], "mount": []}
+    for order in abba(max(4, reps * 4)):
+        for side in order:
+            fd = fds[str(paths[side])]
+            _touch_pages_no_fstat(fd, size)
+            t = time.perf_counter()
+            os.fstat(fd)
+            after[side].append((time.perf_counter() - t) * 1e6)
+    extra_ms = max(0.0, median(after["mount"]) - median(after["plain"])) / 1e3
+    res["fstat_after_map_us"] = {side: round(median(v), 1) for side, v in after.items()}
+    res["mmap_floor"] = round(res["mmap"]["plain_ms"] / (res["mmap"]["plain_ms"] + extra_ms), 3)
     for fd in fds.values():
         os.close(fd)
     for p in paths.values():
@@ -457,6 +516,15 @@ def main() -> int:
         print(f"{f'{args.big_mib}MiB ' + phase:24s} {r['plain_mib_s']:>8d}MiB/s {r['mount_mib_s']:>8d}MiB/s {r['ratio']:>11.3f}x"
               f"   runs: plain {r['plain_runs']} mount {r['mount_runs']}")
     for way, r in results["committed_big"].items():
+        if way == "pmd_kib":
+            print(f"{f'{args.big_mib}MiB mapped with 2 MiB entries':24s} plain {r['plain']} KiB, mount {r['mount']} KiB")
+            continue
+        if way == "fstat_after_map_us":
+            print(f"{'fstat after a map':24s} plain {r['plain']} us, mount {r['mount']} us: the mmap row's floor"
+                  f" {results['committed_big']['mmap_floor']}x (plain's map + that GETATTR)")
+            continue
+        if way == "mmap_floor":
+            continue
         (p1, p3), (m1, m3) = r["plain_iqr"], r["mount_iqr"]
         print(f"{f'{args.big_mib}MiB committed ' + way:24s} {r['plain_ms']:>9.2f} ms {r['mount_ms']:>9.2f} ms"
               f" {r['ratio']:>11.3f}x   {p1}-{p3} | {m1}-{m3} (ms; ratio plain/mount time)")

@@ -21,6 +21,7 @@ from conftest import Mount, MountFactory, blob_files, run_cli, wait_for, write_c
 
 from mithrilfs.daemon.process import pid_alive
 from mithrilfs.fs.passthrough import MIN_SIZE
+from mithrilfs.kernel.session import MAX_WRITE, max_pages_limit
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(os.geteuid() != 0, reason="FUSE passthrough needs CAP_SYS_ADMIN")]
@@ -51,6 +52,23 @@ HOLDER = textwrap.dedent(
     for _ in sys.stdin:
         size = os.fstat(f.fileno()).st_size
         print(hashlib.sha256(m).hexdigest(), hashlib.sha256(os.pread(f.fileno(), size, 0)).hexdigest(), flush=True)
+    """
+)
+
+
+#: Maps each file named (read-only), touches every page and prints how many kB the kernel mapped with
+#: 2 MiB entries (``FilePmdMapped``), one number a file.
+PMD_MAPPED = textwrap.dedent(
+    """
+    import mmap, sys
+    for name in sys.argv[1:]:
+        with open(name, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            m[::mmap.PAGESIZE]
+            lines, kib = open("/proc/self/smaps").read().splitlines(), 0
+            for i, line in enumerate(lines):
+                if line.endswith(name):
+                    kib = next(int(x.split()[1]) for x in lines[i:] if x.startswith("FilePmdMapped:"))
+            print(kib)
     """
 )
 
@@ -238,3 +256,26 @@ def test_a_successor_serves_files_a_predecessor_handed_to_the_kernel(mount_facto
         holder.stdin.close()
         holder.wait(timeout=30)
     assert _read_elsewhere(mnt.mountpoint / "big.bin") == [digest, digest]
+
+
+def test_a_file_written_in_one_go_reaches_the_daemon_in_2_MiB_writes(mount_factory: MountFactory):
+    assert max_pages_limit() * 4096 >= MAX_WRITE, "fs.fuse.max_pages_limit is below 512: run scripts/setup"
+    mnt = mount_factory("writes")
+    before = mnt.stats()["requests"].get("WRITE", {}).get("count", 0)
+    write_committed(mnt.mountpoint / "big.bin", os.urandom(8 * MAX_WRITE))
+    assert mnt.stats()["requests"]["WRITE"]["count"] - before == 8
+    assert "pieces" not in _status(mnt)  # said only when the kernel cuts writes smaller
+
+
+def test_a_passed_through_mapping_takes_2_MiB_entries_where_a_plain_file_does(mount_factory: MountFactory):
+    mnt = mount_factory("folios", *ON)
+    data = os.urandom(4 * MAX_WRITE)
+    plain = mnt.store.parent / "plain.bin"  # on the store's filesystem
+    write_committed(plain, data)
+    write_committed(mnt.mountpoint / "big.bin", data)
+    out = subprocess.run([sys.executable, "-c", PMD_MAPPED, str(plain),
+                          str(mnt.mountpoint / "big.bin")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    plain_kib, mount_kib = (int(x) for x in out.stdout.split())
+    # the blob's page cache holds the folios its writes made, as the plain file's holds its write's
+    assert mount_kib == plain_kib

@@ -19,7 +19,7 @@ import trio
 from mithrilfs.kernel import abi
 from mithrilfs.kernel.after_reply import AfterReply
 from mithrilfs.kernel.api import EntryAttributes, FUSEError, Operations
-from mithrilfs.kernel.session import Session
+from mithrilfs.kernel.session import MAX_WRITE, Session, max_pages_limit
 
 
 class _Root(Operations):
@@ -333,3 +333,16 @@ def test_the_session_polls_for_a_next_request_only_when_told_it_may():
     assert seen[0] >= 5  # it polled before each request
     # told not to: ten requests answered, none polled for (but the wait that began before it was told)
     assert seen[1] <= seen[0] + 1
+
+
+def test_writes_are_asked_in_2_MiB_and_status_says_when_the_kernel_allows_less(tmp_path):
+    limit = tmp_path / "max_pages_limit"
+    limit.write_text("256\n")
+    assert max_pages_limit(str(limit)) == 256
+    assert max_pages_limit(str(tmp_path / "absent")) == 256  # kernels before the setting: 256 pages
+    limit.write_text("1024\n")
+    assert max_pages_limit(str(limit)) == 1024
+    ours, kernel_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, kernel_side:
+        assert "pieces" not in Session(ours.fileno(), _Root(), max_write=MAX_WRITE).describe_transport()
+        assert "writes in 1024 KiB pieces" in Session(ours.fileno(), _Root(), max_write=1 << 20).describe_transport()
