@@ -30,7 +30,7 @@ from mithrilfs.control.node import ControlNode
 from mithrilfs.daemon.channel import NoSupervisor, Restarts, Supervisor
 from mithrilfs.daemon.duties import Duties
 from mithrilfs.fs import Operations, Parts
-from mithrilfs.fs.passthrough import Passthrough
+from mithrilfs.fs.passthrough import HeldTables, Passthrough
 from mithrilfs.kernel import AfterReply, BackingFiles, RequestTimes
 from mithrilfs.observe.events import EventLog
 from mithrilfs.observe.stats import KeptCounters
@@ -79,11 +79,11 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
           after_crash: bool = False, fixed_settings: frozenset[str] = frozenset(),
           supervisor: Supervisor | None = None, restarts: Restarts | None = None,
           lookups: LookupCounts | None = None, passthrough: str = "off",
-          backing: BackingFiles | None = None, held: LookupCounts | None = None) -> Mounted:
+          backing: BackingFiles | None = None, held: HeldTables | None = None) -> Mounted:
     """The filesystem of *store*, with every collaborator it needs (see the module doc).
 
     *passthrough* is a ``fs.passthrough.MODES`` mode; *backing* registers backing files on the mount's
-    connection (none: no passthrough); *held* is the connection's table of backing ids
+    connection (none: no passthrough); *held* is the connection's tables of what the kernel holds
     (``fs.passthrough.held_table``).
     """
     tier_options = tier_options or TierOptions()

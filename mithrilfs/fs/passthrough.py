@@ -21,12 +21,13 @@ answered ETXTBSY, as for a running executable (the blob is
 content-addressed and shared: nothing is ever written to it, and the
 kernel would go on reading it under content that changed).
 
-The backing ids live in the kernel's connection, which outlives a daemon
-(a successor takes the live mount over): so the table of each inode's
-id and open count is shared memory in the store (``held_table``), which a
-successor maps again.  A successor that did not know the ids would hand
-a second backing file for an inode still open on the first, which the
-kernel refuses (EIO).
+The backing ids and the opens live in the kernel's connection, which
+outlives a daemon (a successor takes the live mount over): so each
+inode's id, passthrough opens and page-cache opens are shared memory in
+the store (``held_table``), which a successor maps again.  A successor
+that did not know them would hand a second backing file for an inode
+still open on the first, or a backing file for an inode a writer holds
+through the page cache, both of which the kernel refuses (EIO).
 
 Where the kernel does not allow it (no CAP_SYS_ADMIN, INIT without
 ``PASSTHROUGH``, an ioctl refused) every open is served as without it,
@@ -39,6 +40,7 @@ import errno
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mithrilfs.cache.integrity import Integrity
@@ -63,22 +65,40 @@ PASSTHROUGH_FH = 1
 _CAP_SYS_ADMIN = 21
 
 
-#: Where a mount keeps its table of backing ids (in the store: a successor maps it again).
+#: Where a mount keeps its tables (in the store: a successor maps them again): backing ids and
+#: passthrough opens, and opens served through the page cache.
 HELD_FILE = "passthrough-held"
+CACHED_FILE = "passthrough-cached"
 
 
-def held_table(root: Path, *, fresh: bool, read_only: bool = False) -> LookupCounts:
-    """The shared table of backing ids and opens (two 32-bit slots an inode: ``2*ino``, ``2*ino+1``).
+@dataclass
+class HeldTables:
+    """What the kernel holds of a connection's opens, in tables a successor maps again.
 
-    *fresh*: a new connection (a mount, not a takeover): ids of an earlier one mean nothing and go.
-    A read-only store keeps it in memory (a successor then starts empty).
+    ``handed``: each inode's backing id and passthrough opens (two 32-bit slots an inode: ``2*ino``,
+    ``2*ino+1``); ``cached``: each inode's opens served through the page cache (one slot an inode).
+    The kernel refuses an inode open both ways at once, whichever daemon answered which open.
+    """
+
+    handed: LookupCounts = field(default_factory=LookupCounts)
+    cached: LookupCounts = field(default_factory=LookupCounts)
+
+
+def held_table(root: Path, *, fresh: bool, read_only: bool = False) -> HeldTables:
+    """The connection's shared tables (``HeldTables``), kept in files of the store *root*.
+
+    *fresh*: a new connection (a mount, not a takeover): what an earlier one held means nothing and goes.
+    A read-only store keeps them in memory (a successor then starts empty).
     """
     if read_only:
-        return LookupCounts()
-    fd = os.open(root / HELD_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    if fresh:
-        os.ftruncate(fd, 0)
-    return LookupCounts(fd)
+        return HeldTables()
+    tables = []
+    for name in (HELD_FILE, CACHED_FILE):
+        fd = os.open(root / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if fresh:
+            os.ftruncate(fd, 0)
+        tables.append(LookupCounts(fd))
+    return HeldTables(*tables)
 
 
 def has_sys_admin() -> bool:
@@ -97,7 +117,7 @@ class Passthrough:
     """The passthrough choice of one mount (see the module doc)."""
 
     def __init__(self, mode: str, backing: BackingFiles | None, integrity: Integrity, writes: WritePath,
-                 lifetimes: Lifetimes, tier: Tier, held: LookupCounts | None = None, *,
+                 lifetimes: Lifetimes, tier: Tier, held: HeldTables | None = None, *,
                  min_size: int = MIN_SIZE) -> None:
         self.mode = mode
         self.min_size = min_size
@@ -109,10 +129,11 @@ class Passthrough:
         self.capable = mode != "off" and backing is not None and has_sys_admin()
         #: Whether INIT agreed ``PASSTHROUGH`` (the session's answer; the daemon sets it once it has one).
         self.agreed: Callable[[], bool] = lambda: False
+        tables = held if held is not None else HeldTables()
         #: inode -> backing id (slot 2*ino) and passthrough opens (slot 2*ino+1); an id is held while opens > 0
-        self._held = held if held is not None else LookupCounts()
+        self._held = tables.handed
         #: inode -> opens served through the page cache
-        self._cached: dict[int, int] = {}
+        self._cached = tables.cached
         #: Opens handed to the kernel's passthrough so far.
         self.handed = 0
 
@@ -146,7 +167,7 @@ class Passthrough:
 
     def opened_cached(self, ino: int) -> FileInfo:
         """An open served through the page cache, as without passthrough."""
-        self._cached[ino] = self._cached.get(ino, 0) + 1
+        self._cached.set(ino, self._cached.get(ino) + 1)
         return FileInfo(fh=CACHED_FH, keep_cache=True)
 
     async def open(self, inode: Inode, flags: int) -> FileInfo:
@@ -221,8 +242,4 @@ class Passthrough:
                 if self.backing is not None:
                     self.backing.close(backing_id)
             return
-        n = self._cached.get(ino, 0) - 1
-        if n > 0:
-            self._cached[ino] = n
-        else:
-            self._cached.pop(ino, None)
+        self._cached.set(ino, max(0, self._cached.get(ino) - 1))

@@ -65,6 +65,7 @@ import trio
 from . import abi
 from .after_reply import AfterReply
 from .api import FUSEError, Operations, RequestContext
+from .negotiate import PAGE, allowed_max_write, init_reply, wanted_capabilities, write_size_note
 from .notify import Notifier
 from .request_times import AFTER_REPLY, OPCODE_LABELS, RequestTimes
 from .requests import Handler, Malformed, Requests
@@ -104,36 +105,12 @@ ReplyError = Callable[[int, int], None]
 #: A request whose handler suspended in ``Session._dispatch``: its coroutine, the step it yielded, its
 #: opcode, unique id, caller, the clock at its start and how to answer it (what ``Session._finish`` goes on with).
 _Suspended = tuple[Any, Any, int, int, RequestContext, int, Reply, ReplyError]
-#: INIT's ``max_stack_depth`` with passthrough: backing files on a plain local filesystem (the store's).
-_STACK_DEPTH = 1
-#: The largest WRITE asked for: one PMD-sized folio.  A file written in one go then reaches the store in
-#: 2 MiB pieces, which the backing filesystem keeps in 2 MiB folios, so a mapping of its blob (passthrough)
-#: takes one page-table entry per 2 MiB, as a plain file written the same way does.
-MAX_WRITE = 2 << 20
-#: The kernel's cap on a request's pages (``fs.fuse.max_pages_limit``, 256 before it existed; setup raises it).
-MAX_PAGES_LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
-_PAGE = 4096
-
-
 class ProtocolError(Exception):
     """The kernel speaks a protocol this session cannot serve (said in one line)."""
 
 
 #: The requests the session serves itself (the connection's own); ``requests.Requests`` serves the rest.
 _OWN = {abi.INIT: "_init", abi.DESTROY: "_destroy", abi.INTERRUPT: "_interrupt"}
-
-
-def wanted_capabilities(readdirplus: bool, uring: bool = False, passthrough: bool = False) -> int:
-    """What we ask for at INIT (the module doc and docs/design.md say why each)."""
-    want = (abi.ASYNC_READ | abi.BIG_WRITES | abi.AUTO_INVAL_DATA | abi.PARALLEL_DIROPS
-            | abi.MAX_PAGES | abi.CACHE_SYMLINKS | abi.INIT_EXT)
-    if readdirplus:
-        want |= abi.DO_READDIRPLUS | abi.READDIRPLUS_AUTO
-    if uring:
-        want |= abi.OVER_IO_URING
-    if passthrough:
-        want |= abi.PASSTHROUGH
-    return want
 
 
 @dataclass(frozen=True)
@@ -156,7 +133,7 @@ class Session:
                  uring: bool = False) -> None:
         self.fd = fd
         self.ops = ops
-        #: The largest WRITE (and READ) a request carries: ``MAX_WRITE`` unless the kernel allows less.
+        #: The largest WRITE (and READ) a request carries: ``negotiate.MAX_WRITE`` unless the kernel allows less.
         self.max_write = max_write if max_write is not None else allowed_max_write()
         self.max_readahead = max_readahead
         self.readdirplus = readdirplus
@@ -183,7 +160,7 @@ class Session:
         self.initialized = trio.Event()
         #: ``initialized`` as a plain flag, for the request loop.
         self._ready = False
-        self._bufsize = max(abi.MIN_READ_BUFFER, self.max_write + _PAGE)
+        self._bufsize = max(abi.MIN_READ_BUFFER, self.max_write + PAGE)
         self._stopping = False
         #: Handlers suspended in tasks of their own.
         self._suspended = 0
@@ -209,10 +186,7 @@ class Session:
             how = "/dev/fuse read/write (io_uring asked for; the kernel does not offer it: enable_uring is N?)"
         else:
             how = "/dev/fuse read/write"
-        if self.max_write < MAX_WRITE:
-            how += (f", writes in {self.max_write >> 10} KiB pieces (fs.fuse.max_pages_limit"
-                    f" {max_pages_limit()}, {MAX_WRITE // _PAGE} for 2 MiB)")
-        return how
+        return how + write_size_note(self.max_write)
 
     @property
     def parameters(self) -> SessionParameters:
@@ -227,7 +201,7 @@ class Session:
         its resend holds would never finish.
         """
         self.proto_minor, self.capabilities, self.max_write = params.proto_minor, params.capabilities, params.max_write
-        self._bufsize = max(abi.MIN_READ_BUFFER, self.max_write + _PAGE)
+        self._bufsize = max(abi.MIN_READ_BUFFER, self.max_write + PAGE)
         await self.ops.init()
         self._ready = True
         self.initialized.set()
@@ -518,7 +492,6 @@ class Session:
         caps = wanted_capabilities(self.readdirplus, self.uring, self.passthrough) & kernel_caps
         self.capabilities = caps
         self.proto_minor = min(minor, abi.KERNEL_MINOR_VERSION)
-        max_pages = max(1, self.max_write // _PAGE)
         log.info("FUSE %d.%d (kernel %d.%d): max_write %d, parallel dirops %s, readdirplus %s",
                  abi.KERNEL_VERSION, self.proto_minor, major, minor, self.max_write,
                  bool(caps & abi.PARALLEL_DIROPS), bool(caps & abi.DO_READDIRPLUS))
@@ -532,9 +505,7 @@ class Session:
             self.transport = UringTransport(self.fd, max(abi.MIN_READ_BUFFER, self.max_write), self._bufsize,
                                             self._dispatch, self._finish, lambda: self._stopping, self._idle_work)
             self._nursery.start_soon(self.transport.serve)  # runs once this reply is written
-        return abi.INIT_OUT.pack(
-            abi.KERNEL_VERSION, self.proto_minor, min(max_readahead, self.max_readahead), caps & 0xFFFFFFFF,
-            64, 48, self.max_write, 1, max_pages, 0, caps >> 32, _STACK_DEPTH if caps & abi.PASSTHROUGH else 0, 0)
+        return init_reply(self.proto_minor, min(max_readahead, self.max_readahead), caps, self.max_write)
 
     async def _destroy(self, nodeid: int, ctx: RequestContext, buf: bytearray, view: memoryview, off: int,
                        end: int) -> None:
@@ -549,20 +520,6 @@ class Session:
         if scope is not None:
             scope.cancel()
         return None
-
-
-def max_pages_limit(path: str = MAX_PAGES_LIMIT) -> int:
-    """The kernel's cap on the pages of one request (256 where the setting does not exist)."""
-    try:
-        with open(path) as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 256
-
-
-def allowed_max_write(wanted: int = MAX_WRITE) -> int:
-    """*wanted* (``MAX_WRITE``), or the most the kernel lets one request carry when that is less."""
-    return max(_PAGE, min(wanted, max_pages_limit() * _PAGE))
 
 
 def _unsent(e: OSError) -> None:

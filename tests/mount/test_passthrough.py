@@ -21,7 +21,7 @@ from conftest import Mount, MountFactory, blob_files, run_cli, wait_for, write_c
 
 from mithrilfs.daemon.process import pid_alive
 from mithrilfs.fs.passthrough import MIN_SIZE
-from mithrilfs.kernel.session import MAX_WRITE, max_pages_limit
+from mithrilfs.kernel.negotiate import MAX_WRITE, max_pages_limit
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(os.geteuid() != 0, reason="FUSE passthrough needs CAP_SYS_ADMIN")]
@@ -279,3 +279,24 @@ def test_a_passed_through_mapping_takes_2_MiB_entries_where_a_plain_file_does(mo
     plain_kib, mount_kib = (int(x) for x in out.stdout.split())
     # the blob's page cache holds the folios its writes made, as the plain file's holds its write's
     assert mount_kib == plain_kib
+
+
+def test_a_successor_knows_a_writer_its_predecessor_let_in(mount_factory: MountFactory):
+    mnt = mount_factory("writer-successor", *ON)
+    data = os.urandom(BIG)
+    write_committed(mnt.mountpoint / "big.bin", data)
+    digest = hashlib.sha256(data).hexdigest()
+    with open(mnt.mountpoint / "big.bin", "r+b") as writer:  # through the page cache, not written yet
+        old = mnt.pid
+        assert old is not None
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(old), timeout=10, what="the daemon died")
+        assert mnt.stats()["pid"] != old
+        # the successor serves this reader through the page cache too: the kernel refuses (EIO) a
+        # backing file for an inode a writer holds in page-cache mode
+        assert _read_elsewhere(mnt.mountpoint / "big.bin") == [digest, digest]
+        writer.write(b"new")
+        writer.flush()
+        os.fsync(writer.fileno())
+    changed = hashlib.sha256(b"new" + data[3:]).hexdigest()
+    assert _read_elsewhere(mnt.mountpoint / "big.bin") == [changed, changed]

@@ -19,7 +19,8 @@ import trio
 from mithrilfs.kernel import abi
 from mithrilfs.kernel.after_reply import AfterReply
 from mithrilfs.kernel.api import EntryAttributes, FUSEError, Operations
-from mithrilfs.kernel.session import MAX_WRITE, Session, max_pages_limit
+from mithrilfs.kernel.negotiate import MAX_WRITE, max_pages_limit
+from mithrilfs.kernel.session import Session
 
 
 class _Root(Operations):
