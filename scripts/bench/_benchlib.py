@@ -6,6 +6,7 @@ blocks unmount what it mounted and stop the servers it started, where the defaul
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -13,6 +14,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import termios
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -225,3 +228,45 @@ def seaweedfs_s3() -> Iterator[dict[str, str]]:
         proc.kill()
         proc.wait()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def request_times(mp: Path) -> dict[str, dict[str, float]]:
+    """The mount's requests so far, by opcode: count and the daemon's seconds on them (``stats.json``)."""
+    return json.loads((mp / ".mithrilfs" / "stats.json").read_text())["requests"]
+
+
+def requests_between(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, list[float]]:
+    """Requests and daemon seconds per opcode between two ``stats.json`` reads (the reads themselves excluded)."""
+    out = {}
+    for op, now in after.items():
+        was = before.get(op, {"count": 0, "seconds": 0.0})
+        n = now["count"] - was["count"]
+        if n > 0:
+            out[op] = [n, now["seconds"] - was["seconds"]]
+    return out
+
+
+def ioctl_us(path: Path, n: int = 4000) -> float:
+    """Microseconds per TCGETS ioctl on an open file (what ``isatty()`` asks): one round trip on the mount."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t = time.perf_counter()
+        for _ in range(n):
+            try:
+                fcntl.ioctl(fd, termios.TCGETS, bytes(64))
+            except OSError:
+                pass  # ENOTTY: the answer for a regular file
+        return (time.perf_counter() - t) / n * 1e6
+    finally:
+        os.close(fd)
+
+
+def round_trip_us(mount_file: Path, plain_file: Path) -> list[float]:
+    """A bare round trip, three times (ABBA-like: mount, plain, plain, mount...): mount minus plain per call."""
+    out = []
+    for _ in range(3):
+        m1 = ioctl_us(mount_file)
+        p = ioctl_us(plain_file)
+        m2 = ioctl_us(mount_file)
+        out.append((m1 + m2) / 2 - p)
+    return sorted(out)

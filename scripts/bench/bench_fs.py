@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _benchlib import CLI, abba, median, quartiles, temp_mount
+from _benchlib import CLI, abba, median, quartiles, request_times, requests_between, round_trip_us, temp_mount
 
 N_FILES = 2000
 SMALL = 4096
@@ -118,28 +118,36 @@ def many_files(roots: dict[str, Path], n: int, reps: int) -> dict:
     """--many N: N files created in one directory (write + close, and tmp + rename), then ``find``
     over them; ABBA order, each repetition in a new directory.  The mount's side also reports the
     daemon's CPU per file, commits included (it waits for the idle commits before the next timing):
-    steadier than wall time on a busy machine, where the backing disk's own create cost swings."""
+    steadier than wall time on a busy machine, where the backing disk's own create cost swings), the
+    requests the kernel sent per file, and the protocol floor: plain's time plus a bare round trip per
+    request (``round_trip_us``), the least any daemon could take."""
     mp = roots["mount"]
     pid = int((mp / ".mithrilfs" / "pid").read_text())
     kinds = ("create_write", "create_rename")
     secs: dict[str, dict[str, list[float]]] = {k: {"plain": [], "mount": []} for k in (*kinds, "find")}
     cpu: dict[str, list[float]] = {k: [] for k in kinds}
+    sent: dict[str, list[float]] = {k: [] for k in kinds}
     for rep, order in enumerate(abba(reps)):
         for side in order:
             for kind in kinds:
                 d = roots[side] / f"many-{kind}-{rep}"
-                c0 = _daemon_cpu_s(pid)
+                c0, r0 = _daemon_cpu_s(pid), request_times(mp)
                 t = time.perf_counter()
                 _create_many(d, n, rename=kind == "create_rename")
                 secs[kind][side].append(time.perf_counter() - t)
                 if side == "mount":
+                    ops = requests_between(r0, request_times(mp))
+                    sent[kind].append(sum(k for op, (k, _) in ops.items() if op != "AFTER_REPLY"))
                     _settle(mp)
                     cpu[kind].append(_daemon_cpu_s(pid) - c0)
             t = time.perf_counter()
             subprocess.run(["find", str(roots[side] / f"many-create_write-{rep}")], stdout=subprocess.DEVNULL,
                            check=True)
             secs["find"][side].append(time.perf_counter() - t)
-    res: dict = {"files": n}
+    some = roots["mount"] / "many-create_write-0" / "f000000"
+    trips = round_trip_us(some, roots["plain"] / some.relative_to(roots["mount"]))
+    rt_s = median(trips) / 1e6
+    res: dict = {"files": n, "round_trip_us": [round(x, 1) for x in trips]}
     for kind, by_side in secs.items():
         pl, mo = median(by_side["plain"]), median(by_side["mount"])
         res[kind] = {"plain_s": round(pl, 3), "mount_s": round(mo, 3), "ratio": round(mo / pl, 2),
@@ -148,6 +156,9 @@ def many_files(roots: dict[str, Path], n: int, reps: int) -> dict:
                      "ratio_runs": [round(m / p, 2) for m, p in zip(by_side["mount"], by_side["plain"])]}
         if kind in cpu:
             res[kind]["daemon_cpu_us_per_file"] = round(median(cpu[kind]) / n * 1e6)
+            # the protocol floor: plain's time plus a bare round trip for each request the kernel sent
+            floor_s = pl + median(sent[kind]) * rt_s
+            res[kind].update(requests_per_file=round(median(sent[kind]) / n, 2), floor=round(floor_s / pl, 2))
     return res
 
 
@@ -477,9 +488,11 @@ def main() -> int:
             return 0
         r = results["many"]
         print(f"{r['files']} files in one directory, {args.reps} runs each (seconds; ratio mount/plain, per run)")
+        print(f"protocol floor: a bare round trip (TCGETS ioctl, mount minus plain) {r['round_trip_us']} us")
         for kind in ("create_write", "create_rename", "find"):
             k = r[kind]
-            cpu = f"  daemon CPU {k['daemon_cpu_us_per_file']} us/file" if "daemon_cpu_us_per_file" in k else ""
+            cpu = (f"  daemon CPU {k['daemon_cpu_us_per_file']} us/file, {k['requests_per_file']} requests/file,"
+                   f" floor {k['floor']}x" if "daemon_cpu_us_per_file" in k else "")
             print(f"{kind:14s} plain {k['plain_s']:7.2f} s  mount {k['mount_s']:7.2f} s  {k['ratio']:6.2f}x"
                   f"  runs {k['ratio_runs']}  plain {k['plain_runs']} mount {k['mount_runs']}{cpu}")
         return 0

@@ -28,19 +28,16 @@ plus the plain side's time: no daemon doing no work at all could do better.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import random
 import statistics
 import subprocess
 import sys
-import termios
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _benchlib import CLI, abba, cpu_wakeup_note, ratios, temp_mount
+from _benchlib import CLI, abba, cpu_wakeup_note, ratios, request_times, requests_between, round_trip_us, temp_mount
 
 SUFFIXES = ("source", "ttir", "ttgir", "llir", "ptx", "cubin")
 
@@ -98,47 +95,6 @@ def drop_plain_caches() -> None:
             f.write("2\n")
     except OSError as e:
         sys.exit(f"cannot drop the kernel's caches ({e.strerror}): run as root")
-
-
-def request_times(mp: Path) -> dict[str, dict[str, float]]:
-    return json.loads((mp / ".mithrilfs" / "stats.json").read_text())["requests"]
-
-
-def requests_between(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, list[float]]:
-    """Requests and daemon seconds per opcode between two ``stats.json`` reads (the reads themselves excluded)."""
-    out = {}
-    for op, now in after.items():
-        was = before.get(op, {"count": 0, "seconds": 0.0})
-        n = now["count"] - was["count"]
-        if n > 0:
-            out[op] = [n, now["seconds"] - was["seconds"]]
-    return out
-
-
-def ioctl_us(path: Path, n: int = 4000) -> float:
-    """Microseconds per TCGETS ioctl on an open file (what ``isatty()`` asks): one round trip on the mount."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        t = time.perf_counter()
-        for _ in range(n):
-            try:
-                fcntl.ioctl(fd, termios.TCGETS, bytes(64))
-            except OSError:
-                pass  # ENOTTY: the answer for a regular file
-        return (time.perf_counter() - t) / n * 1e6
-    finally:
-        os.close(fd)
-
-
-def round_trip_us(mount_file: Path, plain_file: Path) -> list[float]:
-    """A bare round trip, three times (ABBA-like: mount, plain, plain, mount...): mount minus plain per call."""
-    out = []
-    for _ in range(3):
-        m1 = ioctl_us(mount_file)
-        p = ioctl_us(plain_file)
-        m2 = ioctl_us(mount_file)
-        out.append((m1 + m2) / 2 - p)
-    return sorted(out)
 
 
 def remount(mp: Path) -> None:
