@@ -35,7 +35,7 @@ BATCH = 64
 #: Slots in the table (a sparse memfd: memory only for the pages of slots in use).
 MAX_SLOTS = 1 << 20
 #: Free mirrors kept; one given back beyond that is closed (after a burst of thousands of files staged at once).
-MAX_FREE = 1024
+MAX_FREE = 256
 
 #: Sends one message with descriptors to the supervisor; False when it could not (the supervisor is gone).
 Send = Callable[[str, Sequence[int]], bool]

@@ -10,6 +10,7 @@ mount in ``recovery``.
 
 from __future__ import annotations
 
+import operator
 import os
 import stat
 import time
@@ -61,6 +62,8 @@ class Inode:
 
 
 _INODE_FIELDS = tuple(f.name for f in fields(Inode))
+#: Every field of an Inode, as a tuple (what a rollback restores).
+_inode_fields = operator.attrgetter(*_INODE_FIELDS)
 
 
 @dataclass(slots=True)
@@ -190,7 +193,7 @@ class Namespace(BlobRows, NameQueries):
 
     def _changing(self, ino: Inode) -> None:
         if self._depth and id(ino) not in self._undo:
-            self._undo[id(ino)] = (ino, tuple(getattr(ino, f) for f in _INODE_FIELDS))
+            self._undo[id(ino)] = (ino, _inode_fields(ino))
 
     # -- meta ------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
