@@ -34,17 +34,26 @@ class ContentDropped(OSError):
 class WriteWatcher(Protocol):
     """Told what is being written, so that a daemon taking over after a crash can go on (``staging``'s module doc).
 
-    ``staging``: the inode's staging content now lives in *fd* (the staging
-    file at *path*, or a memfd mirror when *path* is None), which also means
-    it is being written; ``writing``: it has uncommitted writes (said only
-    when ``staging`` was not); ``lost``: its uncommitted content was dropped
-    and its writer not told yet; ``settled``: nothing uncommitted is left.
+    ``staging``: the inode's staging content now lives in the staging
+    file *path*, open on *fd*, which also means it is being written;
+    ``mirror``: a memory file the watcher holds too, for an inode's content
+    staged in memory (empty; it stays the inode's until ``unmirror``, with
+    no other word, and OSError when none can be had); ``writing``: it has
+    uncommitted writes (said only when there is no staging file nor mirror
+    to keep); ``lost``: its uncommitted content was dropped and its writer
+    not told yet; ``settled``: nothing uncommitted is left (said only of an
+    inode one of ``staging``, ``writing`` or ``lost`` was said of).  What
+    was said of an inode wins over a mirror still naming it.
     """
 
-    #: Whether staging content must be kept where it outlives the daemon (memfd mirrors).
+    #: Whether staging content must be kept where it outlives the daemon (staging files, mirrors).
     keeps_content: bool
 
-    def staging(self, ino: int, fd: int, path: str | None) -> None: ...
+    def staging(self, ino: int, fd: int, path: str) -> None: ...
+
+    def mirror(self, ino: int) -> int: ...
+
+    def unmirror(self, fd: int) -> None: ...
 
     def writing(self, ino: int) -> None: ...
 
@@ -58,8 +67,14 @@ class NoWriteWatcher:
 
     keeps_content = False
 
-    def staging(self, ino: int, fd: int, path: str | None) -> None:
+    def staging(self, ino: int, fd: int, path: str) -> None:
         pass
+
+    def mirror(self, ino: int) -> int:
+        raise OSError(errno.ENOTSUP, "nobody keeps mirrors")
+
+    def unmirror(self, fd: int) -> None:
+        os.close(fd)
 
     def writing(self, ino: int) -> None:
         pass
@@ -110,8 +125,10 @@ class Staged:
     staging_path: str | None = None
     #: Staging content held in memory (a small file), instead of a staging file.
     mem: bytearray | None = None
-    #: A memfd with the same content as ``mem``, kept for a successor daemon (``WriteWatcher.keeps_content``).
+    #: A memory file with the same content as ``mem``, kept for a successor daemon (``WriteWatcher.mirror``).
     mirror_fd: int | None = None
+    #: The watcher was told of this file (``staging``, ``writing``): its commit tells it ``settled``.
+    told: bool = False
     dirty: bool = False
     #: Bumped by every change to staging; a commit whose hash was computed
     #: before the latest change is abandoned.

@@ -29,8 +29,10 @@ unmount, ``commit``) leave it alone, and a truncate to empty starts it over.
 Staging outlives the daemon.  With a supervisor (``WriteWatcher`` with
 ``keeps_content``) every inode's staging content is also in a file
 descriptor the supervisor holds: the staging file itself, or, for content
-staged in memory, a memfd mirror that every write and truncate updates
-before its reply.  A daemon that takes over after a crash adopts them
+staged in memory, a mirror (a memory file the supervisor holds too, reused
+from file to file: ``WriteWatcher.mirror``) that every write and truncate
+updates before its reply; no staging file or mirror to be had (no memory
+files left, a supervisor of older code), the content goes to a staging file.  A daemon that takes over after a crash adopts them
 (``adopt``): they hold exactly what the kernel was told was written (a
 request the dead daemon had not answered is resent and done again, and
 writes and truncates are idempotent).  Only a file whose content the old
@@ -127,9 +129,9 @@ class Staging:
         """A write found no room even after a slice of the cache went: drop what was staged (module doc)."""
         async with Held(of.lock):
             self.failed[of.inode.id] = errno.ENOSPC
+            self.watcher.lost(of.inode.id)  # its writer has not been told yet; said before its mirror goes
             self._drop_staging(of)
             of.dirty = False
-            self.watcher.lost(of.inode.id)  # its writer has not been told yet
             of.write_gen += 1
             if self.staged.get(of.inode.id) is of:
                 del self.staged[of.inode.id]
@@ -142,7 +144,7 @@ class Staging:
             self._mem_bytes -= of.size
             of.mem = None
         if of.mirror_fd is not None:
-            os.close(of.mirror_fd)
+            self.watcher.unmirror(of.mirror_fd)
             of.mirror_fd = None
         if of.staging_fd is not None:
             os.close(of.staging_fd)
@@ -171,11 +173,11 @@ class Staging:
             raise
         self._mem_bytes -= of.size
         of.mem = None
-        if of.mirror_fd is not None:
-            os.close(of.mirror_fd)
-            of.mirror_fd = None
         of.staging_fd, of.staging_path = fd, path
-        self._kept(of)
+        self._kept(of)  # the watcher holds the staging file before the mirror goes
+        if of.mirror_fd is not None:
+            self.watcher.unmirror(of.mirror_fd)
+            of.mirror_fd = None
 
     async def ensure_staging(self, of: Staged, *, empty: bool = False) -> None:
         """Give the inode staging content, starting as a copy of its blob unless *empty*."""
@@ -226,19 +228,25 @@ class Staging:
             return
         if of.mem is not None:
             try:
-                of.mirror_fd = os.memfd_create("mithrilfs-staging", os.MFD_CLOEXEC)
+                of.mirror_fd = self.watcher.mirror(of.inode.id)
                 if of.mem:
                     os.pwrite(of.mirror_fd, of.mem, 0)
-            except OSError as e:  # out of descriptors or memory: this file is lost if the daemon dies
-                if of.mirror_fd is not None:
-                    os.close(of.mirror_fd)
-                    of.mirror_fd = None
-                log.warning("no mirror for inode %d (%s): a crash before its commit loses its writes",
-                            of.inode.id, e)
                 return
-            self.watcher.staging(of.inode.id, of.mirror_fd, None)
-        elif of.staging_fd is not None:
-            self.watcher.staging(of.inode.id, of.staging_fd, of.staging_path)
+            except OSError as e:
+                if of.mirror_fd is not None:
+                    self.watcher.unmirror(of.mirror_fd)
+                    of.mirror_fd = None
+                why = e
+            try:
+                self._spill(of)  # a staging file the watcher holds instead
+                return
+            except OSError as e:  # out of descriptors or room: this file is lost if the daemon dies
+                log.warning("no mirror for inode %d (%s) nor staging file (%s): a crash before its commit loses "
+                            "its writes", of.inode.id, why, e)
+                return
+        if of.staging_fd is not None:
+            self.watcher.staging(of.inode.id, of.staging_fd, of.staging_path)  # type: ignore[arg-type]
+            of.told = True
 
     def _unshare(self, of: Staged) -> None:
         """The staging file may be a blob too (a commit linked it into ``objects/``): go on in a copy.
@@ -374,13 +382,15 @@ class Staging:
         if not of.dirty:
             of.dirty = True
             if of.mirror_fd is None and (of.staging_fd is None or not self.watcher.keeps_content):
-                self.watcher.writing(of.inode.id)  # a watcher told of its staging knows it is written
+                self.watcher.writing(of.inode.id)  # a watcher told of its staging (or mirror) knows it is written
+                of.told = True
 
     def _clean(self, of: Staged) -> None:
         if of.dirty:
             of.dirty = False
-            if of.inode.id not in self.failed:
-                self.watcher.settled(of.inode.id)
+            if of.told and of.inode.id not in self.failed:
+                self.watcher.settled(of.inode.id)  # a mirror needs no word: its slot was cleared
+            of.told = False
 
     def torn(self, inodes: set[int]) -> None:
         """A daemon that took over: these inodes had uncommitted writes whose content the previous one lost.

@@ -9,11 +9,15 @@ whose other end the supervisor reads (``daemon.supervisor``):
   (``cache.lookups``), shared with every daemon of the mount;
 - ``session MINOR CAPS MAX_WRITE``: what INIT agreed, once it has;
 - what is being written (``cache.staged.WriteWatcher``): ``s INO
-  [PATH]`` with a file descriptor attached (SCM_RIGHTS): the inode's
-  staging content lives there; ``w INO``: it has uncommitted writes; ``x
-  INO``: its uncommitted content was dropped; ``c INO``: nothing
-  uncommitted is left.  The supervisor holds those descriptors, so the
-  staging content outlives the daemon;
+  PATH`` with a file descriptor attached (SCM_RIGHTS): the inode's
+  staging content lives in that staging file; ``w INO``: it has
+  uncommitted writes; ``x INO``: its uncommitted content was dropped; ``c
+  INO``: nothing uncommitted is left (said of an inode only after one of
+  those); content staged in memory is in mirrors (``daemon.mirrors``:
+  ``mirror-slots``, ``mirrors SLOT...`` and ``unmirror SLOT``, with no
+  message per file), and a message about an inode wins over a mirror's
+  slot naming it.  The supervisor holds those descriptors, so the staging
+  content outlives the daemon;
 - ``ready PID``: the daemon serves;
 - ``handoff``: a restart: the daemon committed everything, stopped reading
   and exits; the supervisor starts the successor at once.
@@ -26,15 +30,18 @@ drains the socket), so no message is ever dropped.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import select
 import socket
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from mithrilfs.cache.staged import NoWriteWatcher, WriteWatcher
+from mithrilfs.daemon.mirrors import MirrorPool
 from mithrilfs.kernel import SessionParameters
 
 log = logging.getLogger(__name__)
@@ -70,6 +77,9 @@ class Handover:
     #: The kernel's lookup counts (``cache.lookups``).
     lookups_fd: int = -1
     channel_fd: int = -1
+    #: The supervisor reads mirror slots (``daemon.mirrors``); one of older code does not, and its successor
+    #: stages in files what it would have staged in memory.
+    mirror_slots: bool = True
 
     def dumps(self) -> str:
         return json.dumps(asdict(self))
@@ -79,7 +89,8 @@ class Handover:
         d = json.loads(text)
         return cls(options=d["options"], session=SessionParameters(**d["session"]), torn=list(d["torn"]),
                    staged=list(d["staged"]), restarts=Restarts(**d["restarts"]), fuse_fd=int(d["fuse_fd"]), lock_fd=int(d["lock_fd"]),
-                   lookups_fd=int(d["lookups_fd"]), channel_fd=int(d["channel_fd"]))
+                   lookups_fd=int(d["lookups_fd"]), channel_fd=int(d["channel_fd"]),
+                   mirror_slots=bool(d.get("mirror_slots", False)))
 
 
 class Supervisor(WriteWatcher, Protocol):
@@ -124,21 +135,25 @@ class NoSupervisor(NoWriteWatcher):
 class SupervisorLink:
     """The daemon's end of the socket to the supervisor."""
 
-    def __init__(self, fd: int, options: dict[str, Any], lookups_fd: int | None = None) -> None:
-        """*lookups_fd*: the lookup counts to share (a new mount's; a successor's supervisor has them)."""
+    def __init__(self, fd: int, options: dict[str, Any], lookups_fd: int | None = None, *,
+                 mirror_slots: bool = True) -> None:
+        """*lookups_fd*: the lookup counts to share (a new mount's; a successor's supervisor has them).
+        *mirror_slots*: the supervisor reads mirror slots (``Handover.mirror_slots``)."""
         self.sock: socket.socket | None = socket.socket(fileno=fd)
         self.sock.setblocking(True)
         #: A crash of a daemon that detaches keeps nothing: no staging content to mirror.
         self.keeps_content = options.get("on_crash") != "detach"
+        self.mirrors = MirrorPool(self._send) if mirror_slots and self.keeps_content else None
         #: Its death was logged (once).
         self.gone_noticed = False
         self._send("options " + json.dumps(options))
         if lookups_fd is not None:
             self._send("lookups", (lookups_fd,))
 
-    def _send(self, line: str, fds: tuple[int, ...] = ()) -> None:
+    def _send(self, line: str, fds: Sequence[int] = ()) -> bool:
+        """Send one message; False when the supervisor is gone."""
         if self.sock is None:
-            return
+            return False
         try:
             if fds:
                 socket.send_fds(self.sock, [line.encode()], list(fds))
@@ -147,9 +162,22 @@ class SupervisorLink:
         except OSError as e:  # the supervisor is gone: the mount no longer outlives this daemon
             log.warning("the supervisor stopped listening (%s): a crash of this daemon now leaves a dead mount", e)
             self.close()
+            return False
+        return True
 
-    def staging(self, ino: int, fd: int, path: str | None) -> None:
-        self._send(f"s {ino} {path or ''}".rstrip(), (fd,))
+    def staging(self, ino: int, fd: int, path: str) -> None:
+        self._send(f"s {ino} {path}", (fd,))
+
+    def mirror(self, ino: int) -> int:
+        if self.mirrors is None:
+            raise OSError(errno.ENOTSUP, "this supervisor keeps no mirrors")
+        return self.mirrors.take(ino)
+
+    def unmirror(self, fd: int) -> None:
+        if self.mirrors is not None:
+            self.mirrors.give_back(fd)
+        else:
+            os.close(fd)
 
     def writing(self, ino: int) -> None:
         self._send(f"w {ino}")
@@ -190,6 +218,8 @@ class SupervisorLink:
         return "gone"
 
     def close(self) -> None:
+        """The line is closed: nobody keeps staging content from now on (mirrors in use stay until given back)."""
+        self.keeps_content = False
         if self.sock is not None:
             self.sock.close()
             self.sock = None

@@ -220,7 +220,7 @@ def _supervisor(fuse: kernel.FuseMount, opts: MountOptions, store: Store, handov
     options = opts.as_json() | {"via_fusermount": fuse.via_fusermount, "read_only": store.read_only,
                                 "mount_path": fuse.mountpoint}
     if handover is not None:
-        return SupervisorLink(handover.channel_fd, options)
+        return SupervisorLink(handover.channel_fd, options, mirror_slots=handover.mirror_slots)
     entry = fuse.mount_entry()
     if entry is None:
         return NoSupervisor()

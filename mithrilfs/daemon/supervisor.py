@@ -4,7 +4,8 @@
 started by the daemon right after it mounts, with a duplicate of the
 /dev/fuse fd as FD, one of the store's lock as LOCK, and its end of the daemon's channel as stdin
 (``daemon.channel``), on which it also receives a descriptor of every
-file's staging content.  While any process holds that fd the kernel keeps
+file's staging content (for content staged in memory, of the mirrors the
+daemon reuses, and their slot table: ``daemon.mirrors``).  While any process holds that fd the kernel keeps
 the connection: when the daemon dies, requests wait in the kernel instead
 of failing with ENOTCONN, and the mount point never shows the directory
 under it.
@@ -46,6 +47,7 @@ says why only there).
 
 from __future__ import annotations
 
+import array
 import json
 import logging
 import os
@@ -58,7 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mithrilfs.daemon import ended
+from mithrilfs.daemon import ended, mirrors
 from mithrilfs.daemon.channel import Handover, Restarts
 from mithrilfs.daemon.owner import Owner
 from mithrilfs.daemon.process import pid_alive, raise_fd_limit
@@ -72,6 +74,9 @@ log = logging.getLogger("mithrilfs.supervisor")
 _CRASH_AT = "MITHRILFS_TEST_CRASH_AT"
 CRASH_LOOP_LIMIT = 3
 QUICK_DEATH_SECONDS = 1.0
+#: The longest message the daemon sends (its options), and the most descriptors one carries.
+_MESSAGE_MAX = 1 << 20
+_FDS_MAX = mirrors.BATCH
 
 
 class Supervisor:
@@ -97,6 +102,11 @@ class Supervisor:
         self.written: dict[int, tuple[int, str | None]] = {}
         #: What the current daemon inherited, held until it says it serves.
         self.inherited: dict[int, tuple[int, str | None]] = {}
+        #: The current daemon's mirrors (slot -> descriptor) and their slot table (``daemon.mirrors``).
+        self.mirrors: dict[int, int] = {}
+        self.mirror_table = -1
+        #: One buffer for every message (a fresh megabyte per message cost more than the rest of its handling).
+        self._buffer = bytearray(_MESSAGE_MAX)
         self.restarts = Restarts()
         #: Successors in a row that died before serving for ``QUICK_DEATH_SECONDS``.
         self.quick_deaths = 0
@@ -128,8 +138,33 @@ class Supervisor:
                 os.close(fd)
         self.inherited = {}
 
+    def _claim_mirrors(self) -> None:
+        """The daemon is gone: the mirrors whose slot names an inode hold its staged content, unless a message
+        about that inode came (``daemon.channel``)."""
+        for ino, fd in mirrors.claimed(self.mirror_table, self.mirrors).items():
+            if ino in self.written:
+                os.close(fd)
+            else:
+                self.written[ino] = (fd, None)
+        self.mirrors, self.mirror_table = {}, -1
+
+    def _receive(self, channel: socket.socket) -> tuple[str, list[int], int]:
+        """One message: its text, its descriptors and the flags (``MSG_CTRUNC``: descriptors were lost)."""
+        n, ancdata, flags, _ = channel.recvmsg_into([self._buffer], socket.CMSG_SPACE(_FDS_MAX * 4))
+        fds: list[int] = []
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += array.array("i", data[:len(data) - len(data) % 4])
+        return self._buffer[:n].decode(errors="replace"), fds, flags
+
     def listen(self, channel: socket.socket) -> bool:
         """Read the daemon's messages until it closes the socket or dies; True if it asked for a handoff."""
+        try:
+            return self._listen(channel)
+        finally:
+            self._claim_mirrors()
+
+    def _listen(self, channel: socket.socket) -> bool:
         handoff = False
         while True:
             ready = select.select([channel.fileno(), *([self.owner_fd] if self.owner_fd >= 0 else [])], [], [],
@@ -142,14 +177,14 @@ class Supervisor:
                     continue
                 channel.setblocking(False)  # what it sent before it died, then the end
                 try:
-                    raw, fds, flags, _ = socket.recv_fds(channel, 1 << 20, 8)
+                    text, fds, flags = self._receive(channel)
                 except BlockingIOError:
                     return handoff
             else:
-                raw, fds, flags, _ = socket.recv_fds(channel, 1 << 20, 8)
-            if not raw and not fds:
+                text, fds, flags = self._receive(channel)
+            if not text and not fds:
                 return handoff
-            verb, _, rest = raw.decode(errors="replace").partition(" ")
+            verb, _, rest = text.partition(" ")
             if verb == "s":
                 ino, _, path = rest.partition(" ")
                 for extra in fds[1:]:
@@ -164,6 +199,12 @@ class Supervisor:
                 continue
             if verb == "lookups" and fds and self.lookups_fd < 0:
                 self.lookups_fd, fds = fds[0], fds[1:]
+            elif verb == "mirror-slots" and fds and self.mirror_table < 0:
+                self.mirror_table, fds = fds[0], fds[1:]
+            elif verb == "mirrors":
+                for slot, fd in zip(map(int, rest.split()), fds):
+                    self.mirrors[slot] = fd
+                fds = fds[len(rest.split()):]
             for extra in fds:
                 os.close(extra)
             if verb == "w":
@@ -173,6 +214,10 @@ class Supervisor:
                 self._keep(int(rest), -1, None)
             elif verb == "c":
                 self._settle(int(rest))
+            elif verb == "unmirror":
+                fd = self.mirrors.pop(int(rest), -1)
+                if fd >= 0:
+                    os.close(fd)
             elif verb == "ready":
                 self.serving_since = time.monotonic()
                 self._serving()

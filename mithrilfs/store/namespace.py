@@ -10,6 +10,7 @@ mount in ``recovery``.
 
 from __future__ import annotations
 
+import operator
 import os
 import stat
 import time
@@ -21,14 +22,13 @@ from dataclasses import dataclass, fields
 
 from mithrilfs.store import recovery, schema
 from mithrilfs.store.blob_rows import BlobRows
+from mithrilfs.store.kept_names import KeptNames
 from mithrilfs.store.name_queries import NameQueries
 
 ROOT_INODE = 1
 
 #: Inodes loaded most recently are kept in memory (beyond those still in use elsewhere).
 INODE_CACHE_SIZE = 65536
-#: Names found by ``lookup`` kept in memory (about 120 bytes each); past this many they start over.
-NAME_CACHE_SIZE = 1 << 18
 #: A directory of at most this many names is read whole when it is entered (``preload_dir``).
 PRELOAD_MAX = 64
 
@@ -62,6 +62,8 @@ class Inode:
 
 
 _INODE_FIELDS = tuple(f.name for f in fields(Inode))
+#: Every field of an Inode, as a tuple (what a rollback restores).
+_inode_fields = operator.attrgetter(*_INODE_FIELDS)
 
 
 @dataclass(slots=True)
@@ -116,14 +118,11 @@ class Namespace(BlobRows, NameQueries):
         self._inodes: weakref.WeakValueDictionary[int, Inode] = weakref.WeakValueDictionary()
         self._recent: deque[Inode] = deque(maxlen=INODE_CACHE_SIZE)
         self._created: list[int] = []
-        #: (parent, name) -> inode of names looked up: a repeated LOOKUP is answered without SQLite.
-        #: Every change of a name goes through ``link``, ``unlink`` and ``retarget``, which keep it
-        #: right; a rollback or a change by SQL alone (``recover``) empties it.  Not kept by a
+        #: Names kept in memory: a repeated LOOKUP, and one of a name a directory kept whole lacks, is answered
+        #: without SQLite.  Every change of a name goes through ``link``, ``unlink`` and ``retarget``, which
+        #: keep them right; a rollback or a change by SQL alone (``recover``) empties them.  Not kept by a
         #: reader of an index another connection changes (``reader``).
-        self._names: dict[tuple[int, bytes], int] = {}
-        self._names_kept = not read_only or immutable
-        #: Directories ``preload_dir`` read (whole, or found too large), since the names were last emptied.
-        self._preloaded: set[int] = set()
+        self._kept = KeptNames(not read_only or immutable)
         self.db = schema.connect(path, read_only=read_only, immutable=immutable)
         self._depth = 0
         self._undo = {}
@@ -181,7 +180,7 @@ class Namespace(BlobRows, NameQueries):
                     setattr(ino, name, value)
             for ino_id in self._created:  # the id will be handed out again
                 self._inodes.pop(ino_id, None)
-            self._forget_names()
+            self._kept.clear()
             self.unconfirmed = self._load_unconfirmed()
             raise
         finally:
@@ -194,7 +193,7 @@ class Namespace(BlobRows, NameQueries):
 
     def _changing(self, ino: Inode) -> None:
         if self._depth and id(ino) not in self._undo:
-            self._undo[id(ino)] = (ino, tuple(getattr(ino, f) for f in _INODE_FIELDS))
+            self._undo[id(ino)] = (ino, _inode_fields(ino))
 
     # -- meta ------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
@@ -226,11 +225,7 @@ class Namespace(BlobRows, NameQueries):
         """Drop the in-memory inodes (after changes made by SQL alone, such as ``recover``)."""
         self._inodes = weakref.WeakValueDictionary()
         self._recent.clear()
-        self._forget_names()
-
-    def _forget_names(self) -> None:
-        self._names.clear()
-        self._preloaded.clear()
+        self._kept.clear()
 
     def create_inode(
         self, mode: int, uid: int, gid: int, *, target: bytes | None = None, nlink: int = 1, rdev: int = 0
@@ -246,6 +241,8 @@ class Namespace(BlobRows, NameQueries):
         assert new_id is not None  # an INSERT always has one
         if self._depth:
             self._created.append(new_id)
+        if stat.S_ISDIR(mode):
+            self._kept.made_empty(new_id)  # (a rollback empties the names, and this with them)
         return self._remember(Inode(new_id, mode, uid, gid, nlink, size, now, now, now, None, target, rdev))
 
     def create_names(self, names: list[NewName]) -> list[Inode]:
@@ -279,7 +276,7 @@ class Namespace(BlobRows, NameQueries):
             self._created += [o.id for o in nodes]
         for p, n, node in zip(parents, names, nodes):  # the set's reader looks them up next (a rollback forgets them)
             self._remember(node)
-            self._keep_name((p, n.name), node.id)
+            self._kept.keep((p, n.name), node.id)
         for p, count in subdirs.items():  # directories that were here before this call
             parent = self.get(p)
             assert parent is not None  # the caller names into a directory it holds
@@ -357,29 +354,31 @@ class Namespace(BlobRows, NameQueries):
     # -- directory entries -----------------------------------------------
     def lookup(self, parent: int, name: bytes) -> int | None:
         key = (parent, name)
-        ino = self._names.get(key)
-        if ino is not None:
+        ino = self._kept.names.get(key)
+        if ino is not None or parent in self._kept.whole:
             return ino
         row = self.db.execute(
             "SELECT inode FROM dentries WHERE parent = ? AND name = ?", key
         ).fetchone()
         if row is None:
             return None
-        self._keep_name(key, row[0])
+        self._kept.keep(key, row[0])
         return row[0]
 
     def lookup_inode(self, parent: int, name: bytes) -> Inode | None:
         """``lookup`` and ``get`` in one: a name not kept in memory costs one query, not two."""
         key = (parent, name)
-        ino = self._names.get(key)
+        ino = self._kept.names.get(key)
         if ino is not None:
             return self.get(ino)
+        if parent in self._kept.whole:
+            return None
         row = self.db.execute(
             f"SELECT {_INODE_COLS_OF_I} FROM dentries d JOIN inodes i ON i.id = d.inode"
             " WHERE d.parent = ? AND d.name = ?", key).fetchone()
         if row is None:
             return None
-        self._keep_name(key, row[0])
+        self._kept.keep(key, row[0])
         return self._held_or_new(row)
 
     def _held_or_new(self, row: tuple | list) -> Inode:
@@ -397,30 +396,27 @@ class Namespace(BlobRows, NameQueries):
         is left to its lookups: most of it would be names nobody asks for.  Names
         are kept exactly as ``lookup_inode`` keeps them, so the rules that keep
         those right (every change goes through ``link``, ``unlink``, ``retarget``)
-        keep these right too.
+        keep these right too.  A directory read whole is kept whole (as is one
+        made empty): ``link`` and ``retarget`` keep its new names, and a name it
+        does not keep is absent without a query.
         """
-        if not self._names_kept or self._depth or parent in self._preloaded:
+        if not self._kept.enabled or self._depth or parent in self._kept.preloaded:
             return
-        self._preloaded.add(parent)
+        self._kept.preloaded.add(parent)
         rows = self.db.execute(
             f"SELECT d.name, {_INODE_COLS_OF_I} FROM dentries d JOIN inodes i ON i.id = d.inode"
             " WHERE d.parent = ? LIMIT ?", (parent, PRELOAD_MAX + 1)).fetchall()
         if len(rows) > PRELOAD_MAX:
             return
         for name, *cols in rows:
-            self._keep_name((parent, name), cols[0])
+            self._kept.keep((parent, name), cols[0])
             self._held_or_new(cols)
-
-    def _keep_name(self, key: tuple[int, bytes], ino: int) -> None:
-        if self._names_kept:
-            if len(self._names) >= NAME_CACHE_SIZE:
-                self._forget_names()
-            self._names[key] = ino
+        self._kept.loaded(parent)
 
     def link(self, parent: int, name: bytes, ino: int, *, published: bool = False) -> None:
         self.db.execute("INSERT INTO dentries (parent, name, inode, published) VALUES (?, ?, ?, ?)",
                         (parent, name, ino, int(published)))
-        self._names.pop((parent, name), None)
+        self._kept.changed((parent, name), ino)
 
     def is_published(self, parent: int, name: bytes) -> bool:
         row = self.db.execute(
@@ -432,7 +428,7 @@ class Namespace(BlobRows, NameQueries):
 
     def unlink(self, parent: int, name: bytes) -> None:
         self.db.execute("DELETE FROM dentries WHERE parent = ? AND name = ?", (parent, name))
-        self._names.pop((parent, name), None)
+        self._kept.gone((parent, name))
 
     def move(self, parent: int, name: bytes, new_parent: int, new_name: bytes) -> None:
         """Re-point one entry; gets a new readdir offset like a fresh entry."""
@@ -444,7 +440,7 @@ class Namespace(BlobRows, NameQueries):
 
     def retarget(self, parent: int, name: bytes, ino: int) -> None:
         self.db.execute("UPDATE dentries SET inode = ? WHERE parent = ? AND name = ?", (ino, parent, name))
-        self._names.pop((parent, name), None)
+        self._kept.changed((parent, name), ino)
 
     def readdir(self, parent: int, after: int, limit: int = 256) -> list[Dentry]:
         rows = self.db.execute(

@@ -235,7 +235,8 @@ def test_physical_is_blob_bytes_plus_staging_bytes(store: Store, writes: WritePa
 
 
 class KeepingWatcher:
-    """A supervisor's view (``WriteWatcher`` with ``keeps_content``): the descriptor of each file's staging."""
+    """A supervisor's view (``WriteWatcher`` with ``keeps_content``): the descriptor of each file's staging
+    (a mirror's path is None)."""
 
     keeps_content = True
 
@@ -243,13 +244,28 @@ class KeepingWatcher:
         self.kept: dict[int, tuple[int, str | None]] = {}
         self.written: set[int] = set()
         self.lost_inodes: set[int] = set()
+        self._mirrors: dict[int, int] = {}
 
-    def staging(self, ino: int, fd: int, path: str | None) -> None:
+    def staging(self, ino: int, fd: int, path: str) -> None:
         kept = self.kept.pop(ino, None)
         if kept is not None:
             os.close(kept[0])
         self.kept[ino] = (os.dup(fd), path)  # the supervisor's own copy, as SCM_RIGHTS gives it
         self.written.add(ino)
+
+    def mirror(self, ino: int) -> int:
+        fd = os.memfd_create("mirror")
+        self._mirrors[fd] = ino
+        self.kept[ino] = (os.dup(fd), None)
+        self.written.add(ino)
+        return fd
+
+    def unmirror(self, fd: int) -> None:
+        ino = self._mirrors.pop(fd)
+        os.close(fd)
+        if ino in self.kept and self.kept[ino][1] is None:  # what was said of the inode since wins
+            os.close(self.kept.pop(ino)[0])
+            self.written.discard(ino)
 
     def writing(self, ino: int) -> None:
         self.written.add(ino)
@@ -292,6 +308,35 @@ def test_staging_outlives_the_daemon_and_a_successor_goes_on_from_it(store: Stor
         assert committed is not None and committed.size == total + len(rest)
         assert store.cas.read(committed.hash) == first + rest  # type: ignore[arg-type]
         assert successor_watcher.written == set() and successor_watcher.kept == {}
+
+    trio.run(t)
+
+
+class NoMirrors(KeepingWatcher):
+    """A watcher that keeps content but has no mirror to give (a supervisor of older code, no memory files left)."""
+
+    def mirror(self, ino: int) -> int:
+        raise OSError(errno.ENOTSUP, "no mirrors here")
+
+
+def test_content_staged_in_memory_goes_to_a_staging_file_when_no_mirror_can_be_had(store: Store) -> None:
+    """A small file whose mirror cannot be had is staged in a staging file the watcher holds instead (never
+    left where a crash loses it), and a successor goes on from that file."""
+    watcher = NoMirrors()
+    dead = WritePath(store.ns, store.blobs, Stats(), trio.CapacityLimiter(2), [], watcher)
+    data = os.urandom(3000)
+
+    async def t() -> None:
+        ino = new_file(store.ns, b"f")
+        of = dead.staged_for(ino, ROOT_KEY)
+        await dead.write(of, 0, data[:1000])
+        await dead.write(of, 1000, data[1000:])
+        fd, path = watcher.kept[ino.id]
+        assert path is not None and of.mem is None and os.pread(fd, 4000, 0) == data
+        successor = WritePath(store.ns, store.blobs, Stats(), trio.CapacityLimiter(2), [], KeepingWatcher())
+        successor.adopt(store.ns.get(ino.id), ROOT_KEY, fd, path)  # type: ignore[arg-type]
+        await successor.commit(successor.staged[ino.id])
+        assert store.cas.read(store.ns.get(ino.id).hash) == data  # type: ignore[union-attr,arg-type]
 
     trio.run(t)
 

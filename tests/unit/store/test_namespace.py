@@ -216,10 +216,10 @@ def test_a_small_directory_preloaded_answers_its_lookups_from_memory_and_follows
     for name, ino in files.items():
         found = ns.lookup_inode(small.id, name)
         assert found is not None and found.id == ino
-    assert len(queries) == 1  # every lookup answered from memory
-    assert ns.lookup_inode(small.id, b"absent") is None  # a name not there still asks the index
+    assert ns.lookup_inode(small.id, b"absent") is None and ns.lookup(small.id, b"absent") is None
+    assert len(queries) == 1  # every lookup answered from memory, a name not there too (it is read whole)
     ns.preload_dir(small.id)  # once is enough
-    assert len(queries) == 2
+    assert len(queries) == 1
     # changes made afterwards show
     with ns.txn():
         ns.unlink(small.id, b"k0")
@@ -248,6 +248,41 @@ def test_a_small_directory_preloaded_answers_its_lookups_from_memory_and_follows
     ns.preload_dir(small.id)
     assert len(queries) == before + 1 and ns.lookup_inode(small.id, b"k2").id == files[b"k2"]
     assert len(queries) == before + 1
+    ns.db.set_trace_callback(None)
+
+
+def test_a_directory_made_in_this_mount_answers_names_it_lacks_without_a_query_and_follows_changes(ns):
+    """A directory made empty keeps all its names: a lookup of a name it lacks (a file's tmp name, then its
+    final name, before they exist) asks the index nothing, and its new names, renames, exchanges, removals
+    and a rollback all show in the next lookup; once the names are emptied it asks the index again."""
+    with ns.txn():
+        d = ns.create_inode(stat.S_IFDIR | 0o755, 0, 0, nlink=2)
+        ns.link(ROOT_INODE, b"d", d.id)
+    queries: list[str] = []
+    ns.db.set_trace_callback(queries.append)
+    assert ns.lookup(d.id, b"tmp") is None and ns.lookup_inode(d.id, b"final") is None
+    assert queries == []
+    tmp = _file(ns, d.id, b"tmp")
+    other = _file(ns, d.id, b"other")
+    before = len(queries)
+    assert ns.lookup(d.id, b"tmp") == tmp.id and ns.lookup(d.id, b"final") is None
+    with ns.txn():
+        ns.move(d.id, b"tmp", d.id, b"final")
+    assert ns.lookup(d.id, b"tmp") is None and ns.lookup_inode(d.id, b"final") is tmp
+    with ns.txn():
+        ns.retarget(d.id, b"final", other.id)
+        ns.retarget(d.id, b"other", tmp.id)
+    assert ns.lookup(d.id, b"final") == other.id and ns.lookup(d.id, b"other") == tmp.id
+    with ns.txn():
+        ns.unlink(d.id, b"other")
+    assert ns.lookup(d.id, b"other") is None
+    assert not any("FROM dentries" in q and "SELECT" in q for q in queries[before:])
+    with pytest.raises(RuntimeError), ns.txn():  # a rolled-back link leaves no name, and nothing kept whole
+        ns.link(d.id, b"ghost", tmp.id)
+        raise RuntimeError
+    before = len(queries)
+    assert ns.lookup(d.id, b"ghost") is None and ns.lookup(d.id, b"final") == other.id
+    assert len(queries) == before + 2  # asked the index
     ns.db.set_trace_callback(None)
 
 
