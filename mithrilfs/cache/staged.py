@@ -37,8 +37,9 @@ class WriteWatcher(Protocol):
     ``staging``: the inode's staging content now lives in the staging
     file *path*, open on *fd*, which also means it is being written;
     ``mirror``: a memory file the watcher holds too, for an inode's content
-    staged in memory (empty; it stays the inode's until ``unmirror``, with
-    no other word, and OSError when none can be had); ``writing``: it has
+    staged in memory, holding *content* (what is staged so far) before it
+    is named the inode's; it stays the inode's until ``unmirror``, with
+    no other word, and OSError when none can be had; ``writing``: it has
     uncommitted writes (said only when there is no staging file nor mirror
     to keep); ``lost``: its uncommitted content was dropped and its writer
     not told yet; ``settled``: nothing uncommitted is left (said only of an
@@ -51,7 +52,7 @@ class WriteWatcher(Protocol):
 
     def staging(self, ino: int, fd: int, path: str) -> None: ...
 
-    def mirror(self, ino: int) -> int: ...
+    def mirror(self, ino: int, content: bytes | bytearray | memoryview) -> int: ...
 
     def unmirror(self, fd: int) -> None: ...
 
@@ -70,7 +71,7 @@ class NoWriteWatcher:
     def staging(self, ino: int, fd: int, path: str) -> None:
         pass
 
-    def mirror(self, ino: int) -> int:
+    def mirror(self, ino: int, content: bytes | bytearray | memoryview) -> int:
         raise OSError(errno.ENOTSUP, "nobody keeps mirrors")
 
     def unmirror(self, fd: int) -> None:

@@ -168,10 +168,10 @@ class SupervisorLink:
     def staging(self, ino: int, fd: int, path: str) -> None:
         self._send(f"s {ino} {path}", (fd,))
 
-    def mirror(self, ino: int) -> int:
+    def mirror(self, ino: int, content: bytes | bytearray | memoryview = b"") -> int:
         if self.mirrors is None:
             raise OSError(errno.ENOTSUP, "this supervisor keeps no mirrors")
-        return self.mirrors.take(ino)
+        return self.mirrors.take(ino, content)
 
     def unmirror(self, fd: int) -> None:
         if self.mirrors is not None:

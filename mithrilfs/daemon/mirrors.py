@@ -13,9 +13,10 @@ supervisor reads the table (``claimed``): a mirror whose slot names an inode
 holds exactly that inode's staged content, with no header (the content of a
 mirror is the file's, as ``WritePath.adopt`` reads it).
 
-Order keeps that true.  A slot names its inode before the first write into
-the mirror is answered; a mirror is given back (its slot cleared first, then
-its content emptied) only once its content is needless: after the commit's
+Order keeps that true.  A slot names its inode once the mirror holds the
+content staged so far (a copy of the committed file being written
+again), and before the first write into the mirror is answered; a
+mirror is given back (its slot cleared first, then its content emptied) only once its content is needless: after the commit's
 transaction, or after the message that tells the supervisor where the
 content went instead (a staging file, or lost), which wins over the slot.
 """
@@ -27,6 +28,8 @@ import mmap
 import os
 import struct
 from collections.abc import Callable, Sequence
+
+from mithrilfs.cache.writepath import crash_point
 
 #: A slot of the table: the inode whose content the mirror holds, 0 for a free mirror.
 SLOT = struct.Struct("<q")
@@ -59,14 +62,22 @@ class MirrorPool:
         self._unused: list[int] = []
         self._next = 0
 
-    def take(self, ino: int) -> int:
-        """An empty mirror whose slot names *ino*; OSError when none can be had (the supervisor is gone, no
-        memory or descriptors left)."""
+    def take(self, ino: int, content: bytes | bytearray | memoryview = b"") -> int:
+        """A mirror holding *content* whose slot names *ino*, in that order (a slot never names a mirror
+        its content is not in yet); OSError when none can be had (the supervisor is gone, no memory or
+        descriptors left)."""
         if not self._free:
             self._grow()
         assert self._table is not None
         fd = self._free.pop()
+        try:
+            if content:
+                os.pwrite(fd, content, 0)
+        except OSError:
+            self.give_back(fd)
+            raise
         SLOT.pack_into(self._table, self._slots[fd] * SLOT.size, ino)
+        crash_point("mirror_taken")
         return fd
 
     def give_back(self, fd: int) -> None:

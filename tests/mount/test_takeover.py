@@ -501,6 +501,27 @@ def test_a_kill_inside_a_commit_never_lets_the_successor_write_into_a_blob(mount
 
 
 @pytest.mark.timeout(120)
+def test_a_kill_as_a_committed_file_is_written_again_keeps_its_content(mount_factory: MountFactory):
+    """Writing into a committed file stages a copy of its content in memory, mirrored for a successor: a
+    daemon killed as the mirror is handed out must leave the successor the whole copy, never a mirror
+    named for the file before the copy is in it (the resent write would then land on nothing)."""
+    m = mount_factory("mirror-copy", env={"MITHRILFS_TEST_CRASH_AT": "mirror_taken:2"})
+    old_bytes = os.urandom(MEM_STAGING_MAX // 8)
+    (m.mountpoint / "f.tmp").write_bytes(old_bytes)
+    os.replace(m.mountpoint / "f.tmp", m.mountpoint / "f")  # committed: mirror 1
+    old = m.pid
+    with open(m.mountpoint / "f", "r+b") as f:
+        f.write(b"Y")
+        f.flush()  # its staging copy takes mirror 2: the daemon dies there, the successor gets the write again
+        wait_for(lambda: not pid_alive(old), timeout=10, what="the crash point")
+        os.fsync(f.fileno())
+    m.pid = daemon_pid(m.mountpoint)
+    assert m.pid != old
+    assert (m.mountpoint / "f").read_bytes() == b"Y" + old_bytes[1:]
+    _unmount_and_check(m)
+
+
+@pytest.mark.timeout(120)
 def test_a_daemon_with_a_low_descriptor_limit_stages_thousands_of_files(mount_factory: MountFactory,
                                                                          tmp_path: Path):
     """Each file staged in memory holds a memfd for a successor: the daemon raises its own descriptor

@@ -253,8 +253,9 @@ class KeepingWatcher:
         self.kept[ino] = (os.dup(fd), path)  # the supervisor's own copy, as SCM_RIGHTS gives it
         self.written.add(ino)
 
-    def mirror(self, ino: int) -> int:
+    def mirror(self, ino: int, content: bytes | bytearray | memoryview) -> int:
         fd = os.memfd_create("mirror")
+        os.pwrite(fd, content, 0)
         self._mirrors[fd] = ino
         self.kept[ino] = (os.dup(fd), None)
         self.written.add(ino)
@@ -315,7 +316,7 @@ def test_staging_outlives_the_daemon_and_a_successor_goes_on_from_it(store: Stor
 class NoMirrors(KeepingWatcher):
     """A watcher that keeps content but has no mirror to give (a supervisor of older code, no memory files left)."""
 
-    def mirror(self, ino: int) -> int:
+    def mirror(self, ino: int, content: bytes | bytearray | memoryview) -> int:
         raise OSError(errno.ENOTSUP, "no mirrors here")
 
 
