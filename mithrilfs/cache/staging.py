@@ -228,9 +228,7 @@ class Staging:
             return
         if of.mem is not None:
             try:
-                of.mirror_fd = self.watcher.mirror(of.inode.id)
-                if of.mem:
-                    os.pwrite(of.mirror_fd, of.mem, 0)
+                of.mirror_fd = self.watcher.mirror(of.inode.id, of.mem)
                 return
             except OSError as e:
                 if of.mirror_fd is not None:
@@ -409,9 +407,16 @@ class Staging:
 
         *path*: the staging file *fd* is open on; None: a memfd mirror,
         whose content is staged in memory again (or in a new staging file
-        when it no longer fits).
+        when it no longer fits).  Content the inode's commit already holds
+        (the previous daemon died after the commit's transaction, before it
+        let go of its staging) is not staged again: its idle commit would
+        turn a confirmed commit into an unconfirmed one, which the next
+        unclean stop drops.
         """
         size = os.fstat(fd).st_size
+        if self._committed_already(inode, fd, path):
+            os.close(fd)
+            return
         of = self.staged_for(inode, top)
         if path is None:
             content = bytearray(os.pread(fd, size, 0)) if size else bytearray()
@@ -437,6 +442,20 @@ class Staging:
         of.mtime_ns = time.time_ns()
         of.changed = time.monotonic()
         self._dirty(of)
+
+    def _committed_already(self, inode: Inode, fd: int, path: str | None) -> bool:
+        """*fd* holds exactly the content *inode*'s commit names: its blob file itself (a staging file the
+        commit linked into ``objects/``), or a mirror whose bytes hash to it."""
+        st = os.fstat(fd)
+        if inode.hash is None or st.st_size != inode.size:
+            return False
+        if path is not None:
+            try:
+                blob = os.stat(self.cas.path(inode.hash))
+            except FileNotFoundError:
+                return False
+            return (blob.st_dev, blob.st_ino) == (st.st_dev, st.st_ino)
+        return blake3.blake3(os.pread(fd, st.st_size, 0)).digest() == inode.hash
 
     def shutdown(self) -> None:
         """Drop staging that could not be committed; the next mount clears leftover files anyway."""

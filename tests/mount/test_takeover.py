@@ -522,6 +522,34 @@ def test_a_kill_as_a_committed_file_is_written_again_keeps_its_content(mount_fac
 
 
 @pytest.mark.timeout(120)
+def test_a_file_renamed_as_its_daemon_died_survives_a_second_crash(mount_factory: MountFactory):
+    """Killed after a rename's commit and before it let go of the file's mirror, the daemon hands the mirror
+    on: the successor must not stage that committed content again, whose idle commit would be unconfirmed
+    and dropped by the next unclean stop, taking a name the rename had published."""
+    m = mount_factory("twice", env={"MITHRILFS_TEST_CRASH_AT": "after_set_content:1"})
+    data = os.urandom(MEM_STAGING_MAX // 8)
+    old = m.pid
+    (m.mountpoint / "f.tmp").write_bytes(data)
+    os.replace(m.mountpoint / "f.tmp", m.mountpoint / "f")  # the daemon dies inside; the successor answers it
+    wait_for(lambda: not pid_alive(old), timeout=10, what="the crash point")
+    m.pid = daemon_pid(m.mountpoint)
+    assert m.pid not in (None, old)
+    wait_for(lambda: m.stats()["written_files"] == 0, timeout=30, what="nothing left to commit")
+    supervisor = supervisor_pid(m.mountpoint)
+    assert supervisor is not None
+    for pid in (supervisor, m.pid):  # an unclean stop: nobody takes over
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda pid=pid: not pid_alive(pid), timeout=10, what="the kill")
+    subprocess.run(["fusermount3", "-u", "-z", str(m.mountpoint)], capture_output=True)
+    wait_unmounted(m.mountpoint)
+    m.pid, m.env = None, None
+    m.mount()
+    assert (m.mountpoint / "f").read_bytes() == data
+    assert not (m.mountpoint / "f.tmp").exists()
+    _unmount_and_check(m)
+
+
+@pytest.mark.timeout(120)
 def test_a_daemon_with_a_low_descriptor_limit_stages_thousands_of_files(mount_factory: MountFactory,
                                                                          tmp_path: Path):
     """Each file staged in memory holds a memfd for a successor: the daemon raises its own descriptor
