@@ -476,7 +476,7 @@ def main() -> int:
                     help="only the many-files test: N files created in one directory, both ways, and find")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--mount-option", action="append", default=[], metavar="ARG",
-                    help="pass ARG to mount (e.g. --mount-option=--passthrough --mount-option=off)")
+                    help="pass ARG to mount (e.g. --mount-option=--passthrough --mount-option=on)")
     args = ap.parse_args()
 
     results: dict = {}
