@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -240,18 +241,21 @@ def read_at_once(nodes: list[Mount], files: dict[str, bytes]) -> list[dict[str, 
         return list(pool.map(read_all, nodes))
 
 
+@contextmanager
 def burst(mount_factory: MountFactory, weed: SeaweedFS, bucket: str, mode: str, rate: float,
-          files: dict[str, bytes]) -> tuple[list[Mount], dict[str, int]]:
+          files: dict[str, bytes]) -> Iterator[tuple[list[Mount], dict[str, int]]]:
     """Four new nodes mount at once (*mode*) through a proxy answering ``503 SlowDown`` past *rate* requests a
     second to the whole bucket (one prefix, as S3 partitions a new bucket), then all read every file at
-    once; the nodes and the proxy's counts.  A read that fails fails the test."""
+    once; the nodes and the proxy's counts, while the proxy still stands (the nodes go on asking the
+    bucket in the background: with the proxy gone, that is a failure to connect).  A read that fails
+    fails the test."""
     env = weed.env()
     with DelayProxy("127.0.0.1", weed.ports["s3"], protocol="http", slowdown_rate=rate, slowdown_depth=1) as proxy:
         with ThreadPoolExecutor(4) as pool:
             nodes = list(pool.map(lambda i: mount_factory(f"n{i}", *_s3(bucket, mode), env=under(proxy, env)),
                                   range(4)))
         assert all(got == files for got in read_at_once(nodes, files))
-        return nodes, proxy.counts()
+        yield nodes, proxy.counts()
 
 
 @pytest.mark.timeout(240)
@@ -265,12 +269,12 @@ def test_nodes_mounting_at_once_through_a_rate_limited_bucket_all_read_every_byt
     off: at 20 requests a second some node read EIO in every run, at 30 in about one in two."""
     files = published_and_recorded(mount_factory("a", *_s3(bucket), env=shared_seaweedfs.env()),
                                    workload(30, seed=12))
-    nodes, counts = burst(mount_factory, shared_seaweedfs, bucket, mode, 10, files)
-    assert counts.get("slowdowns", 0) >= 10, counts
-    for m in nodes:
-        s = m.stats()
-        assert s["remote_verify_failures"] == 0 and s["remote_bad_blobs_reported"] == 0, s
-        assert s["remote_levels"][0]["reachable"] and s["remote_levels"][0]["errors"] == 0, s["remote_levels"]
+    with burst(mount_factory, shared_seaweedfs, bucket, mode, 10, files) as (nodes, counts):
+        assert counts.get("slowdowns", 0) >= 10, counts
+        for m in nodes:
+            s = m.stats()
+            assert s["remote_verify_failures"] == 0 and s["remote_bad_blobs_reported"] == 0, s
+            assert s["remote_levels"][0]["reachable"] and s["remote_levels"][0]["errors"] == 0, s["remote_levels"]
     assert keys(shared_seaweedfs, bucket, BASE + "bad/") == []
 
 

@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import Mount, MountFactory, is_mounted, run_cli, supervisor_pid, write_committed
+from conftest import Mount, MountFactory, free_port, is_mounted, run_cli, supervisor_pid, write_committed
 from prometheus_client.parser import text_string_to_metric_families
 
 N = 10_000
@@ -73,7 +73,7 @@ def test_counters_move_as_documented(mnt: Mount):
 
 
 def test_prometheus_endpoint_serves_the_same_values(mount_factory: MountFactory):
-    port = 20000 + os.getpid() % 20000
+    port = free_port()  # this worker's share: a port derived from the pid collided with another worker's server
     m = mount_factory("prom", "--metrics-port", str(port))
     (m.mountpoint / "inductor").mkdir()
     write_committed(m.mountpoint / "inductor" / "x", b"abc")
