@@ -413,13 +413,14 @@ class Staging:
         turn a confirmed commit into an unconfirmed one, which the next
         unclean stop drops.
         """
-        size = os.fstat(fd).st_size
-        if self._committed_already(inode, fd, path):
+        st = os.fstat(fd)
+        size = st.st_size
+        content = (bytearray(os.pread(fd, size, 0)) if size else bytearray()) if path is None else None
+        if self._committed_already(inode, st, content):
             os.close(fd)
             return
         of = self.staged_for(inode, top)
-        if path is None:
-            content = bytearray(os.pread(fd, size, 0)) if size else bytearray()
+        if content is not None:
             os.close(fd)
             of.mem = content
             of.size = 0
@@ -429,10 +430,11 @@ class Staging:
             else:
                 self._kept(of)
         else:
+            assert path is not None
             of.staging_fd, of.staging_path = fd, path
             of.size = 0
             self._set_size(of, size)
-            if os.fstat(fd).st_nlink == 1 and _same_file(path, fd):
+            if st.st_nlink == 1 and _same_file(path, fd):
                 self._kept(of)
             else:  # the dead daemon's commit had linked it into objects/ (or got further): a blob now
                 self._unshare(of)
@@ -443,19 +445,19 @@ class Staging:
         of.changed = time.monotonic()
         self._dirty(of)
 
-    def _committed_already(self, inode: Inode, fd: int, path: str | None) -> bool:
-        """*fd* holds exactly the content *inode*'s commit names: its blob file itself (a staging file the
-        commit linked into ``objects/``), or a mirror whose bytes hash to it."""
-        st = os.fstat(fd)
+    def _committed_already(self, inode: Inode, st: os.stat_result, content: bytearray | None) -> bool:
+        """The staging left (*st*; a mirror's *content*, None for a staging file) is exactly what *inode*'s commit
+        names: its blob file itself (a staging file the commit linked into ``objects/``), or a mirror whose
+        bytes hash to it."""
         if inode.hash is None or st.st_size != inode.size:
             return False
-        if path is not None:
+        if content is None:
             try:
                 blob = os.stat(self.cas.path(inode.hash))
             except FileNotFoundError:
                 return False
             return (blob.st_dev, blob.st_ino) == (st.st_dev, st.st_ino)
-        return blake3.blake3(os.pread(fd, st.st_size, 0)).digest() == inode.hash
+        return blake3.blake3(content).digest() == inode.hash
 
     def shutdown(self) -> None:
         """Drop staging that could not be committed; the next mount clears leftover files anyway."""
