@@ -7,6 +7,7 @@ CLI works from any container that sees the mount.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -54,7 +55,10 @@ def control_command(path: Path, request: str, *, answered: bool = True) -> dict:
     """Run a command through its control file: write the request, read the JSON answer back (unless not
     *answered*: ``restart``, whose answer dies with the daemon that gave it).
 
-    Commands change the mount, so only its owner may run them; anyone who sees the mount reads.
+    Commands change the mount, so only its owner may run them; anyone who sees the mount reads.  A command
+    file holds one answer, the last: the command is asked and its answer read under the file's lock
+    (``flock``, kept by the kernel: every container that sees the mount shares it), so clients asking at
+    once each read their own.
     """
     try:
         try:
@@ -64,6 +68,7 @@ def control_command(path: Path, request: str, *, answered: bool = True) -> dict:
             raise MountError(f"{path.parent.parent}: '{path.name}' needs the rights of the mount's owner "
                              f"(uid {owner}; this is uid {os.getuid()}): run it as uid {owner}") from None
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released by the close
             os.write(fd, request.encode())
             if not answered:
                 return {}

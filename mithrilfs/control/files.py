@@ -103,7 +103,9 @@ class ControlFiles:
         return ino in self._commands
 
     async def run_command(self, ino: int, request: bytes) -> None:
-        """Run a command; two clients racing on one command file may each read the later answer."""
+        """Run a command; its answer replaces the last.  Two clients racing on one command file may each
+        read the later answer, unless they hold the file's lock from write to read (the CLI's
+        ``control_command`` does)."""
         self._current[ino] = (await self._commands[ino](request), time.time_ns())
 
     @staticmethod

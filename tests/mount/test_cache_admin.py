@@ -264,3 +264,35 @@ def test_stats_json_read_by_many_while_it_grows_is_never_torn(mount_factory: Mou
         outs = [r.communicate(timeout=60)[0].split() for r in readers]
     assert all(int(reads) > 0 for _, reads in outs)
     assert [int(torn) for torn, _ in outs] == [0, 0, 0, 0], outs
+
+
+COMMANDER = """
+import sys
+from pathlib import Path
+from mithrilfs.cli.client import DaemonChanged, control_command
+path, rounds, first = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+wrong = torn = 0
+for i in range(rounds):
+    top = first + i % 4
+    try:
+        wrong += len(control_command(path, f"top={top}")["largest"]) != top
+    except DaemonChanged:  # no JSON read back: another client's answer replaced this one's as it was read
+        torn += 1
+print(wrong, torn)
+"""
+
+
+def test_commands_asked_at_once_each_read_their_own_answer(mount_factory: MountFactory):
+    """A command file answers what was written to it: clients asking at once (``prefetch`` from three
+    startup scripts) each read the answer to their own request.  One answer per file served them all: a
+    ``prefetch --all`` read a ``prefetch``'s "joined" and followed the wrong prefetch (CI, one run in a few
+    hundred).  Here four processes ask ``usage`` for the N largest files, each its own N."""
+    m = mount_factory()
+    for i in range(12):
+        write_committed(m.mountpoint / f"f{i:02d}", b"x" * (100 + i))
+    usage = m.mountpoint / ".mithrilfs" / "usage"
+    askers = [subprocess.Popen([sys.executable, "-c", COMMANDER, str(usage), "40", str(1 + 4 * k)],
+                               stdout=subprocess.PIPE, text=True) for k in range(3)]
+    wrong = [a.communicate(timeout=120)[0].split() for a in askers]
+    assert all(a.returncode == 0 for a in askers)
+    assert wrong == [["0", "0"]] * 3, wrong
