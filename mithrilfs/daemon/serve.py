@@ -49,6 +49,7 @@ from mithrilfs.fs.passthrough import held_table
 from mithrilfs.jitcaches import catalog
 from mithrilfs.observe.metrics import MetricsServer
 from mithrilfs.shared.stores.connect import open_remote
+from mithrilfs.store.blank_files import BlankFiles
 from mithrilfs.store.open import HOLDER_FILE, Store, StoreError, open_store
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,8 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
                 repair_at_startup(store, live=True, keep={path for _, _, path in handover.staged if path})
         else:
             after_crash = not store.read_only and repair_at_startup(store)
+        if not store.read_only:
+            store.cas.blanks = BlankFiles(store.cas.staging)
         # a successor's mount was prefetched already: the startup set is fetched once per mount
         tier_options = TierOptions(owner=opts.remote_owner, startup_set=opts.startup_set,
                                    prefetch=opts.prefetch if handover is None else None,

@@ -65,7 +65,7 @@ class BlobWriter:
                 self._memory = os.memfd_create("mithrilfs-blobs", os.MFD_CLOEXEC)
                 self._child = subprocess.Popen(
                     [sys.executable, "-I", "-S", blob_writer_child.__file__, self.cas._objects_prefix,
-                     self.cas._staging_prefix, str(self._memory), str(os.getpid())],
+                     self.cas.staging_prefix, str(self._memory), str(os.getpid())],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                     pass_fds=(self._memory,))
             except OSError as e:

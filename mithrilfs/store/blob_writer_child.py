@@ -51,12 +51,20 @@ def write_and_rename(tmp: str, dest: str, data: bytes | bytearray | memoryview, 
     *tmp* must not exist (a unique name); otherwise a leftover of that name is truncated.  The one way a
     blob's file is written, by ``CAS.write_blob`` and by this process alike."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
-    fd = os.open(tmp, flags, BLOB_MODE)
+    fill_and_rename(os.open(tmp, flags, BLOB_MODE), tmp, dest, data)
+
+
+def _fill(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def fill_and_rename(fd: int, tmp: str, dest: str, data: bytes | bytearray | memoryview) -> None:
+    """``write_and_rename`` into *fd*, the empty file *tmp* opened for writing (closed here)."""
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            _fill(fd, data)
         finally:
             os.close(fd)
         os.rename(tmp, dest)
@@ -66,6 +74,34 @@ def write_and_rename(tmp: str, dest: str, data: bytes | bytearray | memoryview, 
         except FileNotFoundError:
             pass
         raise
+
+
+def fill_and_link(fd: int, dest: str, data: bytes | bytearray | memoryview, *, replace_via: str | None) -> bool:
+    """*data* written into *fd*, an empty nameless file (``O_TMPFILE``), then linked as *dest*: the blob
+    appears whole, in one directory change.  False when *dest* existed (left as it is), unless
+    *replace_via*: then it is replaced, the file linked under that staging name first and renamed onto
+    *dest*.  *fd* is closed here; a file never linked vanishes with it."""
+    try:
+        _fill(fd, data)
+        # linkat(AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH; the magic link does not.  A directory fd makes
+        # CPython call linkat(AT_SYMLINK_FOLLOW), which follows it (link() would link the link itself);
+        # the absolute name given ignores it.
+        source = f"/proc/self/fd/{fd}"
+        if replace_via is None:
+            try:
+                os.link(source, os.path.abspath(dest), dst_dir_fd=fd, follow_symlinks=True)
+            except FileExistsError:
+                return False
+            return True
+        os.link(source, os.path.abspath(replace_via), dst_dir_fd=fd, follow_symlinks=True)
+        try:
+            os.rename(replace_via, dest)
+        except BaseException:
+            os.unlink(replace_via)
+            raise
+        return True
+    finally:
+        os.close(fd)
 
 
 def _write_one(objects: str, staging: str, shards: set[str], serial: int, digest: bytes, data: memoryview) -> int:

@@ -9,6 +9,7 @@ work in ``staging/`` and a finished staging file becomes a blob by one
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
 from collections.abc import Collection
@@ -16,8 +17,10 @@ from pathlib import Path
 
 import blake3
 
+from mithrilfs.store.blank_files import NO_BLANKS, Blanks
+
 # the standard-library half the blob writer process runs too: one way to write a blob's file
-from mithrilfs.store.blob_writer_child import BLOB_MODE, write_and_rename
+from mithrilfs.store.blob_writer_child import BLOB_MODE, fill_and_link, write_and_rename
 
 DIGEST_SIZE = 32
 #: Files at least this large are hashed with blake3's threads over an mmap.
@@ -55,7 +58,9 @@ class CAS:
         self._shards: set[str] = set()
         #: ``objects/`` as a string: the read path builds a blob's file name per request without pathlib.
         self._objects_prefix = os.fspath(self.objects) + os.sep
-        self._staging_prefix = os.fspath(self.staging) + os.sep
+        self.staging_prefix = os.fspath(self.staging) + os.sep
+        #: Empty staging files made ahead (``blank_files``): none unless a daemon serving the store sets them.
+        self.blanks: Blanks = NO_BLANKS
         if create:
             for d in (self.objects, self.staging, self.quarantine):
                 d.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -127,7 +132,8 @@ class CAS:
 
         For small blobs (a prefetch, a commit of content staged in memory):
         a create and a rename each, where a staging file, its link and its
-        unlink cost more.  Unless *trust_existing*, an existing blob is
+        unlink cost more; the create is a blank made ahead when one is ready
+        (``blanks``).  Unless *trust_existing*, an existing blob is
         atomically replaced by these bytes (as ``adopt`` does).  Safe from
         worker threads.
         """
@@ -141,7 +147,16 @@ class CAS:
             self._shards.add(shard)
         # a crash leaves the temporary file where startup clears; a full disk removes it (the retry after
         # making room starts over)
-        write_and_rename(f"{self._staging_prefix}{uuid.uuid4().hex}", dest, data, exclusive=True)
+        blank = self.blanks.take()
+        if blank is not None:
+            replace_via = None if not existed else f"{self.staging_prefix}{uuid.uuid4().hex}"
+            try:
+                return fill_and_link(blank, dest, data, replace_via=replace_via) and not existed
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                self.blanks.refused(e)  # and the bytes are written as without blanks
+        write_and_rename(f"{self.staging_prefix}{uuid.uuid4().hex}", dest, data, exclusive=True)
         return not existed
 
     def quarantine_blob(self, digest: bytes) -> Path | None:

@@ -57,6 +57,7 @@ class Store:
         """Close the index and release the store's lock (a second call does nothing)."""
         if self.lock_fd < 0:
             return
+        self.cas.blanks.close()
         self.ns.close()
         os.close(self.lock_fd)
         self.lock_fd = -1

@@ -138,7 +138,7 @@ def test_the_child_dies_with_the_process_that_started_it(tmp_path):
         cas = CAS({str(tmp_path / "store")!r})
         w = BlobWriter(cas)
         w.start()
-        os.mkfifo(f"{{cas._staging_prefix}}w{{w._child.pid}}-0")
+        os.mkfifo(f"{{cas.staging_prefix}}w{{w._child.pid}}-0")
         threading.Thread(target=w.write, args=([(b"x" * 32, b"data")], []), daemon=True).start()
         print(w._child.pid, flush=True)
         time.sleep(600)

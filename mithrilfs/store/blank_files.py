@@ -1,0 +1,112 @@
+"""Empty files made ahead: a blob's file is written without its create on the caller's path.
+
+Creating a file allocates an inode, and on a journal-less ext4 (this
+project's development VM) the allocator skips every inode freed in the last
+30 seconds (``recently_deleted``), reading its table block: on a disk whose
+files come and go it took 500-700 us per create, most of a rename's time in
+the daemon.  ``BlankFiles`` keeps a few dozen empty, nameless files
+(``O_TMPFILE`` in ``staging/``) made by a thread of their own: the create's
+system call runs without the GIL, on another CPU, while the event loop
+answers the next request, and a nameless file locks no directory, so the
+loop's own directory changes never wait for it.  A commit takes one, writes
+the blob's bytes into it and links it under the blob's name
+(``blob_writer_child.fill_and_link``): the blob appears whole, in one
+directory change.  A blank never taken vanishes with its descriptor (at
+``close``, or with a killed daemon): nothing is left to clear.
+
+``NO_BLANKS`` is the null implementation (``take`` finds none): everything
+but a mounted daemon writes blobs with a create of their own.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import os
+import threading
+
+from mithrilfs.store.blob_writer_child import BLOB_MODE
+
+log = logging.getLogger(__name__)
+
+#: Blanks kept ready; the thread makes more when fewer than half are left.
+DEPTH = 64
+
+
+class Blanks:
+    """Where a blob's writer finds an empty file made ahead, if one is ready."""
+
+    def take(self) -> int | None:
+        """A descriptor on an empty nameless file (``O_TMPFILE``, mode ``BLOB_MODE``) opened for writing on
+        the store's disk, or None: the caller creates its own file."""
+        return None
+
+    def refused(self, error: OSError) -> None:
+        """A blank could not be linked (a filesystem that makes nameless files but links none across
+        ``/proc``): no more are taken."""
+
+    def close(self) -> None:
+        """Stop making blanks and close those not taken."""
+
+
+NO_BLANKS = Blanks()
+
+
+class BlankFiles(Blanks):
+    """Up to ``DEPTH`` blanks made in the directory *staging* by a thread.
+
+    The thread starts making them at the first ``take``: a mount that writes nothing makes none.  Where
+    the filesystem makes no nameless files (``O_TMPFILE``: ext4, xfs, btrfs and tmpfs do), it stops at
+    the first refusal and every ``take`` finds none.
+    """
+
+    def __init__(self, staging: str | os.PathLike[str], depth: int = DEPTH) -> None:
+        self._dir = os.fspath(staging)
+        self._depth = depth
+        self._ready: collections.deque[int] = collections.deque()
+        self._wanted = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._make, name="blank-files", daemon=True)
+        self._thread.start()
+
+    def take(self) -> int | None:
+        if self._closed:
+            return None
+        try:
+            blank: int | None = self._ready.popleft()
+        except IndexError:
+            blank = None
+        if len(self._ready) < self._depth // 2:
+            self._wanted.set()
+        return blank
+
+    def _make(self) -> None:
+        if not os.path.isdir("/proc/self/fd"):  # a blank is linked through it (``fill_and_link``)
+            log.info("no blank files made ahead: /proc is not mounted")
+            return
+        while not self._closed:
+            self._wanted.wait()
+            self._wanted.clear()
+            while len(self._ready) < self._depth and not self._closed:
+                try:
+                    fd = os.open(self._dir, os.O_WRONLY | os.O_TMPFILE | os.O_CLOEXEC, BLOB_MODE)
+                except OSError as e:  # no nameless files here, or no inode left: the writers create their own
+                    if e.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                        log.info("no blank files made ahead in %s: %s", self._dir, e.strerror)
+                        return
+                    break
+                self._ready.append(fd)
+
+    def refused(self, error: OSError) -> None:
+        if not self._closed:
+            log.warning("no blank files made ahead in %s: linking one failed (%s)", self._dir, error)
+        self._closed = True
+        self._wanted.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wanted.set()
+        self._thread.join()
+        while self._ready:
+            os.close(self._ready.popleft())
