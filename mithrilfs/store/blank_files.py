@@ -25,6 +25,7 @@ import errno
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 from mithrilfs.store.blob_writer_child import BLOB_MODE
 
@@ -56,13 +57,17 @@ NO_BLANKS = Blanks()
 class BlankFiles(Blanks):
     """Up to ``DEPTH`` blanks made in the directory *staging* by a thread.
 
-    The thread starts making them at the first ``take``: a mount that writes nothing makes none.  Where
+    The thread starts making them at the first ``take``: a mount that writes nothing makes none.  It
+    runs *first* before its first blank (``CAS.make_shards``: the directories the blobs go to, made off
+    the caller's path too; a mkdir costs what a create does).  Where
     the filesystem makes no nameless files (``O_TMPFILE``: ext4, xfs, btrfs and tmpfs do), it stops at
     the first refusal and every ``take`` finds none.
     """
 
-    def __init__(self, staging: str | os.PathLike[str], depth: int = DEPTH) -> None:
+    def __init__(self, staging: str | os.PathLike[str], depth: int = DEPTH,
+                 first: Callable[[], None] = lambda: None) -> None:
         self._dir = os.fspath(staging)
+        self._first = first
         self._depth = depth
         self._ready: collections.deque[int] = collections.deque()
         self._wanted = threading.Event()
@@ -85,6 +90,11 @@ class BlankFiles(Blanks):
         if not os.path.isdir("/proc/self/fd"):  # a blank is linked through it (``fill_and_link``)
             log.info("no blank files made ahead: /proc is not mounted")
             return
+        self._wanted.wait()
+        try:
+            self._first()
+        except OSError as e:  # the writers make what they need themselves
+            log.debug("before the blanks: %s", e)
         while not self._closed:
             self._wanted.wait()
             self._wanted.clear()

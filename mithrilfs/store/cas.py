@@ -127,6 +127,14 @@ class CAS:
             return False
         return True
 
+    def make_shards(self) -> None:
+        """Make every directory of ``objects/`` a blob can go to (256), so no ``write_blob`` makes one."""
+        for i in range(256):
+            shard = f"{i:02x}"
+            if shard not in self._shards:
+                os.makedirs(f"{self._objects_prefix}{shard}", mode=0o700, exist_ok=True)
+                self._shards.add(shard)
+
     def write_blob(self, digest: bytes, data: bytes | bytearray | memoryview, *, trust_existing: bool = True) -> bool:
         """Write verified bytes as the blob *digest* in one rename (no staging file); True when new.
 

@@ -39,7 +39,7 @@ def wait_until(condition, what: str, timeout: float = 10.0) -> None:
 @pytest.fixture
 def cas(tmp_path: Path):
     cas = CAS(tmp_path / "store")
-    cas.blanks = BlankFiles(cas.staging, depth=8)
+    cas.blanks = BlankFiles(cas.staging, depth=8, first=cas.make_shards)
     yield cas
     cas.blanks.close()
 
@@ -49,6 +49,7 @@ def test_blobs_are_written_into_blanks_made_ahead_and_appear_whole(cas: CAS):
     first = os.urandom(100)
     assert cas.write_blob(hash_bytes(first), first)
     wait_until(lambda: blanks_held(cas.staging) == 8, "the thread to make its blanks")
+    assert len(os.listdir(cas.objects)) == 256  # and, before them, every directory a blob goes to
     blobs = [os.urandom(n) for n in (0, 1, 4096, 70_000, 5)]
     for data in blobs:
         assert cas.write_blob(hash_bytes(data), data)
