@@ -107,7 +107,7 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
         else:
             after_crash = not store.read_only and repair_at_startup(store)
         if not store.read_only:
-            store.cas.blanks = BlankFiles(store.cas.staging, first=store.cas.make_shards)
+            store.cas.blanks = BlankFiles(store.cas.staging, burst=store.cas.make_shards)
         # a successor's mount was prefetched already: the startup set is fetched once per mount
         tier_options = TierOptions(owner=opts.remote_owner, startup_set=opts.startup_set,
                                    prefetch=opts.prefetch if handover is None else None,

@@ -31,8 +31,10 @@ from mithrilfs.store.blob_writer_child import BLOB_MODE
 
 log = logging.getLogger(__name__)
 
-#: Blanks kept ready; the thread makes more when fewer than half are left.
+#: Blanks kept ready at most; the thread makes more when half or fewer are left.
 DEPTH = 64
+#: Blanks kept ready at first (``BlankFiles``).
+FIRST_KEPT = 4
 
 
 class Blanks:
@@ -55,21 +57,26 @@ NO_BLANKS = Blanks()
 
 
 class BlankFiles(Blanks):
-    """Up to ``DEPTH`` blanks made in the directory *staging* by a thread.
+    """Blanks made in the directory *staging* by a thread, as many as the writers use, up to *depth*.
 
-    The thread starts making them at the first ``take``: a mount that writes nothing makes none.  It
-    runs *first* before its first blank (``CAS.make_shards``: the directories the blobs go to, made off
-    the caller's path too; a mkdir costs what a create does).  Where
-    the filesystem makes no nameless files (``O_TMPFILE``: ext4, xfs, btrfs and tmpfs do), it stops at
-    the first refusal and every ``take`` finds none.
+    The thread starts at the first ``take``: a mount that writes nothing makes none.  It keeps
+    ``FIRST_KEPT`` ready at first, and twice as many each time a ``take`` finds none (a burst of commits
+    outran it), up to *depth*; a store that takes a few blobs makes a few blanks.  Reaching *depth*, it
+    runs *burst* once (``CAS.make_shards``: the directories the blobs go to, made off the caller's path
+    too; a mkdir costs what a create does).  Where the filesystem makes no nameless files (``O_TMPFILE``:
+    ext4, xfs, btrfs and tmpfs do), it stops at the first refusal and every ``take`` finds none.
     """
 
     def __init__(self, staging: str | os.PathLike[str], depth: int = DEPTH,
-                 first: Callable[[], None] = lambda: None) -> None:
+                 burst: Callable[[], None] = lambda: None) -> None:
         self._dir = os.fspath(staging)
-        self._first = first
+        self._burst = burst
         self._depth = depth
+        #: How many the thread keeps ready now.
+        self._kept = min(FIRST_KEPT, depth)
         self._ready: collections.deque[int] = collections.deque()
+        #: Whether a ``take`` came before (the first finds none: it starts the thread, and is no burst).
+        self._started = False
         self._wanted = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._make, name="blank-files", daemon=True)
@@ -82,7 +89,10 @@ class BlankFiles(Blanks):
             blank: int | None = self._ready.popleft()
         except IndexError:
             blank = None
-        if len(self._ready) < self._depth // 2:
+            if self._started:
+                self._kept = min(self._kept * 2, self._depth)
+        self._started = True
+        if len(self._ready) <= self._kept // 2:
             self._wanted.set()
         return blank
 
@@ -90,15 +100,17 @@ class BlankFiles(Blanks):
         if not os.path.isdir("/proc/self/fd"):  # a blank is linked through it (``fill_and_link``)
             log.info("no blank files made ahead: /proc is not mounted")
             return
-        self._wanted.wait()
-        try:
-            self._first()
-        except OSError as e:  # the writers make what they need themselves
-            log.debug("before the blanks: %s", e)
+        burst_done = False
         while not self._closed:
             self._wanted.wait()
             self._wanted.clear()
-            while len(self._ready) < self._depth and not self._closed:
+            if self._kept == self._depth and not burst_done:
+                burst_done = True
+                try:
+                    self._burst()
+                except OSError as e:  # the writers make what they need themselves
+                    log.debug("the blanks' burst: %s", e)
+            while len(self._ready) < self._kept and not self._closed:
                 try:
                     fd = os.open(self._dir, os.O_WRONLY | os.O_TMPFILE | os.O_CLOEXEC, BLOB_MODE)
                 except OSError as e:  # no nameless files here, or no inode left: the writers create their own

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mithrilfs.store.blank_files import BlankFiles
+from mithrilfs.store.blank_files import FIRST_KEPT, BlankFiles
 from mithrilfs.store.cas import CAS, hash_bytes
 
 
@@ -39,21 +39,26 @@ def wait_until(condition, what: str, timeout: float = 10.0) -> None:
 @pytest.fixture
 def cas(tmp_path: Path):
     cas = CAS(tmp_path / "store")
-    cas.blanks = BlankFiles(cas.staging, depth=8, first=cas.make_shards)
+    cas.blanks = BlankFiles(cas.staging, depth=8, burst=cas.make_shards)
     yield cas
     cas.blanks.close()
+
+
+def drain(blanks: BlankFiles) -> None:
+    """Take blanks until one is missing, as a burst of commits outrunning the thread does."""
+    while (fd := blanks.take()) is not None:
+        os.close(fd)
 
 
 def test_blobs_are_written_into_blanks_made_ahead_and_appear_whole(cas: CAS):
     assert blanks_held(cas.staging) == 0  # none made before a first write asks
     first = os.urandom(100)
     assert cas.write_blob(hash_bytes(first), first)
-    wait_until(lambda: blanks_held(cas.staging) == 8, "the thread to make its blanks")
-    assert len(os.listdir(cas.objects)) == 256  # and, before them, every directory a blob goes to
-    blobs = [os.urandom(n) for n in (0, 1, 4096, 70_000, 5)]
+    wait_until(lambda: blanks_held(cas.staging) == FIRST_KEPT, "the thread to make its first blanks")
+    blobs = [os.urandom(n) for n in (0, 1, 4096, 70_000)]
     for data in blobs:
         assert cas.write_blob(hash_bytes(data), data)
-    assert blanks_held(cas.staging) < 8  # taken from the blanks, not created by the writer
+    assert blanks_held(cas.staging) < FIRST_KEPT  # taken from the blanks, not created by the writer
     for data in [first, *blobs]:
         path = cas.path(hash_bytes(data))
         st = path.stat()
@@ -61,6 +66,18 @@ def test_blobs_are_written_into_blanks_made_ahead_and_appear_whole(cas: CAS):
         assert stat.S_IMODE(st.st_mode) == 0o400 and st.st_nlink == 1
     assert os.listdir(cas.staging) == []
     assert not cas.write_blob(hash_bytes(blobs[0]), blobs[0])  # there already: kept, not written
+
+
+def test_a_burst_of_blobs_gets_more_blanks_and_every_directory_made_ahead(cas: CAS):
+    """A few blobs make a few blanks and only their own directories; takes that find none keep twice
+    as many, up to the most (8 here), and then the thread makes every directory of ``objects/``."""
+    data = os.urandom(100)
+    cas.write_blob(hash_bytes(data), data)
+    wait_until(lambda: blanks_held(cas.staging) == FIRST_KEPT, "the first blanks")
+    assert len(os.listdir(cas.objects)) == 1
+    drain(cas.blanks)
+    wait_until(lambda: blanks_held(cas.staging) == 8, "twice as many blanks")
+    wait_until(lambda: len(os.listdir(cas.objects)) == 256, "every directory a blob goes to")
 
 
 def test_a_damaged_blob_is_replaced_through_a_blank(cas: CAS):
@@ -80,7 +97,7 @@ def test_a_damaged_blob_is_replaced_through_a_blank(cas: CAS):
 def test_close_leaves_nothing_open_or_named(cas: CAS):
     data = os.urandom(10)
     cas.write_blob(hash_bytes(data), data)
-    wait_until(lambda: blanks_held(cas.staging) == 8, "the blanks")
+    wait_until(lambda: blanks_held(cas.staging) == FIRST_KEPT, "the blanks")
     cas.blanks.close()
     assert blanks_held(cas.staging) == 0 and os.listdir(cas.staging) == []
     more = os.urandom(10)
