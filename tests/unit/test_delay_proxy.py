@@ -74,9 +74,16 @@ class Objects(http.server.BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
+class ObjectServer(http.server.ThreadingHTTPServer):
+    #: The proxy opens up to 32 connections at once: with the default backlog (5) and the accepting thread
+    #: slow to run, the kernel drops the SYNs past it (a retry a second later).  A quiet suite's run saw
+    #: one of them closed by the proxy without a response; the backlog keeps them all queued.
+    request_queue_size = 128
+
+
 @pytest.fixture
 def http_server() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Objects)
+    server = ObjectServer(("127.0.0.1", 0), Objects)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
