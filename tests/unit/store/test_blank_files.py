@@ -15,17 +15,23 @@ from mithrilfs.store.blank_files import FIRST_KEPT, BlankFiles
 from mithrilfs.store.cas import CAS, hash_bytes
 
 
-def blanks_held(directory: Path) -> int:
-    """Nameless files in *directory* this process holds open (``O_TMPFILE``: "#<inode> (deleted)")."""
+def blank_inodes(directory: Path) -> set[int]:
+    """The inodes of the nameless files in *directory* this process holds open (``O_TMPFILE``: their
+    links in /proc read "#<inode> (deleted)")."""
     prefix = f"{directory}/#"
-    held = 0
+    held = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        held += target.startswith(prefix) and target.endswith(" (deleted)")
+        if target.startswith(prefix) and target.endswith(" (deleted)"):
+            held.add(int(target[len(prefix):-len(" (deleted)")]))
     return held
+
+
+def blanks_held(directory: Path) -> int:
+    return len(blank_inodes(directory))
 
 
 def wait_until(condition, what: str, timeout: float = 10.0) -> None:
@@ -55,10 +61,12 @@ def test_blobs_are_written_into_blanks_made_ahead_and_appear_whole(cas: CAS):
     first = os.urandom(100)
     assert cas.write_blob(hash_bytes(first), first)
     wait_until(lambda: blanks_held(cas.staging) == FIRST_KEPT, "the thread to make its first blanks")
+    blanks = blank_inodes(cas.staging)
     blobs = [os.urandom(n) for n in (0, 1, 4096, 70_000)]
     for data in blobs:
         assert cas.write_blob(hash_bytes(data), data)
-    assert blanks_held(cas.staging) < FIRST_KEPT  # taken from the blanks, not created by the writer
+    # the blobs are the blanks, oldest first (the thread makes more meanwhile), not files the writer made
+    assert {cas.path(hash_bytes(data)).stat().st_ino for data in blobs} == blanks
     for data in [first, *blobs]:
         path = cas.path(hash_bytes(data))
         st = path.stat()
