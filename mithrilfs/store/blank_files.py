@@ -3,9 +3,9 @@
 Creating a file allocates an inode, and on a journal-less ext4 (this
 project's development VM) the allocator skips every inode freed in the last
 30 seconds (``recently_deleted``), reading its table block: on a disk whose
-files come and go it took 500-700 us per create, most of a rename's time in
-the daemon.  ``BlankFiles`` keeps a few dozen empty, nameless files
-(``O_TMPFILE`` in ``staging/``) made by a thread of their own: the create's
+files come and go that was most of a rename's time in the daemon
+(docs/benchmarks.md, "N-blanks").  ``BlankFiles`` keeps empty, nameless
+files (``O_TMPFILE`` in ``staging/``) made by a thread of their own: the create's
 system call runs without the GIL, on another CPU, while the event loop
 answers the next request, and a nameless file locks no directory, so the
 loop's own directory changes never wait for it.  A commit takes one, writes

@@ -48,20 +48,11 @@ def _read_exactly(stdin: int, n: int) -> bytes | None:
 def write_and_rename(tmp: str, dest: str, data: bytes | bytearray | memoryview, *, exclusive: bool) -> None:
     """*data* written to a new file *tmp* (mode ``BLOB_MODE``), then renamed onto *dest*: a blob is never
     seen half-written.  On any failure (a full disk) *tmp* is removed and the error raised.  *exclusive*:
-    *tmp* must not exist (a unique name); otherwise a leftover of that name is truncated.  The one way a
-    blob's file is written, by ``CAS.write_blob`` and by this process alike."""
+    *tmp* must not exist (a unique name); otherwise a leftover of that name is truncated.  How a blob's
+    file is written, by ``CAS.write_blob`` and by this process alike, but into a blank made ahead
+    (``fill_and_link``)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
-    fill_and_rename(os.open(tmp, flags, BLOB_MODE), tmp, dest, data)
-
-
-def _fill(fd: int, data: bytes | bytearray | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def fill_and_rename(fd: int, tmp: str, dest: str, data: bytes | bytearray | memoryview) -> None:
-    """``write_and_rename`` into *fd*, the empty file *tmp* opened for writing (closed here)."""
+    fd = os.open(tmp, flags, BLOB_MODE)
     try:
         try:
             _fill(fd, data)
@@ -74,6 +65,12 @@ def fill_and_rename(fd: int, tmp: str, dest: str, data: bytes | bytearray | memo
         except FileNotFoundError:
             pass
         raise
+
+
+def _fill(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def fill_and_link(fd: int, dest: str, data: bytes | bytearray | memoryview, *, replace_via: str | None) -> bool:
