@@ -80,9 +80,9 @@ def fill_and_link(fd: int, dest: str, data: bytes | bytearray | memoryview, *, r
     *dest*.  *fd* is closed here; a file never linked vanishes with it."""
     try:
         _fill(fd, data)
-        # linkat(AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH; the magic link does not.  A directory fd makes
+        # linkat(AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH; the magic link does not.  Any dst_dir_fd makes
         # CPython call linkat(AT_SYMLINK_FOLLOW), which follows it (link() would link the link itself);
-        # the absolute name given ignores it.
+        # the absolute name given ignores that fd.
         source = f"/proc/self/fd/{fd}"
         if replace_via is None:
             try:

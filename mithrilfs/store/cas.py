@@ -130,10 +130,13 @@ class CAS:
     def make_shards(self) -> None:
         """Make every directory of ``objects/`` a blob can go to (256), so no ``write_blob`` makes one."""
         for i in range(256):
-            shard = f"{i:02x}"
-            if shard not in self._shards:
-                os.makedirs(f"{self._objects_prefix}{shard}", mode=0o700, exist_ok=True)
-                self._shards.add(shard)
+            self._make_shard(f"{i:02x}")
+
+    def _make_shard(self, shard: str) -> None:
+        """The directory of ``objects/`` named *shard* exists (made unless known to)."""
+        if shard not in self._shards:
+            os.makedirs(f"{self._objects_prefix}{shard}", mode=0o700, exist_ok=True)
+            self._shards.add(shard)
 
     def write_blob(self, digest: bytes, data: bytes | bytearray | memoryview, *, trust_existing: bool = True) -> bool:
         """Write verified bytes as the blob *digest* in one rename (no staging file); True when new.
@@ -149,21 +152,18 @@ class CAS:
         existed = os.path.exists(dest)
         if existed and trust_existing:
             return False
-        shard = dest[len(self._objects_prefix):len(self._objects_prefix) + 2]
-        if shard not in self._shards:
-            os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
-            self._shards.add(shard)
-        # a crash leaves the temporary file where startup clears; a full disk removes it (the retry after
-        # making room starts over)
+        self._make_shard(dest[len(self._objects_prefix):len(self._objects_prefix) + 2])
         blank = self.blanks.take()
-        if blank is not None:
-            replace_via = None if not existed else f"{self.staging_prefix}{uuid.uuid4().hex}"
+        if blank is not None:  # nameless: a crash or a full disk leaves nothing of it
+            replace_via = f"{self.staging_prefix}{uuid.uuid4().hex}" if existed else None
             try:
                 return fill_and_link(blank, dest, data, replace_via=replace_via) and not existed
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise
                 self.blanks.refused(e)  # and the bytes are written as without blanks
+        # a crash leaves the temporary file where startup clears; a full disk removes it (the retry after
+        # making room starts over)
         write_and_rename(f"{self.staging_prefix}{uuid.uuid4().hex}", dest, data, exclusive=True)
         return not existed
 
