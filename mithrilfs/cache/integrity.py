@@ -119,31 +119,6 @@ class Integrity:
             return None
         return self.blobs.read_verifying(ino.hash, off, size, ino.size)
 
-    def whole(self, digest: bytes, size: int) -> bytes | memoryview | None:
-        """All of a small blob's verified content (hashed now if it was not yet), or None.
-
-        For pushing a file into the kernel's page cache at lookup
-        (``Notifier.store``): None when the blob is missing,
-        wrong, or not *size* bytes (the inode's size: a push of another length
-        would move the kernel's idea of the file's size).  A wrong blob is
-        left for the file's first READ to find and quarantine.
-        """
-        if size >= OFFLOAD_MIN:
-            return None
-        data: bytes | memoryview | None
-        if digest in self.blobs.verified:
-            try:
-                fd = self.cas.open(digest)
-            except FileNotFoundError:
-                return None
-            try:
-                data = os.pread(fd, size + 1, 0)
-            finally:
-                os.close(fd)
-        else:
-            data = self.blobs.read_verifying(digest, 0, size, size)
-        return data if data is not None and len(data) == size else None
-
     def quarantine(self, digest: bytes, why: str) -> None:
         """Move a bad blob aside and remove every name that pointed at it."""
         if digest in self.blobs.verified:
