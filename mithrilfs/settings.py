@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.store.open import StoreError
 
 SETTINGS_FILE = "config.json"

@@ -27,8 +27,9 @@ from typing import Any, Protocol
 
 import trio
 
-from mithrilfs.cache.eviction import EvictionPolicy, EvictionResult, Evictor, Unit
+from mithrilfs.cache.eviction import EvictionResult, Evictor, Unit
 from mithrilfs.cache.lifetime import Lifetimes, Removed
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.staged import ContentDropped, Staged
 from mithrilfs.cache.writepath import WritePath

@@ -1,7 +1,8 @@
 """Budget, watermarks, LRU order, pinning and Triton groups: which files go, and when.
 
 Policy only: deciding *that* a unit goes lives here, removing its names
-(and telling the kernel) lives in ``budget.Budget.evict_unit``.
+(and telling the kernel) lives in ``budget.Budget.evict_unit``, and the
+settings it applies (budget, watermarks, ages) are ``policy.EvictionPolicy``.
 
 Recency is the daemon's own clock, set on ``lookup`` and ``getattr`` (the
 kernel's revalidations, at most one a minute per file in use) in memory
@@ -23,47 +24,14 @@ from dataclasses import dataclass, field
 import trio
 import trio.lowlevel
 
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.cache.recency import Recency
 from mithrilfs.store import reports
 from mithrilfs.store.namespace import Namespace
-from mithrilfs.units import MAX_SIZE
 
 log = logging.getLogger(__name__)
 
 GROUP_PREFIX = b"__grp__"
-GiB = 1 << 30
-
-
-@dataclass
-class EvictionPolicy:
-    max_bytes: int = 10 * GiB
-    #: Crossing high * max_bytes starts eviction down to low * max_bytes.
-    high: float = 0.95
-    low: float = 0.85
-    #: Files changed more recently than this are never evicted (seconds).
-    min_age: float = 5.0
-    #: Units unused for this long are evicted even under budget (seconds).
-    idle_ttl: float | None = None
-    #: Never evict below this many units.
-    min_entries: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_bytes <= 0:
-            raise ValueError("the size budget must be positive")
-        if self.max_bytes > MAX_SIZE:
-            raise ValueError(f"the size budget must fit in 64 bits (at most {MAX_SIZE} bytes)")
-        if not 0 < self.low <= self.high <= 1:
-            raise ValueError("watermarks must satisfy 0 < low <= high <= 1")
-        if self.min_age < 0 or (self.idle_ttl is not None and self.idle_ttl <= 0) or self.min_entries < 0:
-            raise ValueError("min-age, idle-ttl and min-entries must not be negative")
-
-    @property
-    def high_bytes(self) -> int:
-        return int(self.max_bytes * self.high)
-
-    @property
-    def low_bytes(self) -> int:
-        return int(self.max_bytes * self.low)
 
 
 @dataclass

@@ -24,8 +24,6 @@ raises ``ContentDropped`` at its next confirmed commit point, once.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
@@ -33,6 +31,7 @@ import trio
 
 from mithrilfs.cache.staged import ContentDropped, Held, Staged, WriteWatcher
 from mithrilfs.cache.staging import OFFLOAD_MIN, Staging
+from mithrilfs.crash_points import crash_point
 from mithrilfs.observe.stats import Stats
 from mithrilfs.store.blobs import Blobs
 from mithrilfs.store.cas import CAS, hash_bytes, hash_file
@@ -46,22 +45,6 @@ T = TypeVar("T")
 IDLE_COMMIT_SECONDS = 1.0
 #: The idle timer commits at most this many files staged in memory in one batch (``commit_idle``).
 COMMIT_BATCH_MAX = 512
-
-#: Crash-safety tests set MITHRILFS_TEST_CRASH_AT=POINT:N to SIGKILL the
-#: daemon the Nth time the write path reaches POINT.
-_CRASH_AT = os.environ.get("MITHRILFS_TEST_CRASH_AT")
-_crash_hits: dict[str, int] = {}
-
-
-def crash_point(name: str) -> None:
-    if _CRASH_AT is None:
-        return
-    point, _, nth = _CRASH_AT.partition(":")
-    if point == name:
-        _crash_hits[name] = _crash_hits.get(name, 0) + 1
-        if _crash_hits[name] >= int(nth or 1):
-            os.kill(os.getpid(), signal.SIGKILL)
-
 
 class CommitListener(Protocol):
     """Told after every commit (the budget keeps to itself, the shared tier publishes)."""

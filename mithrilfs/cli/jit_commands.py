@@ -13,7 +13,6 @@ from pathlib import Path
 from mithrilfs.cli.client import control_command, control_file, read_stats
 from mithrilfs.cli.relay import Relay
 from mithrilfs.cli.store_settings import store_policy
-from mithrilfs.daemon.launch import mount
 from mithrilfs.daemon.mountpoint import forbidden_message, probe_mount
 from mithrilfs.daemon.options import MountOptions
 from mithrilfs.daemon.owner import Owner
@@ -67,6 +66,8 @@ def _run(args: argparse.Namespace, cmd: list[str], relay: Relay) -> int:
         raise MountError(forbidden_message(mp))
     mounted_here = state != "live"
     if mounted_here:
+        from mithrilfs.daemon.launch import mount  # the daemon's modules, for a mount of its own alone
+
         store = (args.store or default_store()).expanduser().absolute()
         # what we set up is taken down by the mount's supervisor should we be killed (``daemon.owner``)
         owner = Owner.this_process(temp_dir=temp is not None, headers=catalog.headers_before(dict(os.environ)))

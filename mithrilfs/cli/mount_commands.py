@@ -27,7 +27,6 @@ from mithrilfs.cli.parser import given_settings
 from mithrilfs.cli.store_settings import store_policy
 from mithrilfs.cli.tier_commands import follow_prefetch
 from mithrilfs.daemon import ended
-from mithrilfs.daemon.launch import mount
 from mithrilfs.daemon.mountpoint import clean_stale_mount, daemon_pid, forbidden_message, is_fuse_mount, probe_mount
 from mithrilfs.daemon.options import MountOptions
 from mithrilfs.daemon.process import call_within, in_child
@@ -107,6 +106,10 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     if s3 is not None:
         _refuse_misconfigured_bucket(opts)
     outside = leaks.measure(dict(os.environ))
+    # the daemon's modules (trio, the write path, the tier) load for mount alone: every other command
+    # starts without them
+    from mithrilfs.daemon.launch import mount
+
     status = mount(opts)
     if status == 0 and not opts.foreground:
         leaks.save_at_mount(store, outside)  # status reports what the mount's users write outside it

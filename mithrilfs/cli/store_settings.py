@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.cli.client import (
     control_command,
     control_file,

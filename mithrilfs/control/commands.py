@@ -20,8 +20,9 @@ import trio
 
 from mithrilfs import settings
 from mithrilfs.cache.budget import Budget
-from mithrilfs.cache.writepath import WritePath, crash_point
+from mithrilfs.cache.writepath import WritePath
 from mithrilfs.control.files import ControlFiles
+from mithrilfs.crash_points import crash_point
 from mithrilfs.kernel import FUSEError
 from mithrilfs.observe.stats import KeptCounters
 from mithrilfs.shared.tier import Tier

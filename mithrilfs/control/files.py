@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mithrilfs.cache.writepath import crash_point
+from mithrilfs.crash_points import crash_point
 from mithrilfs.store.namespace import CONTROL_NAME
 
 __all__ = ["CONTROL_DIR_INODE", "CONTROL_NAME", "ControlFiles"]

@@ -16,8 +16,8 @@ from pathlib import Path
 import trio
 
 from mithrilfs import kernel
-from mithrilfs.cache.writepath import crash_point
 from mithrilfs.control.files import CONTROL_NAME
+from mithrilfs.crash_points import crash_point
 from mithrilfs.daemon import wiring
 from mithrilfs.daemon.channel import Handover, Supervisor
 

@@ -29,7 +29,7 @@ import os
 import struct
 from collections.abc import Callable, Sequence
 
-from mithrilfs.cache.writepath import crash_point
+from mithrilfs.crash_points import crash_point
 
 #: A slot of the table: the inode whose content the mirror holds, 0 for a free mirror.
 SLOT = struct.Struct("<q")

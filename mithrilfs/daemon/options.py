@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.daemon.owner import Owner
 from mithrilfs.shared.stores.connect import RemoteSpec
 from mithrilfs.shared.stores.s3.settings import S3Settings

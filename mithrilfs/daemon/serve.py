@@ -37,7 +37,7 @@ import trio
 from mithrilfs import kernel
 from mithrilfs.cache.lifetime import Removed
 from mithrilfs.cache.lookups import LookupCounts
-from mithrilfs.cache.writepath import crash_point
+from mithrilfs.crash_points import crash_point
 from mithrilfs.daemon import upgrade, wiring
 from mithrilfs.daemon.announce import announce_when_live
 from mithrilfs.daemon.channel import Handover, NoSupervisor, Restarts, Supervisor, SupervisorLink

@@ -70,7 +70,7 @@ from mithrilfs.observe.events import EventLog
 
 log = logging.getLogger("mithrilfs.supervisor")
 
-#: The tests' crash points (``cache.writepath.crash_point``).
+#: The tests' crash points (``crash_points.crash_point``).
 _CRASH_AT = "MITHRILFS_TEST_CRASH_AT"
 CRASH_LOOP_LIMIT = 3
 QUICK_DEATH_SECONDS = 1.0

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import trio
 
 from mithrilfs.cache.budget import Budget
-from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.integrity import Integrity
 from mithrilfs.cache.lifetime import KernelCaches, Lifetimes
 from mithrilfs.cache.lookups import LookupCounts
 from mithrilfs.cache.names import Names
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.cache.readahead import ReadAhead
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.recompiles import Recompiles

@@ -4,7 +4,16 @@
 ``Operations`` object on it, and ``api`` holds the values the two exchange.
 Nothing here knows about the store: it is the layer go-fuse and fuser call
 the raw bridge.
+
+The request loop and its io_uring transport (``Session``, ``ProtocolError``,
+``SessionParameters``, ``URING_VARIABLE``) load on first use: they pull in
+trio, which a command-line client that only mounts, unmounts or probes a
+mount point never needs (``mithrilfs umount`` and the control commands start
+in a fraction of the time).
 """
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .abi import PASSTHROUGH
 from .after_reply import AfterReply
@@ -24,8 +33,23 @@ from .backing import BackingFiles
 from .mount import FuseMount, MountError, mount
 from .notify import Notifier
 from .request_times import RequestTimes
-from .session import ProtocolError, Session, SessionParameters
-from .transport import URING_VARIABLE
+
+if TYPE_CHECKING:
+    from .session import ProtocolError, Session, SessionParameters
+    from .transport import URING_VARIABLE
+
+#: The names loaded on first use, and their modules.
+_LAZY = {"Session": ".session", "ProtocolError": ".session", "SessionParameters": ".session",
+         "URING_VARIABLE": ".transport"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
 
 __all__ = ["RENAME_EXCHANGE", "RENAME_NOREPLACE", "AfterReply", "DirBuffer", "EntryAttributes", "FileInfo", "FUSEError",
            "FuseMount", "MountError", "Notifier", "Operations", "ProtocolError", "RequestContext", "RequestTimes", "Session", "SessionParameters", "SetattrFields",

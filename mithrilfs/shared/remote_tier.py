@@ -42,9 +42,9 @@ from typing import Any
 
 import trio
 
-from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.integrity import Fetched
 from mithrilfs.cache.lifetime import Lifetimes
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.cache.recompiles import Recompiles
 from mithrilfs.observe.events import EventLog
 from mithrilfs.shared.fleet.state import FleetState

@@ -44,8 +44,8 @@ from typing import Any
 
 import trio
 
-from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.lifetime import NoKernelCaches
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.daemon.wiring import build
 from mithrilfs.kernel import abi
 from mithrilfs.kernel.session import Session

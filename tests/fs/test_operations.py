@@ -15,8 +15,8 @@ import pytest
 import trio
 
 from mithrilfs import kernel
-from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.lifetime import NoKernelCaches
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.cache.staging import OFFLOAD_MIN
 from mithrilfs.control.files import CONTROL_NAME
 from mithrilfs.daemon.duties import Duties

@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from mithrilfs.cache.writepath import crash_point
+from mithrilfs.crash_points import crash_point
 from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.collector import Collector, Container
 from mithrilfs.shared.stores.entries import RemoteEntry, parse_entry

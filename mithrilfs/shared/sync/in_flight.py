@@ -22,7 +22,7 @@ from typing import Protocol
 
 import trio
 
-from mithrilfs.cache.eviction import EvictionPolicy
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.entries import RemoteError
 from mithrilfs.shared.sync.small import SmallBlobs

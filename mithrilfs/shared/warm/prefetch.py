@@ -37,8 +37,8 @@ from typing import Any, Protocol
 
 import trio
 
-from mithrilfs.cache.eviction import EvictionPolicy
-from mithrilfs.cache.writepath import crash_point
+from mithrilfs.cache.policy import EvictionPolicy
+from mithrilfs.crash_points import crash_point
 from mithrilfs.shared.stores.base import RemoteStore
 from mithrilfs.shared.stores.entries import RemoteEntry, RemoteError
 from mithrilfs.shared.sync.in_flight import Queued

@@ -21,8 +21,9 @@ import trio
 from conftest import make_dir as mkdir
 
 from mithrilfs.cache.budget import Budget
-from mithrilfs.cache.eviction import EvictionPolicy, Unit
+from mithrilfs.cache.eviction import Unit
 from mithrilfs.cache.lifetime import Lifetimes, NoKernelCaches
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.staged import ContentDropped
 from mithrilfs.cache.writepath import CommitListener, WritePath

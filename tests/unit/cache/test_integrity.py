@@ -20,9 +20,9 @@ import pytest
 import trio
 
 from mithrilfs.cache.budget import Budget
-from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.integrity import BlobSource, Fetched, Integrity
 from mithrilfs.cache.lifetime import Lifetimes, NoKernelCaches
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.cache.readahead import ReadAhead
 from mithrilfs.cache.recency import Recency
 from mithrilfs.cache.writepath import WritePath

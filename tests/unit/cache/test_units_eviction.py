@@ -6,7 +6,8 @@ import stat
 
 import pytest
 
-from mithrilfs.cache.eviction import EvictionPolicy, count_units, lru_units
+from mithrilfs.cache.eviction import count_units, lru_units
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.cache.recency import Recency
 from mithrilfs.store.namespace import ROOT_INODE
 from mithrilfs.units import format_size, parse_duration, parse_size

@@ -21,8 +21,8 @@ import trio
 from conftest import make_dir as mkdir
 
 from mithrilfs import settings
-from mithrilfs.cache.eviction import EvictionPolicy
 from mithrilfs.cache.lifetime import NoKernelCaches
+from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.control.files import ControlFiles
 from mithrilfs.daemon.wiring import Mounted, build
 from mithrilfs.kernel import FUSEError

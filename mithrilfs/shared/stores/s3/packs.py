@@ -55,7 +55,7 @@ from typing import Any
 
 import blake3
 
-from mithrilfs.cache.writepath import crash_point
+from mithrilfs.crash_points import crash_point
 from mithrilfs.shared.stores import ages
 from mithrilfs.shared.stores.entries import MAX_PACK_BYTES, BlobBytes, RemoteEntry, is_hex_digest, is_pack_id
 from mithrilfs.shared.stores.s3.conn import PART_BYTES, S3Connection, obstore_api
