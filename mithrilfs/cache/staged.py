@@ -1,9 +1,10 @@
-"""The write state of one inode, and what is told of it: ``Staged``, its lock, the watcher, ``ContentDropped``.
+"""The write state of one inode, and what is told of it: ``Staged``, its lock, ``ContentDropped``.
 
 Shared by the two halves of the write path, ``staging`` (where written
 bytes wait) and ``writepath`` (commits), and by what looks at files being
-written (the budget, the shared tier, recompiles): the data and the
-interfaces, no behaviour of the write path itself.
+written (the budget, the shared tier, recompiles): the data and its
+lock, no behaviour of the write path itself (who is told what is being
+written: ``write_watcher``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
@@ -30,61 +31,6 @@ class ContentDropped(OSError):
     def __init__(self, ino: int, code: int = errno.ENOSPC) -> None:
         why = "its writes failed for room" if code == errno.ENOSPC else "its writes died with the previous daemon"
         super().__init__(code, f"inode {ino}: {why} and its content was dropped")
-
-class WriteWatcher(Protocol):
-    """Told what is being written, so that a daemon taking over after a crash can go on (``staging``'s module doc).
-
-    ``staging``: the inode's staging content now lives in the staging
-    file *path*, open on *fd*, which also means it is being written;
-    ``mirror``: a memory file the watcher holds too, for an inode's content
-    staged in memory, holding *content* (what is staged so far) before it
-    is named the inode's; it stays the inode's until ``unmirror``, with
-    no other word, and OSError when none can be had; ``writing``: it has
-    uncommitted writes (said only when there is no staging file nor mirror
-    to keep); ``lost``: its uncommitted content was dropped and its writer
-    not told yet; ``settled``: nothing uncommitted is left (said only of an
-    inode one of ``staging``, ``writing`` or ``lost`` was said of).  What
-    was said of an inode wins over a mirror still naming it.
-    """
-
-    #: Whether staging content must be kept where it outlives the daemon (staging files, mirrors).
-    keeps_content: bool
-
-    def staging(self, ino: int, fd: int, path: str) -> None: ...
-
-    def mirror(self, ino: int, content: bytes | bytearray | memoryview) -> int: ...
-
-    def unmirror(self, fd: int) -> None: ...
-
-    def writing(self, ino: int) -> None: ...
-
-    def lost(self, ino: int) -> None: ...
-
-    def settled(self, ino: int) -> None: ...
-
-
-class NoWriteWatcher:
-    """Nobody keeps anything (no supervisor: tools, tests, a daemon that detaches on a crash)."""
-
-    keeps_content = False
-
-    def staging(self, ino: int, fd: int, path: str) -> None:
-        pass
-
-    def mirror(self, ino: int, content: bytes | bytearray | memoryview) -> int:
-        raise OSError(errno.ENOTSUP, "nobody keeps mirrors")
-
-    def unmirror(self, fd: int) -> None:
-        os.close(fd)
-
-    def writing(self, ino: int) -> None:
-        pass
-
-    def lost(self, ino: int) -> None:
-        pass
-
-    def settled(self, ino: int) -> None:
-        pass
 
 async def acquire(lock: trio.Lock) -> None:
     """Take a free lock without yielding to trio.

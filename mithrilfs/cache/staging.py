@@ -58,7 +58,8 @@ from typing import Any
 import blake3
 import trio
 
-from mithrilfs.cache.staged import ContentDropped, Held, NoWriteWatcher, Staged, WriteWatcher, acquire
+from mithrilfs.cache.staged import ContentDropped, Held, Staged, acquire
+from mithrilfs.cache.write_watcher import NoWriteWatcher, WriteWatcher
 from mithrilfs.store.cas import CAS
 from mithrilfs.store.namespace import Inode
 

@@ -29,8 +29,9 @@ from typing import Protocol, TypeVar
 
 import trio
 
-from mithrilfs.cache.staged import ContentDropped, Held, Staged, WriteWatcher
+from mithrilfs.cache.staged import ContentDropped, Held, Staged
 from mithrilfs.cache.staging import OFFLOAD_MIN, Staging
+from mithrilfs.cache.write_watcher import WriteWatcher
 from mithrilfs.crash_points import crash_point
 from mithrilfs.observe.stats import Stats
 from mithrilfs.store.blobs import Blobs

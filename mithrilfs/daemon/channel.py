@@ -8,7 +8,7 @@ whose other end the supervisor reads (``daemon.supervisor``):
 - ``lookups`` with a descriptor: the kernel's lookup counts
   (``cache.lookups``), shared with every daemon of the mount;
 - ``session MINOR CAPS MAX_WRITE``: what INIT agreed, once it has;
-- what is being written (``cache.staged.WriteWatcher``): ``s INO
+- what is being written (``cache.write_watcher.WriteWatcher``): ``s INO
   PATH`` with a file descriptor attached (SCM_RIGHTS): the inode's
   staging content lives in that staging file; ``w INO``: it has
   uncommitted writes; ``x INO``: its uncommitted content was dropped; ``c
@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from mithrilfs.cache.staged import NoWriteWatcher, WriteWatcher
+from mithrilfs.cache.write_watcher import NoWriteWatcher, WriteWatcher
 from mithrilfs.daemon.mirrors import MirrorPool
 from mithrilfs.kernel import SessionParameters
 

@@ -6,7 +6,7 @@ Nothing here knows about the store: it is the layer go-fuse and fuser call
 the raw bridge.
 
 The request loop and its io_uring transport (``Session``, ``ProtocolError``,
-``SessionParameters``, ``URING_VARIABLE``) load on first use: they pull in
+``URING_VARIABLE``) load on first use: they pull in
 trio, which a command-line client that only mounts, unmounts or probes a
 mount point never needs (``mithrilfs umount`` and the control commands start
 in a fraction of the time).
@@ -31,16 +31,16 @@ from .api import (
 )
 from .backing import BackingFiles
 from .mount import FuseMount, MountError, mount
+from .negotiate import SessionParameters
 from .notify import Notifier
 from .request_times import RequestTimes
 
 if TYPE_CHECKING:
-    from .session import ProtocolError, Session, SessionParameters
+    from .session import ProtocolError, Session
     from .transport import URING_VARIABLE
 
 #: The names loaded on first use, and their modules.
-_LAZY = {"Session": ".session", "ProtocolError": ".session", "SessionParameters": ".session",
-         "URING_VARIABLE": ".transport"}
+_LAZY = {"Session": ".session", "ProtocolError": ".session", "URING_VARIABLE": ".transport"}
 
 
 def __getattr__(name: str) -> Any:

@@ -13,6 +13,8 @@ kernel allows and ``status`` says so (``write_size_note``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from . import abi
 
 #: The largest WRITE (and READ) asked for.
@@ -66,3 +68,12 @@ def init_reply(proto_minor: int, max_readahead: int, caps: int, max_write: int) 
     return abi.INIT_OUT.pack(
         abi.KERNEL_VERSION, proto_minor, max_readahead, caps & 0xFFFFFFFF, 64, 48, max_write, 1, max_pages, 0,
         caps >> 32, STACK_DEPTH if caps & abi.PASSTHROUGH else 0, 0)
+
+
+@dataclass(frozen=True)
+class SessionParameters:
+    """What INIT agreed: a daemon taking over a live connection serves with the same (``Session.adopt``)."""
+
+    proto_minor: int
+    capabilities: int
+    max_write: int

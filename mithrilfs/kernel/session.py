@@ -57,7 +57,6 @@ import os
 import time
 import types
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -65,7 +64,7 @@ import trio
 from . import abi
 from .after_reply import AfterReply
 from .api import FUSEError, Operations, RequestContext
-from .negotiate import PAGE, allowed_max_write, init_reply, wanted_capabilities, write_size_note
+from .negotiate import PAGE, SessionParameters, allowed_max_write, init_reply, wanted_capabilities, write_size_note
 from .notify import Notifier
 from .request_times import AFTER_REPLY, OPCODE_LABELS, RequestTimes
 from .requests import Handler, Malformed, Requests
@@ -111,15 +110,6 @@ class ProtocolError(Exception):
 
 #: The requests the session serves itself (the connection's own); ``requests.Requests`` serves the rest.
 _OWN = {abi.INIT: "_init", abi.DESTROY: "_destroy", abi.INTERRUPT: "_interrupt"}
-
-
-@dataclass(frozen=True)
-class SessionParameters:
-    """What INIT agreed: a daemon taking over a live connection serves with the same (``Session.adopt``)."""
-
-    proto_minor: int
-    capabilities: int
-    max_write: int
 
 
 class Session:

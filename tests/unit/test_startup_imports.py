@@ -1,10 +1,12 @@
-"""The command line loads the daemon's modules for ``mount`` and ``run`` alone.
+"""The command line loads the daemon's modules for ``mount`` and ``run`` alone, and the supervisor never.
 
 Every other command (``status``, ``umount``, ``gc``, ``push``, ...) acts on a
 mount through its control files, and the tests and scripts run hundreds of
 them: importing the request loop, the write path and trio for each took
 their start from about 0.1 s to about 0.3 s (``python -X importtime -c
-'import mithrilfs.cli.main'``).
+'import mithrilfs.cli.main'``).  The supervisor, started with every mount and
+living as long as it, loaded them for the interface it implements (0.17 s of
+imports against 0.07 s).
 """
 
 from __future__ import annotations
@@ -28,9 +30,17 @@ def test_the_command_line_starts_without_the_daemons_modules():
 def test_the_request_loop_still_loads_where_it_is_asked_for():
     """``kernel.Session`` and the names beside it load on first use (``kernel.__getattr__``)."""
     probe = ("import sys\nfrom mithrilfs import kernel\nassert 'trio' not in sys.modules\n"
-             "from mithrilfs.kernel import ProtocolError, Session, SessionParameters, URING_VARIABLE\n"
+             "from mithrilfs.kernel import ProtocolError, Session, URING_VARIABLE\n"
              "assert Session.__module__ == 'mithrilfs.kernel.session' and 'trio' in sys.modules\n"
              "assert kernel.Session is Session and isinstance(URING_VARIABLE, str)\n"
              "try:\n    kernel.NoSuchThing\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit('no error')\n")
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
+
+
+def test_the_supervisor_starts_without_trio_or_the_write_path():
+    probe = ("import json, sys\nimport mithrilfs.daemon.supervisor\n"
+             f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == []
