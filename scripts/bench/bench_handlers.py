@@ -38,7 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +115,16 @@ class Driver:
             after.run(everything=False)
             self.times[AFTER].append(time.perf_counter_ns() - start)
 
-    def close(self) -> None:
-        self.session.close()
-        for end in self._pair:
-            end.close()
+    def run(self, requests: Callable[[], Awaitable[None]]) -> dict[str, list[int]]:
+        """Send what *requests* sends, then close the session and the store; each request's time by opcode."""
+        try:
+            trio.run(requests)
+        finally:
+            self.session.close()
+            for end in self._pair:
+                end.close()
+            self.store.close()
+        return self.times
 
 
 def populate(root: Path, dirs: int) -> list[bytes]:
@@ -169,12 +175,7 @@ def first_load(root: Path, keys: list[bytes]) -> dict[str, list[int]]:
                 if data is None or len(data) != size:
                     sys.exit(f"READ of inode {ino} answered {None if data is None else len(data)} bytes, not {size}")
 
-    try:
-        trio.run(run)
-    finally:
-        driver.close()
-        driver.store.close()
-    return driver.times
+    return driver.run(run)
 
 
 def creates(root: Path, files: int, rep: int) -> dict[str, list[int]]:
@@ -202,12 +203,7 @@ def creates(root: Path, files: int, rep: int) -> dict[str, list[int]]:
             await driver.send(abi.GETATTR, ino, abi.GETATTR_IN.pack(0, 0, 0))
             driver.idle()
 
-    try:
-        trio.run(run)
-    finally:
-        driver.close()
-        driver.store.close()
-    return driver.times
+    return driver.run(run)
 
 
 def report(title: str, runs: list[dict[str, list[int]]], per: int, *, sql: bool = False) -> None:
