@@ -19,6 +19,10 @@ times is the handlers' own CPU, hot:
   WRITE, FLUSH, RELEASE, LOOKUP, RENAME, GETATTR), each file of its own
   content; SQLite's time per statement is added, by statement.
 
+As in the daemon, blob files are made ahead by a thread of their own
+(``store.blank_files``): what the loop pays for a commit is its fill and
+link, not the file's create.
+
 Prints microseconds per request by opcode, medians of ``--reps`` runs.
 
     PYTHONPATH=TREE .venv/bin/python scripts/bench/bench_handlers.py [--files 12000] [--reps 3] [--only first-load|creates]
@@ -49,6 +53,7 @@ from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.daemon.wiring import build
 from mithrilfs.kernel import abi
 from mithrilfs.kernel.session import Session
+from mithrilfs.store.blank_files import BlankFiles
 from mithrilfs.store.namespace import ROOT_INODE
 from mithrilfs.store.open import Store, open_store
 
@@ -76,6 +81,8 @@ class Driver:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        # as the daemon serves it: blob files made ahead by a thread of their own (``store.blank_files``)
+        store.cas.blanks = BlankFiles(store.cas.staging, burst=store.cas.make_shards)
         self.mounted = build(store, EvictionPolicy(max_bytes=1 << 40), NoKernelCaches())
         self._pair = socket.socketpair()  # the session's notifier writes to an fd of its own; nothing is sent
         self.session = Session(self._pair[0].fileno(), self.mounted.ops, after_reply=self.mounted.after_reply,
@@ -123,7 +130,7 @@ class Driver:
             self.session.close()
             for end in self._pair:
                 end.close()
-            self.store.close()
+            self.store.close()  # its blanks too
         return self.times
 
 
