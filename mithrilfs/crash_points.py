@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import signal
 
-_CRASH_AT = os.environ.get("MITHRILFS_TEST_CRASH_AT")
+#: The variable a test sets (the supervisor and the upgrade check keep it from the processes it is not for).
+VARIABLE = "MITHRILFS_TEST_CRASH_AT"
+_CRASH_AT = os.environ.get(VARIABLE)
 _crash_hits: dict[str, int] = {}
 
 

@@ -60,6 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mithrilfs import crash_points
 from mithrilfs.daemon import ended, mirrors
 from mithrilfs.daemon.channel import Handover, Restarts
 from mithrilfs.daemon.owner import Owner
@@ -70,8 +71,6 @@ from mithrilfs.observe.events import EventLog
 
 log = logging.getLogger("mithrilfs.supervisor")
 
-#: The tests' crash points (``crash_points.crash_point``).
-_CRASH_AT = "MITHRILFS_TEST_CRASH_AT"
 CRASH_LOOP_LIMIT = 3
 QUICK_DEATH_SECONDS = 1.0
 #: The longest message the daemon sends (its options), and the most descriptors one carries.
@@ -320,8 +319,8 @@ class Supervisor:
                             lookups_fd=self.lookups_fd, channel_fd=theirs.fileno())
         foreground = bool(self.options.get("foreground"))
         env = dict(os.environ)
-        if not env.get(_CRASH_AT, "takeover").startswith("takeover"):
-            del env[_CRASH_AT]  # the tests' crash points kill the first daemon only (but the one at takeover)
+        if not env.get(crash_points.VARIABLE, "takeover").startswith("takeover"):
+            del env[crash_points.VARIABLE]  # the tests' crash points kill the first daemon only (but the one at takeover)
         output = None if foreground else self._successor_output()
         try:
             self.child = subprocess.Popen(

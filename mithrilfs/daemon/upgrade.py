@@ -24,21 +24,20 @@ from typing import Any
 
 import trio
 
-from mithrilfs import kernel
+from mithrilfs import crash_points, kernel
 from mithrilfs.daemon.channel import Supervisor
 
 log = logging.getLogger(__name__)
 
 #: How long the installed code may take to import (a loaded machine, a cold disk) before it counts as broken.
 CHECK_TIMEOUT = 60.0
-#: The tests' crash points kill the daemon they are set for, never a check.
-_CRASH_AT = "MITHRILFS_TEST_CRASH_AT"
 
 
 def check_installed() -> str | None:
     """None when the installed code starts as a successor would; else why not, in one line (the whole of
     what it said goes to the log)."""
-    env = {k: v for k, v in os.environ.items() if k != _CRASH_AT}
+    # the tests' crash points kill the daemon they are set for, never a check
+    env = {k: v for k, v in os.environ.items() if k != crash_points.VARIABLE}
     try:
         res = subprocess.run([sys.executable, "-m", "mithrilfs.daemon.successor", "--check"], env=env, cwd="/",
                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=CHECK_TIMEOUT,

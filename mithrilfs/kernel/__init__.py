@@ -6,10 +6,9 @@ Nothing here knows about the store: it is the layer go-fuse and fuser call
 the raw bridge.
 
 The request loop and its io_uring transport (``Session``, ``ProtocolError``,
-``URING_VARIABLE``) load on first use: they pull in
-trio, which a command-line client that only mounts, unmounts or probes a
-mount point never needs (``mithrilfs umount`` and the control commands start
-in a fraction of the time).
+``URING_VARIABLE``) load on first use: they pull in trio, which a process
+that only unmounts, probes a mount point or keeps one alive (the command
+line's other commands, the supervisor) never needs.
 """
 
 import importlib

@@ -49,8 +49,8 @@ def write_and_rename(tmp: str, dest: str, data: bytes | bytearray | memoryview, 
     """*data* written to a new file *tmp* (mode ``BLOB_MODE``), then renamed onto *dest*: a blob is never
     seen half-written.  On any failure (a full disk) *tmp* is removed and the error raised.  *exclusive*:
     *tmp* must not exist (a unique name); otherwise a leftover of that name is truncated.  How a blob's
-    file is written, by ``CAS.write_blob`` and by this process alike, but into a blank made ahead
-    (``fill_and_link``)."""
+    file is written where no blank was made ahead for it (``fill_and_link``), by ``CAS.write_blob`` and by
+    this process alike."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
     fd = os.open(tmp, flags, BLOB_MODE)
     try:

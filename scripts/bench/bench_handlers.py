@@ -52,6 +52,7 @@ from mithrilfs.cache.lifetime import NoKernelCaches
 from mithrilfs.cache.policy import EvictionPolicy
 from mithrilfs.daemon.wiring import build
 from mithrilfs.kernel import abi
+from mithrilfs.kernel.request_times import OPCODE_LABELS
 from mithrilfs.kernel.session import Session
 from mithrilfs.store.blank_files import BlankFiles
 from mithrilfs.store.namespace import ROOT_INODE
@@ -59,7 +60,6 @@ from mithrilfs.store.open import Store, open_store
 
 NAMES = [b"__grp__kernel.json", *(f"kernel.{s}".encode() for s in ("source", "ttir", "ttgir", "llir", "ptx",
                                                                    "cubin", "json"))]
-AFTER = "AFTER_REPLY"
 
 
 class _TimedConnection(sqlite3.Connection):
@@ -74,10 +74,12 @@ class _TimedConnection(sqlite3.Connection):
 
 
 SQL_TIMES: dict[str, list[int]] = collections.defaultdict(list)
+#: Requests and nanoseconds by opcode, as ``kernel.RequestTimes`` keeps them (``AFTER_REPLY``: the work after).
+Times = dict[int, list[int]]
 
 
 class Driver:
-    """Requests handed to one mount's session in turn; each one's time, by opcode name."""
+    """Requests handed to one mount's session in turn, timed by the session itself (``kernel.RequestTimes``)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -88,7 +90,6 @@ class Driver:
         self.session = Session(self._pair[0].fileno(), self.mounted.ops, after_reply=self.mounted.after_reply,
                                request_times=self.mounted.request_times)
         self.session._ready = True  # as after INIT
-        self.times: dict[str, list[int]] = collections.defaultdict(list)
         self._buf = bytearray(1 << 22)
         self._view = memoryview(self._buf)
         self._unique = 10
@@ -107,23 +108,19 @@ class Driver:
         self._unique += 1
         n = len(request)
         self._buf[:n] = request
-        start = time.perf_counter_ns()
         suspended = self.session._dispatch(self._buf, self._view, n, self._reply, self._reply_error)
         if suspended is not None:
             await self.session._finish(*suspended)
-        self.times[abi.OPCODE_NAMES[opcode]].append(time.perf_counter_ns() - start)
         return self._answer
 
     def idle(self) -> None:
         """Run the work left for after the replies, one job at a time (as the loop does when nothing waits)."""
-        after = self.mounted.after_reply
-        while after.pending:
-            start = time.perf_counter_ns()
-            after.run(everything=False)
-            self.times[AFTER].append(time.perf_counter_ns() - start)
+        while self.session._idle_work():
+            pass
 
-    def run(self, requests: Callable[[], Awaitable[None]]) -> dict[str, list[int]]:
-        """Send what *requests* sends, then close the session and the store; each request's time by opcode."""
+    def run(self, requests: Callable[[], Awaitable[None]]) -> Times:
+        """Send what *requests* sends, then close the session and the store; the requests and the
+        nanoseconds spent on them, by opcode."""
         try:
             trio.run(requests)
         finally:
@@ -131,7 +128,7 @@ class Driver:
             for end in self._pair:
                 end.close()
             self.store.close()  # its blanks too
-        return self.times
+        return self.mounted.request_times.by_opcode
 
 
 def populate(root: Path, dirs: int) -> list[bytes]:
@@ -160,7 +157,7 @@ def populate(root: Path, dirs: int) -> list[bytes]:
     return keys
 
 
-def first_load(root: Path, keys: list[bytes]) -> dict[str, list[int]]:
+def first_load(root: Path, keys: list[bytes]) -> Times:
     driver = Driver(open_store(root))
 
     def entry(answer: bytes | None) -> tuple[int, int]:
@@ -185,7 +182,7 @@ def first_load(root: Path, keys: list[bytes]) -> dict[str, list[int]]:
     return driver.run(run)
 
 
-def creates(root: Path, files: int, rep: int) -> dict[str, list[int]]:
+def creates(root: Path, files: int, rep: int) -> Times:
     driver = Driver(open_store(root))
 
     async def run() -> None:
@@ -213,15 +210,15 @@ def creates(root: Path, files: int, rep: int) -> dict[str, list[int]]:
     return driver.run(run)
 
 
-def report(title: str, runs: list[dict[str, list[int]]], per: int, *, sql: bool = False) -> None:
+def report(title: str, runs: list[Times], per: int, *, sql: bool = False) -> None:
     """Microseconds per request by opcode, and per file (*per* files a run), medians over *runs*."""
     print(title)
-    for op in sorted(runs[0], key=lambda op: -sum(runs[0][op])):
-        each = [statistics.mean(r[op]) / 1000 for r in runs]
-        count = len(runs[0][op]) / per
-        print(f"  {op:12s} {statistics.median(each):7.1f} us each, {count:5.2f} a file"
+    for op in sorted(runs[0], key=lambda op: -runs[0][op][1]):
+        each = [r[op][1] / r[op][0] / 1000 for r in runs]
+        count = runs[0][op][0] / per
+        print(f"  {OPCODE_LABELS[op]:12s} {statistics.median(each):7.1f} us each, {count:5.2f} a file"
               f"  (runs {', '.join(f'{x:.1f}' for x in each)})")
-    total = [sum(sum(v) for v in r.values()) / per / 1000 for r in runs]
+    total = [sum(ns for _, ns in r.values()) / per / 1000 for r in runs]
     print(f"  {'all':12s} {statistics.median(total):7.1f} us a file (runs {', '.join(f'{x:.1f}' for x in total)})")
     if sql:
         print(f"  SQLite, all runs, us a file: {sum(sum(v) for v in SQL_TIMES.values()) / per / len(runs) / 1000:.1f}")

@@ -1,13 +1,11 @@
 """The command line loads the daemon's modules for ``mount`` and ``run`` alone, and the supervisor never.
 
 Every other command (``status``, ``umount``, ``gc``, ``push``, ...) acts on a
-mount through its control files, and the tests and scripts run hundreds of
-them: importing the request loop, the write path and trio for each took
-their start from about 0.1 s to about 0.3 s (``python -X importtime -c
-'import mithrilfs.cli.main'``).  The supervisor, started with every mount and
-living as long as it, loaded them for the interface it implements (0.17 s of
-imports against 0.07 s).
-"""
+mount through its control files and needs neither the request loop, the
+write path nor trio; the supervisor, started with every mount and living as
+long as it, implements one interface of the write path (``WriteWatcher``)
+and keeps what INIT agreed, and needs none of them either.  What this saves is in
+docs/design.md ("Layers")."""
 
 from __future__ import annotations
 
