@@ -66,6 +66,7 @@ from .after_reply import AfterReply
 from .api import FUSEError, Operations, RequestContext
 from .negotiate import PAGE, SessionParameters, allowed_max_write, init_reply, wanted_capabilities, write_size_note
 from .notify import Notifier
+from .polling import YIELD_EVERY, Polling
 from .request_times import AFTER_REPLY, OPCODE_LABELS, RequestTimes
 from .requests import Handler, Malformed, Requests
 from .transport import UringTransport
@@ -73,14 +74,6 @@ from .transport import UringTransport
 log = logging.getLogger(__name__)
 
 MAX_WORKERS = 32
-#: Requests served back to back before the reader yields to other trio tasks.
-_YIELD_EVERY = 8
-#: After answering, how long the reader keeps polling the fd before it sleeps in
-#: epoll: a client's next request (its read after a lookup, its next open) comes
-#: within microseconds, and catching it awake saves a sleep and a wake-up.
-#: Measured with 1,500 Triton kernels (second load, interleaved): 0 us 1.56-1.64 s,
-#: 50 us 0.67 s, 200 us 0.61-0.62 s, 1 ms 0.59-0.67 s.
-SPIN_SECONDS = 200e-6
 _HDR = abi.IN_HEADER.size
 _unpack_header = abi.IN_HEADER.unpack_from
 _pack_reply = abi.OUT_HEADER.pack
@@ -136,14 +129,8 @@ class Session:
         #: Whether to ask for FUSE over io_uring at INIT (served by ``transport.UringTransport`` when agreed).
         self.uring = uring
         self.transport: UringTransport | None = None
-        self.spin = SPIN_SECONDS
-        #: Whether to poll for the next request now (``SPIN_SECONDS``) rather than sleep at once: the daemon
-        #: says no while it streams a prefetch on the same cores (``Tier.streaming``), where a core
-        #: polling is one the prefetch, its writing process and the workload itself wait for
-        #: (docs/benchmarks.md, "K").
-        self.polls = polls
-        #: Waits for a next request that began by polling (``polls`` said yes).
-        self.polled = 0
+        #: How both transports wait for the next request (``kernel.polling``; *polls*: whether to poll now).
+        self.polling = Polling(polls)
         #: Capabilities both sides agreed on at INIT (abi flag bits), and the protocol minor.
         self.capabilities = 0
         self.proto_minor = 0
@@ -249,7 +236,7 @@ class Session:
             suspended = dispatch(buf, view, n, reply, reply_error)
             if suspended is None:
                 streak += 1
-                if streak >= _YIELD_EVERY:
+                if streak >= YIELD_EVERY:
                     streak = 0
                     await trio.lowlevel.checkpoint()
                 continue
@@ -294,11 +281,7 @@ class Session:
         a moment when ``polls`` says so, then sleep in epoll) or -1 (read
         again: an error or the end of the session shows there).
         """
-        if last == 0 and self.polls():
-            spin_until = time.perf_counter() + self.spin
-            self.polled += 1
-        else:
-            spin_until = 0.0
+        spin_until = self.polling.deadline() if last == 0 else 0.0
         nothing_waiting = last == 0
         while not self._stopping:
             if not nothing_waiting:
@@ -493,7 +476,8 @@ class Session:
         self.notifier.open()
         if caps & abi.OVER_IO_URING and self._nursery is not None:
             self.transport = UringTransport(self.fd, max(abi.MIN_READ_BUFFER, self.max_write), self._bufsize,
-                                            self._dispatch, self._finish, lambda: self._stopping, self._idle_work)
+                                            self._dispatch, self._finish, lambda: self._stopping, self._idle_work,
+                                            self.polling.deadline)
             self._nursery.start_soon(self.transport.serve)  # runs once this reply is written
         return init_reply(self.proto_minor, min(max_readahead, self.max_readahead), caps, self.max_write)
 

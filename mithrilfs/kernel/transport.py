@@ -24,12 +24,14 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 from . import uring
+from .polling import YIELD_EVERY
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +63,19 @@ class UringTransport:
     """The io_uring side of one session: its ring, its entries, and the task that serves them."""
 
     def __init__(self, fd: int, payload_size: int, bufsize: int, dispatch: Callable[..., Any],
-                 finish: Callable[..., Awaitable[None]], stopped: Callable[[], bool], idle: Callable[[], bool]) -> None:
+                 finish: Callable[..., Awaitable[None]], stopped: Callable[[], bool], idle: Callable[[], bool],
+                 poll_deadline: Callable[[], float]) -> None:
         """*dispatch* and *finish*: the session's (``Session._dispatch``, ``Session._finish``); *stopped*:
         whether the session is ending; *idle*: run one job left for after a reply, if any (whether it ran
-        one); *bufsize*: its request buffer's size."""
+        one); *poll_deadline*: until when to poll for the next request before sleeping
+        (``Polling.deadline``); *bufsize*: its request buffer's size."""
         self.fd = fd
         self.bufsize = bufsize
         self._dispatch = dispatch
         self._finish = finish
         self._stopped = stopped
         self._idle = idle
+        self._poll_deadline = poll_deadline
         self.payload_size = payload_size
         self.queues = uring.possible_cpus()
         self.ring: uring.Ring | None = None
@@ -123,6 +128,7 @@ class UringTransport:
         (trio's locks belong to the task that took them), once a new worker has taken over the ring."""
         ring, slots, dispatch = self.ring, self._slots, self._dispatch
         assert ring is not None and self._nursery is not None
+        streak = 0
         while self._live and not self._stopped():
             for index, res in ring.completions():
                 slot = slots[index]
@@ -131,6 +137,7 @@ class UringTransport:
                     continue
                 n = slot.entry.request(slot.buf)
                 self.served += 1
+                streak += 1
                 suspended = dispatch(slot.buf, slot.view, n, slot.reply, slot.reply_error)
                 if suspended is not None:
                     self._nursery.start_soon(self._worker)
@@ -138,13 +145,22 @@ class UringTransport:
                     return
             if not self._live:
                 return
-            # nothing to answer: time for the head starts handlers left, one at a time, until a request comes
-            while self._idle():
+            if streak >= YIELD_EVERY:
+                streak = 0
+                await trio.lowlevel.checkpoint()
+            # nothing to answer: the head starts handlers left, one at a time, and polling a moment
+            # (``kernel.polling``), until a request comes
+            spin_until = self._poll_deadline()
+            while True:
+                ran = self._idle()
                 ring.submit_and_wait(0)  # runs the task work that posts a request that came meanwhile
-                if ring.has_completions():
+                if ring.has_completions() or not (ran or time.perf_counter() < spin_until):
                     break
             if ring.has_completions():
                 continue
+            if self._stopped():
+                return  # stop() came while this task yielded: its wake-up found nobody waiting
+            streak = 0
             try:
                 await trio.lowlevel.wait_readable(ring.fd)
             except trio.ClosedResourceError:

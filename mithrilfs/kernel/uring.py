@@ -41,6 +41,10 @@ _libc.syscall.restype = ctypes.c_long
 SYS_IO_URING_SETUP = 425
 SYS_IO_URING_ENTER = 426
 IORING_SETUP_SQE128 = 1 << 10
+#: Task work (how the kernel hands a FUSE request to its entry) waits for the thread's next system call instead
+#: of an interrupt to its CPU: the worker polls with system calls after each answer, and a sleeping thread is
+#: woken all the same (docs/benchmarks.md, "N-uring").  Every kernel with FUSE over io_uring (6.14) has it (5.19).
+IORING_SETUP_COOP_TASKRUN = 1 << 8
 IORING_FEAT_SINGLE_MMAP = 1 << 0
 IORING_ENTER_GETEVENTS = 1 << 0
 IORING_OFF_SQ_RING = 0
@@ -100,7 +104,7 @@ class Ring:
 
     def __init__(self, entries: int) -> None:
         params = bytearray(_PARAMS.size)
-        struct.pack_into("<I", params, 8, IORING_SETUP_SQE128)
+        struct.pack_into("<I", params, 8, IORING_SETUP_SQE128 | IORING_SETUP_COOP_TASKRUN)
         pbuf = (ctypes.c_char * len(params)).from_buffer(params)
         try:
             self.fd = _syscall(SYS_IO_URING_SETUP, entries, ctypes.addressof(pbuf))

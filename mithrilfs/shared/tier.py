@@ -55,7 +55,7 @@ class Tier(ABC):
     @property
     def streaming(self) -> bool:
         """Whether a prefetch streams into this process now: the session sleeps for its next request at
-        once instead of polling (``kernel.Session.polls``), leaving the cores to the prefetch."""
+        once instead of polling (``kernel.polling``), leaving the cores to the prefetch."""
         return False
 
     def in_use(self) -> bool:

@@ -321,11 +321,11 @@ def test_the_session_polls_for_a_next_request_only_when_told_it_may():
             await trio.to_thread.run_sync(kernel_side.recv, 1 << 16)
             for unique in range(2, 7):
                 await ask(unique)
-            seen.append(session.polled)
+            seen.append(session.polling.polled)
             polling["now"] = False
             for unique in range(7, 17):
                 await ask(unique)
-            seen.append(session.polled)
+            seen.append(session.polling.polled)
             kernel_side.close()
 
     trio.run(main)
