@@ -5,7 +5,9 @@ registers ``ENTRIES_PER_QUEUE`` entries for every queue (one per possible
 CPU; ``kernel.uring``) and then answers what they bring with the session's
 own dispatch (``Session._dispatch``, handed in), so every behaviour of a request
 (errors, counting, handlers that suspend) is the one /dev/fuse gives it.
-An answer is a COMMIT_AND_FETCH of the entry, submitted at once; a handler
+Between requests it waits as the /dev/fuse reader does (``kernel.polling``:
+polling a moment before it sleeps, yielding to the loop's other tasks every
+few requests).  An answer is a COMMIT_AND_FETCH of the entry, submitted at once; a handler
 that suspends keeps its entry until it answers, and finishes as a trio task
 of its own.  The /dev/fuse loop keeps running: INIT, INTERRUPT, FORGET and
 whatever the kernel sends before every queue has its entries come there.

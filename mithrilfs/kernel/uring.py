@@ -7,7 +7,8 @@ own: a header buffer (``struct fuse_uring_req_header``: the in/out header,
 the opcode's fixed argument, and ``struct fuse_uring_ent_in_out``) and a
 payload buffer at least as large as the connection's largest argument.
 Each entry is handed to the kernel once with ``FUSE_IO_URING_CMD_REGISTER``
-(an ``IORING_OP_URING_CMD`` SQE in a ring set up with ``IORING_SETUP_SQE128``,
+(an ``IORING_OP_URING_CMD`` SQE in a ring set up with ``IORING_SETUP_SQE128``
+and ``IORING_SETUP_COOP_TASKRUN``,
 ``struct fuse_uring_cmd_req`` in its command area, an iovec of the two
 buffers); the kernel uses the ring only once every queue has an entry, and
 from then on a request made on CPU *q* completes one of queue *q*'s SQEs.
