@@ -3,10 +3,8 @@
 After answering, a serving task (the /dev/fuse reader, ``Session._next_request``; the ring's worker,
 ``transport.UringTransport``) polls for the next request a moment before it sleeps: a client's next
 request (its read after a lookup, its next open) comes within microseconds, and one caught awake costs
-the daemon no sleep and wake-up.  Measured with 1,500 Triton kernels (second load, interleaved): polling
-0 µs 1.56-1.64 s, 50 µs 0.67 s, 200 µs 0.61-0.62 s, 1 ms 0.59-0.67 s; over io_uring, 19,837 sleeps of
-the daemon's thread for 20,000 round trips without it, 48 with it (docs/benchmarks.md, "N-uring").
-Polling keeps the trio loop, so a serving task yields to the loop's other tasks every ``YIELD_EVERY``
+the daemon no sleep and wake-up (docs/benchmarks.md: the poll's length in "G", over io_uring in
+"N-uring").  Polling keeps the trio loop, so a serving task yields to the loop's other tasks every ``YIELD_EVERY``
 requests served back to back.
 """
 

@@ -145,11 +145,10 @@ def _sleeps(pid: int) -> int:
 
 def test_over_io_uring_the_daemon_polls_for_the_next_request_instead_of_sleeping_after_each(mount_factory,
                                                                                            uring_enabled):
-    """As the /dev/fuse reader does, the io_uring worker polls a moment after answering before it sleeps: a
-    client's next request comes within microseconds, and one caught awake costs no sleep and wake-up.  The
-    worker slept after every request before (19,837 sleeps for 20,000 round trips here, 3-4 times the /dev/fuse
-    round trip: docs/benchmarks.md, "N-uring"); polling, it sleeps only when the client is away longer than
-    the poll, as a loaded machine makes it now and then."""
+    """As the /dev/fuse reader does, the io_uring worker polls a moment after answering before it sleeps
+    (``kernel.polling``): a client asking back to back finds it awake, so the daemon's event loop sleeps far
+    less often than once a request; it sleeps only when the client is away longer than the poll, as a loaded
+    machine makes it now and then."""
     m = mount_factory(env=ENV)
     (m.mountpoint / "f").write_bytes(b"x")
     assert "io_uring (" in _status(m.mountpoint)
