@@ -22,12 +22,11 @@ YIELD_EVERY = 8
 class Polling:
     """Whether and until when to poll; ``polled`` counts the waits that began by polling."""
 
-    def __init__(self, polls: Callable[[], bool] = lambda: True, spin: float = SPIN_SECONDS) -> None:
+    def __init__(self, polls: Callable[[], bool] = lambda: True) -> None:
         """*polls*: whether to poll now (default always): the daemon says no while it streams a prefetch
         on the same cores (``Tier.streaming``), where a core polling is one the prefetch, its writing
         process and the workload itself wait for (docs/benchmarks.md, "K")."""
         self.polls = polls
-        self.spin = spin
         self.polled = 0
 
     def deadline(self) -> float:
@@ -35,4 +34,4 @@ class Polling:
         if not self.polls():
             return 0.0
         self.polled += 1
-        return time.perf_counter() + self.spin
+        return time.perf_counter() + SPIN_SECONDS
