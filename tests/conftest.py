@@ -636,7 +636,8 @@ class SeaweedFS:
     def _spawn(self, name: str, argv: list[str]) -> None:
         self.argv[name] = argv
         log = open(self.root / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen([WEED, *argv], stdout=log, stderr=subprocess.STDOUT,
+        # glog files go beside the other logs (by default weed writes them to /tmp and never removes them)
+        self.procs[name] = subprocess.Popen([WEED, f"-logdir={self.root}", *argv], stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, cwd=self.root)
         log.close()
 
@@ -705,7 +706,7 @@ class SeaweedFS:
 
     def create_bucket(self, name: str) -> None:
         """``weed shell`` against the master: how an operator makes one (no S3 client of our own needed)."""
-        res = subprocess.run([WEED, "shell", f"-master=127.0.0.1:{self.ports['master']}.{self.ports['master.grpc']}"],
+        res = subprocess.run([WEED, f"-logdir={self.root}", "shell", f"-master=127.0.0.1:{self.ports['master']}.{self.ports['master.grpc']}"],
                              input=f"s3.bucket.create -name {name}\n", capture_output=True, text=True, timeout=30)
         if "already exist" in res.stdout + res.stderr:
             return

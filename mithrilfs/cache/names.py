@@ -7,20 +7,27 @@ out an inode counts one), a setgid directory's group, the per-directory
 attribution of stats, and what the shared tier is told (``NameListener``:
 a new name is published, a name a user removes gets a tombstone).  Each
 change is one index transaction and never awaits, so what it checked still
-holds when it writes.  Errors are ``OSError`` with the errno the request is
-answered with.
+holds when it writes; a regular file's create commits with the next
+transaction, or when the event loop is idle, kept until then in a journal
+a successor replays (``create_journal``).  Errors are ``OSError`` with
+the errno the request is answered with.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import sqlite3
 import stat
 import time
+from collections.abc import Callable
 from typing import Protocol
 
+from mithrilfs.cache.create_journal import CreateJournal
 from mithrilfs.cache.lifetime import Lifetimes
 from mithrilfs.cache.writepath import WritePath
+from mithrilfs.crash_points import crash_point
 from mithrilfs.observe.tops import TopDirs
 from mithrilfs.store.namespace import ROOT_INODE, Inode, Namespace
 
@@ -33,18 +40,50 @@ class NameListener(Protocol):
     def tombstone(self, parent: int, name: bytes) -> None: ...
 
 
+log = logging.getLogger(__name__)
+
+
 def _error(code: int) -> OSError:
     return OSError(code, os.strerror(code))
 
 
 class Names:
     def __init__(self, ns: Namespace, writes: WritePath, lifetimes: Lifetimes, tops: TopDirs,
-                 listener: NameListener) -> None:
+                 listener: NameListener, journal: CreateJournal | None = None,
+                 when_idle: Callable[[Callable[[], None]], None] = lambda job: job()) -> None:
+        """*journal*: where a create whose transaction is deferred is kept, for a successor and to redo it
+        after a failed transaction (``create_journal``; default: one of its own, shared with nobody).  *when_idle*: runs a job once the event loop has nothing to do
+        (``kernel.AfterReply.when_idle``); the deferred transactions commit there at the latest (default:
+        at once, so nothing stays deferred)."""
         self.ns = ns
         self.writes = writes
         self.lifetimes = lifetimes
         self.tops = tops
         self.listener = listener
+        self.journal = journal if journal is not None else CreateJournal()
+        self._when_idle = when_idle
+        self._commit_queued = False
+        ns.on_deferred(committed=self.journal.clear, lost=self._put_back_lost)
+
+    def commit_deferred(self) -> None:
+        """Commit the creates whose transactions were deferred (the event loop's first idle moment)."""
+        self._commit_queued = False
+        if self.ns.deferred:
+            crash_point("before_deferred_commit")
+        try:
+            self.ns.commit_deferred()
+        except (sqlite3.Error, OSError) as e:  # still pending (or put back): the next transaction retries
+            log.warning("could not commit deferred creates: %s", e)
+
+    def _put_back_lost(self) -> None:
+        """A failed transaction rolled deferred creates back: put them back from the journal, deferred
+        again; failing that (a full disk), first thing in the next transaction (their ids stay out of use
+        meanwhile: ``Namespace.reserve_ids``)."""
+        try:
+            self.journal.replay(self.ns)
+        except (sqlite3.Error, OSError) as e:
+            log.warning("creates a failed transaction rolled back are put back with the next one: %s", e)
+            self.ns.redo_first(lambda: self.journal.replay(self.ns))
 
     def inode(self, ino: int) -> Inode:
         """An inode by number (one being written is the write path's object); ENOENT when gone."""
@@ -80,12 +119,20 @@ class Names:
             gid = parent_ino.gid
             if is_dir:
                 mode |= stat.S_ISGID
-        with self.ns.txn():
+        # a regular file's transaction commits with the next one (its RENAME, for a file written to a
+        # temporary name) or when the loop is idle, kept in the journal until then (``create_journal``)
+        defer = stat.S_ISREG(mode) and self.journal.room()
+        with self.ns.txn(defer=defer):
             ino = self.ns.create_inode(mode, uid, gid, target=target, nlink=2 if is_dir else 1, rdev=rdev)
             self.ns.link(parent, name, ino.id)
             if is_dir:
                 self.ns.add_link(parent_ino, +1)
             self._touch_dir(parent)
+        if defer and self.ns.deferred:
+            self.journal.record(ino, parent, name)
+            if not self._commit_queued:
+                self._commit_queued = True
+                self._when_idle(self.commit_deferred)
         self.lifetimes.ref(ino.id)
         if stat.S_ISLNK(mode):
             self.listener.publish(ino)

@@ -113,6 +113,7 @@ class Commands:
     async def usage(self, limit: int = 0) -> dict[str, Any]:
         """Bytes and files per top-level directory (``usage.json``, readable by anyone who sees the mount),
         and the *limit* largest files; the scans run on a reader in a thread."""
+        self.store.ns.commit_deferred()  # the reader sees committed rows only
         reader = self.store.ns.reader()
         try:
             by_top, largest = await trio.to_thread.run_sync(

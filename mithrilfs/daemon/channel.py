@@ -7,6 +7,8 @@ whose other end the supervisor reads (``daemon.supervisor``):
   secrets included: they never leave these two processes);
 - ``lookups`` with a descriptor: the kernel's lookup counts
   (``cache.lookups``), shared with every daemon of the mount;
+- ``creates`` with a descriptor: the journal of creates answered and not
+  committed yet (``cache.create_journal``), likewise;
 - ``session MINOR CAPS MAX_WRITE``: what INIT agreed, once it has;
 - what is being written (``cache.write_watcher.WriteWatcher``): ``s INO
   PATH`` with a file descriptor attached (SCM_RIGHTS): the inode's
@@ -76,6 +78,8 @@ class Handover:
     lock_fd: int = -1
     #: The kernel's lookup counts (``cache.lookups``).
     lookups_fd: int = -1
+    #: Creates the previous daemon answered and had not committed (``cache.create_journal``).
+    creates_fd: int = -1
     channel_fd: int = -1
     #: The supervisor reads mirror slots (``daemon.mirrors``); one of older code does not, and its successor
     #: stages in files what it would have staged in memory.
@@ -89,7 +93,8 @@ class Handover:
         d = json.loads(text)
         return cls(options=d["options"], session=SessionParameters(**d["session"]), torn=list(d["torn"]),
                    staged=list(d["staged"]), restarts=Restarts(**d["restarts"]), fuse_fd=int(d["fuse_fd"]), lock_fd=int(d["lock_fd"]),
-                   lookups_fd=int(d["lookups_fd"]), channel_fd=int(d["channel_fd"]),
+                   lookups_fd=int(d["lookups_fd"]), creates_fd=int(d.get("creates_fd", -1)),
+                   channel_fd=int(d["channel_fd"]),
                    mirror_slots=bool(d.get("mirror_slots", False)))
 
 
@@ -135,10 +140,11 @@ class NoSupervisor(NoWriteWatcher):
 class SupervisorLink:
     """The daemon's end of the socket to the supervisor."""
 
-    def __init__(self, fd: int, options: dict[str, Any], lookups_fd: int | None = None, *,
-                 mirror_slots: bool = True) -> None:
-        """*lookups_fd*: the lookup counts to share (a new mount's; a successor's supervisor has them).
-        *mirror_slots*: the supervisor reads mirror slots (``Handover.mirror_slots``)."""
+    def __init__(self, fd: int, options: dict[str, Any], lookups_fd: int | None = None,
+                 creates_fd: int | None = None, *, mirror_slots: bool = True) -> None:
+        """*lookups_fd* and *creates_fd*: the lookup counts and the journal of creates to share (a new
+        mount's; a successor's supervisor has them).  *mirror_slots*: the supervisor reads mirror slots
+        (``Handover.mirror_slots``)."""
         self.sock: socket.socket | None = socket.socket(fileno=fd)
         self.sock.setblocking(True)
         #: A crash of a daemon that detaches keeps nothing: no staging content to mirror.
@@ -149,6 +155,8 @@ class SupervisorLink:
         self._send("options " + json.dumps(options))
         if lookups_fd is not None:
             self._send("lookups", (lookups_fd,))
+        if creates_fd is not None and self.keeps_content:
+            self._send("creates", (creates_fd,))
 
     def _send(self, line: str, fds: Sequence[int] = ()) -> bool:
         """Send one message; False when the supervisor is gone."""

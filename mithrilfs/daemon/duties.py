@@ -148,6 +148,7 @@ class Duties:
         few milliseconds per 5,000), and ``stats.json`` is read ten times a second by whoever follows a
         prefetch; on the event loop that was 4% of a prefetch's time."""
         try:
+            self.ns.commit_deferred()  # what a second connection counts: the creates left to commit too
             async with self._reading:
                 if self._reader is None:
                     self._reader = self.ns.reader()

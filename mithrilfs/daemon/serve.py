@@ -35,6 +35,7 @@ from pathlib import Path
 import trio
 
 from mithrilfs import kernel
+from mithrilfs.cache.create_journal import CreateJournal
 from mithrilfs.cache.lifetime import Removed
 from mithrilfs.cache.lookups import LookupCounts
 from mithrilfs.crash_points import crash_point
@@ -99,10 +100,17 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
     if log_in_store and not store.read_only:
         setup_logging(store.root / LOG_FILE, opts.debug)
     try:
+        # creates not committed yet: shared with the supervisor, for a successor (``cache.create_journal``)
+        journal = CreateJournal(handover.creates_fd if handover is not None and handover.creates_fd >= 0 else None)
         if handover is not None:
             crash_point("takeover")
             after_crash = handover.restarts.cause == "crash"
             if not store.read_only:
+                # the creates the previous daemon answered and never committed: the kernel holds them
+                if put_back := journal.replay(store.ns):
+                    log.info("put back %d files created just before the previous daemon died", put_back)
+                store.ns.commit_deferred()
+                journal.clear()
                 repair_at_startup(store, live=True, keep={path for _, _, path in handover.staged if path})
         else:
             after_crash = not store.read_only and repair_at_startup(store)
@@ -126,7 +134,7 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
                 return 1
         # shared with the supervisor: a successor must know exactly which inodes the kernel holds
         lookups = LookupCounts(handover.lookups_fd if handover is not None and handover.lookups_fd >= 0 else None)
-        supervisor = _supervisor(fuse, opts, store, handover, lookups)
+        supervisor = _supervisor(fuse, opts, store, handover, lookups, journal)
         # the kernel's INIT waits in the fd until the session reads (and the mount point with it): the
         # filesystem is built on the fd (its notifications need it); the mount goes if anything below fails
         notifier = kernel.Notifier(fuse.fd)
@@ -135,7 +143,7 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
             mounted = wiring.build(store, opts.policy, notifier, tier_options, after_crash=after_crash,
                                    fixed_settings=opts.fixed_settings, supervisor=supervisor,
                                    restarts=handover.restarts if handover is not None else Restarts(),
-                                   lookups=lookups, passthrough=opts.passthrough,
+                                   lookups=lookups, journal=journal, passthrough=opts.passthrough,
                                    backing=kernel.BackingFiles(fuse.fd),
                                    held=held_table(store.root, fresh=handover is None, read_only=store.read_only)
                                    if opts.passthrough != "off" else None)
@@ -217,7 +225,7 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
 
 
 def _supervisor(fuse: kernel.FuseMount, opts: MountOptions, store: Store, handover: Handover | None,
-                lookups: LookupCounts) -> Supervisor:
+                lookups: LookupCounts, journal: CreateJournal) -> Supervisor:
     """The daemon's line to its supervisor: a successor inherits one; a new mount starts it (best effort:
     without one, a crash leaves a dead mount that the next mount of the path cleans up)."""
     options = opts.as_json() | {"via_fusermount": fuse.via_fusermount, "read_only": store.read_only,
@@ -245,7 +253,7 @@ def _supervisor(fuse: kernel.FuseMount, opts: MountOptions, store: Store, handov
         r.close()
         os.close(dup)
         os.close(lock)
-    return SupervisorLink(w.detach(), options, lookups.fd)
+    return SupervisorLink(w.detach(), options, lookups.fd, journal.fd)
 
 
 async def _run(session: kernel.Session, mounted: wiring.Mounted, mountpoint: Path,

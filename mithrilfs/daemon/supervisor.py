@@ -86,6 +86,8 @@ class Supervisor:
         self.lock_fd = lock_fd
         #: The kernel's lookup counts (``cache.lookups``), shared by every daemon of the mount.
         self.lookups_fd = -1
+        #: The journal of creates not committed yet (``cache.create_journal``), likewise.
+        self.creates_fd = -1
         #: The daemon serving now (the first one is our parent; later ones our children).
         self.daemon = daemon
         #: Successors that died with a thread still stuck on the mount: reaped once they can be.
@@ -198,6 +200,8 @@ class Supervisor:
                 continue
             if verb == "lookups" and fds and self.lookups_fd < 0:
                 self.lookups_fd, fds = fds[0], fds[1:]
+            elif verb == "creates" and fds and self.creates_fd < 0:
+                self.creates_fd, fds = fds[0], fds[1:]
             elif verb == "mirror-slots" and fds and self.mirror_table < 0:
                 self.mirror_table, fds = fds[0], fds[1:]
             elif verb == "mirrors":
@@ -316,7 +320,7 @@ class Supervisor:
         handover = Handover(options=self.options, session=self.session,
                             torn=sorted(ino for ino, (fd, _) in self.written.items() if fd < 0), staged=staged,
                             restarts=self.restarts, fuse_fd=self.fuse_fd, lock_fd=self.lock_fd,
-                            lookups_fd=self.lookups_fd, channel_fd=theirs.fileno())
+                            lookups_fd=self.lookups_fd, creates_fd=self.creates_fd, channel_fd=theirs.fileno())
         foreground = bool(self.options.get("foreground"))
         env = dict(os.environ)
         if not env.get(crash_points.VARIABLE, "takeover").startswith("takeover"):
@@ -327,7 +331,7 @@ class Supervisor:
                 [sys.executable, "-m", "mithrilfs.daemon.successor"], stdin=subprocess.PIPE,
                 stdout=output, stderr=output,
                 pass_fds=(self.fuse_fd, self.lock_fd, theirs.fileno(), *staged_fds,
-                          *([self.lookups_fd] if self.lookups_fd >= 0 else [])), cwd="/",
+                          *(fd for fd in (self.lookups_fd, self.creates_fd) if fd >= 0)), cwd="/",
                 start_new_session=not foreground, env=env)
             assert self.child.stdin is not None
             self.child.stdin.write(handover.dumps().encode())

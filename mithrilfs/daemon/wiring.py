@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import trio
 
 from mithrilfs.cache.budget import Budget
+from mithrilfs.cache.create_journal import CreateJournal
 from mithrilfs.cache.integrity import Integrity
 from mithrilfs.cache.lifetime import KernelCaches, Lifetimes
 from mithrilfs.cache.lookups import LookupCounts
@@ -78,7 +79,7 @@ class Mounted:
 def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_options: TierOptions | None = None, *,
           after_crash: bool = False, fixed_settings: frozenset[str] = frozenset(),
           supervisor: Supervisor | None = None, restarts: Restarts | None = None,
-          lookups: LookupCounts | None = None, passthrough: str = "off",
+          lookups: LookupCounts | None = None, journal: CreateJournal | None = None, passthrough: str = "off",
           backing: BackingFiles | None = None, held: HeldTables | None = None) -> Mounted:
     """The filesystem of *store*, with every collaborator it needs (see the module doc).
 
@@ -122,7 +123,8 @@ def build(store: Store, policy: EvictionPolicy, kernel: KernelCaches, tier_optio
     Commands(store, budget, writes, tier, kept, paths, limiter, fixed_settings=fixed_settings).register(control)
     ops = Operations(Parts(store=store, writes=writes, lifetimes=lifetimes, recency=recency, budget=budget,
                            integrity=integrity, tier=tier, control=ControlNode(control), stats=stats, events=events,
-                           tops=tops, names=Names(ns, writes, lifetimes, tops, tier), recompiles=recompiles,
+                           tops=tops, names=Names(ns, writes, lifetimes, tops, tier, journal, after_reply.when_idle),
+                           recompiles=recompiles,
                            after_reply=after_reply, passthrough=passthrough_choice))
     return Mounted(ops=ops, duties=duties, tier=tier, events=events, control=control, request_times=request_times,
                    after_reply=after_reply, passthrough=passthrough_choice)

@@ -441,8 +441,9 @@ class Operations(kernel.Operations):
     async def releasedir(self, fh: int) -> None:
         pass
 
+    @request
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
-        pass
+        self.ns.commit_deferred()  # the names created in it are in the index: a create commits late
 
     @request
     async def statfs(self, ctx: Any) -> StatvfsData:

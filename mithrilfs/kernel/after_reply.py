@@ -34,10 +34,27 @@ class AfterReply:
 
     def __init__(self) -> None:
         self._jobs: deque[Callable[[], None]] = deque()
+        self._idle_jobs: list[Callable[[], None]] = []
         self._overtaken = False
 
     def defer(self, job: Callable[[], None]) -> None:
         self._jobs.append(job)
+
+    def when_idle(self, job: Callable[[], None]) -> None:
+        """Run *job* once the session has nothing to do: no request waiting, no job left, and it is about to
+        sleep until the next request (deferred work that must not wait longer: the index's commit of
+        creates, ``cache.names``)."""
+        self._idle_jobs.append(job)
+
+    def idle(self) -> None:
+        """Run the jobs left for the session's next idle moment (``when_idle``): it is about to sleep."""
+        while self._idle_jobs:
+            jobs, self._idle_jobs = self._idle_jobs, []
+            for job in jobs:
+                try:
+                    job()
+                except Exception:  # as for ``run``
+                    log.exception("work left for an idle moment failed")
 
     @property
     def pending(self) -> bool:

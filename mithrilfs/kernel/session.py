@@ -307,6 +307,7 @@ class Session:
                 continue
             if time.perf_counter() < spin_until:
                 continue
+            self.after_reply.idle()
             try:
                 await trio.lowlevel.wait_readable(self.fd)
             except trio.ClosedResourceError:
@@ -477,7 +478,7 @@ class Session:
         if caps & abi.OVER_IO_URING and self._nursery is not None:
             self.transport = UringTransport(self.fd, max(abi.MIN_READ_BUFFER, self.max_write), self._bufsize,
                                             self._dispatch, self._finish, lambda: self._stopping, self._idle_work,
-                                            self.polling.deadline)
+                                            self.polling.deadline, self.after_reply.idle)
             self._nursery.start_soon(self.transport.serve)  # runs once this reply is written
         return init_reply(self.proto_minor, min(max_readahead, self.max_readahead), caps, self.max_write)
 

@@ -66,11 +66,12 @@ class UringTransport:
 
     def __init__(self, fd: int, payload_size: int, bufsize: int, dispatch: Callable[..., Any],
                  finish: Callable[..., Awaitable[None]], stopped: Callable[[], bool], idle: Callable[[], bool],
-                 poll_deadline: Callable[[], float]) -> None:
+                 poll_deadline: Callable[[], float], before_sleep: Callable[[], None]) -> None:
         """*dispatch* and *finish*: the session's (``Session._dispatch``, ``Session._finish``); *stopped*:
         whether the session is ending; *idle*: run one job left for after a reply, if any (whether it ran
         one); *poll_deadline*: until when to poll for the next request before sleeping
-        (``Polling.deadline``); *bufsize*: its request buffer's size."""
+        (``Polling.deadline``); *before_sleep*: run what is left for an idle moment
+        (``AfterReply.idle``); *bufsize*: its request buffer's size."""
         self.fd = fd
         self.bufsize = bufsize
         self._dispatch = dispatch
@@ -78,6 +79,7 @@ class UringTransport:
         self._stopped = stopped
         self._idle = idle
         self._poll_deadline = poll_deadline
+        self._before_sleep = before_sleep
         self.payload_size = payload_size
         self.queues = uring.possible_cpus()
         self.ring: uring.Ring | None = None
@@ -162,6 +164,9 @@ class UringTransport:
                 continue
             if self._stopped():
                 return  # stop() came while this task yielded: its wake-up found nobody waiting
+            self._before_sleep()
+            if ring.has_completions():
+                continue
             streak = 0
             try:
                 await trio.lowlevel.wait_readable(ring.fd)

@@ -3,9 +3,10 @@
 It is the one source of truth for what the mount shows; blobs on disk are
 only reachable through it.  Every mutating call runs inside ``txn()`` so a
 crash leaves either the old or the new state.  The tables and the
-connection's settings are in ``schema``, the blob rows' refcounts in
-``blob_rows`` (a ``Namespace`` is a ``BlobRows``), the repair at each
-mount in ``recovery``.
+connection's settings are in ``schema``, the transactions in
+``transactions`` and the blob rows' refcounts in ``blob_rows`` (a
+``Namespace`` is a ``Transactions`` and a ``BlobRows``), the repair at
+each mount in ``recovery``.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ import stat
 import time
 import weakref
 from collections import Counter, deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
 from mithrilfs.store import recovery, schema
 from mithrilfs.store.blob_rows import BlobRows
 from mithrilfs.store.kept_names import KeptNames
 from mithrilfs.store.name_queries import NameQueries
+from mithrilfs.store.transactions import Transactions
 
 ROOT_INODE = 1
 
@@ -93,7 +93,7 @@ class Dentry:
     inode: int
 
 
-class Namespace(BlobRows, NameQueries):
+class Namespace(Transactions, BlobRows, NameQueries):
     """The index.  ``get`` answers from an identity map of inodes before asking SQLite.
 
     Every Inode object in use (a file being written holds one) is the one object
@@ -117,14 +117,13 @@ class Namespace(BlobRows, NameQueries):
         self.read_only = read_only
         self._inodes: weakref.WeakValueDictionary[int, Inode] = weakref.WeakValueDictionary()
         self._recent: deque[Inode] = deque(maxlen=INODE_CACHE_SIZE)
-        self._created: list[int] = []
         #: Names kept in memory: a repeated LOOKUP, and one of a name a directory kept whole lacks, is answered
         #: without SQLite.  Every change of a name goes through ``link``, ``unlink`` and ``retarget``, which
         #: keep them right; a rollback or a change by SQL alone (``recover``) empties them.  Not kept by a
         #: reader of an index another connection changes (``reader``).
         self._kept = KeptNames(not read_only or immutable)
         self.db = schema.connect(path, read_only=read_only, immutable=immutable)
-        self._depth = 0
+        Transactions.__init__(self)
         self._undo = {}
         if read_only:
             self.unconfirmed = set()
@@ -143,6 +142,9 @@ class Namespace(BlobRows, NameQueries):
                 )
 
     def close(self) -> None:
+        """Commit what deferred transactions left, and close the connection."""
+        if not self.read_only:
+            self.commit_deferred()
         self.db.close()
 
     def reader(self) -> Namespace:
@@ -155,38 +157,23 @@ class Namespace(BlobRows, NameQueries):
     def shrink_wal(self) -> None:
         """Checkpoint and truncate the WAL (when the disk is full, it may be most of the space)."""
         if not self._depth:
+            self.commit_deferred()
             self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
-    @contextmanager
-    def txn(self) -> Iterator[None]:
-        """One atomic transaction; nested uses join the outer one."""
-        if self._depth:
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-            return
-        self.db.execute("BEGIN IMMEDIATE")
-        self._depth = 1
-        try:
-            yield
-            self.db.execute("COMMIT")
-        except BaseException:
-            if self.db.in_transaction:
-                self.db.execute("ROLLBACK")
-            for ino, old in self._undo.values():
-                for name, value in zip(_INODE_FIELDS, old):
-                    setattr(ino, name, value)
-            for ino_id in self._created:  # the id will be handed out again
-                self._inodes.pop(ino_id, None)
-            self._kept.clear()
-            self.unconfirmed = self._load_unconfirmed()
-            raise
-        finally:
-            self._depth = 0
-            self._undo.clear()
-            self._created.clear()
+    def _rolled_back(self) -> None:
+        """A transaction rolled back (``Transactions``): the objects it changed say what the index does again,
+        those it created are forgotten, and the names kept in memory are read afresh."""
+        for ino, old in self._undo.values():
+            for name, value in zip(_INODE_FIELDS, old):
+                setattr(ino, name, value)
+        for ino_id in self._created:  # the id will be handed out again
+            self._inodes.pop(ino_id, None)
+        self._kept.clear()
+        self.unconfirmed = self._load_unconfirmed()
+
+    def _ended(self) -> None:
+        self._undo.clear()
+        super()._ended()
 
     def _load_unconfirmed(self) -> set[int]:
         return {r[0] for r in self.db.execute("SELECT inode FROM unconfirmed")}
@@ -232,10 +219,13 @@ class Namespace(BlobRows, NameQueries):
     ) -> Inode:
         now = time.time_ns()
         size = len(target) if target is not None else 0
+        # ids of deferred creates that a failed commit lost stay out of use (``reserve_ids``): after such a
+        # loss an id is chosen here, not by SQLite, whose sequence went back with the rollback
         cur = self.db.execute(
-            "INSERT INTO inodes (mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, target, rdev)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (mode, uid, gid, nlink, size, now, now, now, target, rdev),
+            "INSERT INTO inodes (id, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, target, rdev)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (self._last_id() + 1 if self._id_floor else None, mode, uid, gid, nlink, size, now, now, now, target,
+             rdev),
         )
         new_id = cur.lastrowid
         assert new_id is not None  # an INSERT always has one
@@ -244,6 +234,25 @@ class Namespace(BlobRows, NameQueries):
         if stat.S_ISDIR(mode):
             self._kept.made_empty(new_id)  # (a rollback empties the names, and this with them)
         return self._remember(Inode(new_id, mode, uid, gid, nlink, size, now, now, now, None, target, rdev))
+
+    def has_row(self, ino: int) -> bool:
+        """Whether the index holds inode *ino* (not only an object of this connection's: ``restore_inode``)."""
+        return self.db.execute("SELECT 1 FROM inodes WHERE id = ?", (ino,)).fetchone() is not None
+
+    def restore_inode(self, ino: int, mode: int, uid: int, gid: int, time_ns: int) -> Inode:
+        """A created file put back under the id *ino* the kernel holds, with no content yet: a create whose
+        transaction a failure rolled back, or whose daemon died before it committed
+        (``cache.create_journal``).  The object in use for that id, if any, stays the one object for it
+        and says what the row says."""
+        node = self._inodes.get(ino)
+        if node is None:
+            node = self._remember(Inode(ino, mode, uid, gid, 1, 0, time_ns, time_ns, time_ns, None, None, 0))
+        self.db.execute(f"INSERT INTO inodes ({_INODE_COLS}) VALUES ({', '.join('?' * 12)})",
+                        (node.id, node.mode, node.uid, node.gid, node.nlink, node.size, node.atime_ns,
+                         node.mtime_ns, node.ctime_ns, node.hash, node.target, node.rdev))
+        if self._depth:
+            self._created.append(ino)
+        return node
 
     def create_names(self, names: list[NewName]) -> list[Inode]:
         """Names and their inodes in bulk, whatever is in them elsewhere (a file's content is the shared
@@ -255,8 +264,7 @@ class Namespace(BlobRows, NameQueries):
         per call."""
         if not names:
             return []
-        last = self.db.execute("SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'inodes'), 0),"
-                               " coalesce((SELECT max(id) FROM inodes), 0))").fetchone()[0]
+        last = self._last_id()
         now = time.time_ns()
         parents = [n.parent if n.parent >= 0 else last + 1 + ~n.parent for n in names]
         subdirs = Counter(p for p, n in zip(parents, names) if stat.S_ISDIR(n.mode))

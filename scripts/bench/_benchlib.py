@@ -195,7 +195,7 @@ def seaweedfs_s3() -> Iterator[dict[str, str]]:
     weed = str(Path(sys.executable).parent / "weed")
     root = Path(tempfile.mkdtemp(prefix="mithrilfs-bench-weed-"))
     p = {n: free() for n in ("m", "mg", "v", "vg", "f", "fg", "s", "sg")}
-    cmd = [weed, "server", "-s3", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+    cmd = [weed, f"-logdir={root}", "server", "-s3", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
            f"-master.port={p['m']}", f"-master.port.grpc={p['mg']}", f"-volume.port={p['v']}",
            f"-volume.port.grpc={p['vg']}", f"-filer.port={p['f']}", f"-filer.port.grpc={p['fg']}",
            f"-s3.port={p['s']}", f"-s3.port.grpc={p['sg']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
@@ -204,7 +204,7 @@ def seaweedfs_s3() -> Iterator[dict[str, str]]:
     try:
         deadline = time.monotonic() + 60
         while True:
-            made = subprocess.run([weed, "shell", f"-master=127.0.0.1:{p['m']}.{p['mg']}"],
+            made = subprocess.run([weed, f"-logdir={root}", "shell", f"-master=127.0.0.1:{p['m']}.{p['mg']}"],
                                   input="s3.bucket.create -name bench\n", capture_output=True, text=True)
             if "created bucket" in made.stdout or "already exist" in made.stdout + made.stderr:
                 break

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Mount, MountFactory, run_cli, wait_unmounted
+from conftest import Mount, MountFactory, run_cli, wait_for, wait_unmounted
 
 from mithrilfs.daemon.process import pid_alive
 
@@ -95,6 +96,23 @@ def test_confirmed_commit_points_survive_kill9(mount_factory: MountFactory, kind
     assert target.read_bytes() == WHOLE
     if kind == "link":
         assert (d / "linked").read_bytes() == WHOLE
+
+
+def test_a_created_file_is_committed_once_the_daemon_is_idle(mount_factory: MountFactory):
+    """A CREATE's transaction commits with the next transaction (the RENAME of a file written to a
+    temporary name), at the daemon's next idle moment, or before its stats are counted each second at the
+    latest: an empty file created and left alone reaches the index other processes read, and survives a
+    kill -9."""
+    m = mount_factory("created", "--on-crash", "detach")
+    (m.mountpoint / "empty").touch()
+    index = sqlite3.connect(f"file:{m.store / 'index.sqlite3'}?mode=ro", uri=True)
+    try:
+        wait_for(lambda: index.execute("SELECT count(*) FROM dentries WHERE name = ?", (b"empty",)).fetchone()[0],
+                 timeout=4, what="the create in the index")
+    finally:
+        index.close()
+    _kill9_and_remount(m)
+    assert (m.mountpoint / "empty").read_bytes() == b""
 
 
 def test_idle_commit_is_dropped_after_kill9(mount_factory: MountFactory):

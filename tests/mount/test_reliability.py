@@ -296,7 +296,8 @@ def test_disk_full_with_nothing_evictable(mount_factory: MountFactory, small_dis
     write_committed(m.mountpoint / "after", b"room again")
     assert (m.mountpoint / "after").read_bytes() == b"room again"
     m.umount()
-    assert run_cli("fsck", "--store", str(m.store)).returncode == 0
+    fsck = run_cli("fsck", "--store", str(m.store))
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
 
 
 def test_read_only_store_serves_reads_and_refuses_writes(mount_factory: MountFactory, small_disk: Path):

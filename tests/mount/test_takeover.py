@@ -590,3 +590,26 @@ def test_eviction_after_a_takeover_frees_the_disk(mount_factory: MountFactory):
     wait_for(lambda: m.stats()["physical_bytes"] <= budget, timeout=30, what="the budget kept")
     assert sum(p.stat().st_size for p in (m.store / "objects").rglob("*") if p.is_file()) <= budget
     _unmount_and_check(m)
+
+
+@pytest.mark.timeout(120)
+def test_a_file_created_as_its_daemon_died_is_put_back_by_the_successor(mount_factory: MountFactory):
+    """A CREATE is answered before its transaction commits (with the next one, or when the daemon is idle):
+    killed before that commit, the daemon leaves the create in the journal its supervisor holds, and the
+    successor puts the file back under the inode the kernel was given, so the writer writes, closes and
+    renames it as if nothing happened; ids are never handed out twice."""
+    m = mount_factory("created", env={"MITHRILFS_TEST_CRASH_AT": "before_deferred_commit"})
+    data = os.urandom(3 * K)
+    old = m.pid
+    with open(m.mountpoint / "k.tmp", "wb") as f:  # the daemon dies at its first idle moment after this
+        wait_for(lambda: not pid_alive(old), timeout=10, what="the crash point")
+        f.write(data)
+    os.replace(m.mountpoint / "k.tmp", m.mountpoint / "k")
+    m.pid = daemon_pid(m.mountpoint)
+    assert m.pid not in (None, old)
+    assert sorted(os.listdir(m.mountpoint)) == ["k"]
+    assert (m.mountpoint / "k").read_bytes() == data
+    (m.mountpoint / "other").write_bytes(b"x")  # a new inode: never the id the kernel holds for k
+    assert os.stat(m.mountpoint / "other").st_ino != os.stat(m.mountpoint / "k").st_ino
+    assert (m.mountpoint / "k").read_bytes() == data
+    _unmount_and_check(m)
