@@ -744,6 +744,11 @@ class SeaweedFS:
                 proc.kill()
                 proc.wait(timeout=10)
         self.procs.clear()
+        # weed makes a unix socket in /tmp per service and port (the gRPC ones at a fixed place) and leaves
+        # them behind when killed: ours go with it
+        for port in self.ports.values():
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
 
 
 @pytest.fixture

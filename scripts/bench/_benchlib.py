@@ -228,6 +228,9 @@ def seaweedfs_s3() -> Iterator[dict[str, str]]:
         proc.kill()
         proc.wait()
         shutil.rmtree(root, ignore_errors=True)
+        for port in p.values():  # the unix sockets weed leaves in /tmp, one per service and port
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
 
 
 def request_times(mp: Path) -> dict[str, dict[str, float]]:
