@@ -59,9 +59,11 @@ class Created:
 class CreateJournal:
     """The journal, in a memfd (``fd``) the daemon shares with its supervisor when it has one; with *fd*, the
     one a dead daemon left.  Without a supervisor nobody else reads it: a failed transaction's redo does
-    (``Names``)."""
+    (``Names``).  *defers*: False where a successor could come and would not get it (a supervisor of
+    older code, which passes on no journal): then every create commits at once."""
 
-    def __init__(self, fd: int | None = None) -> None:
+    def __init__(self, fd: int | None = None, *, defers: bool = True) -> None:
+        self.defers = defers
         self.fd = fd if fd is not None else os.memfd_create("mithrilfs-creates", os.MFD_CLOEXEC)
         os.set_inheritable(self.fd, False)
         if os.fstat(self.fd).st_size != SIZE:
@@ -71,9 +73,11 @@ class CreateJournal:
         self._count = len(kept)
 
     def room(self) -> bool:
-        return self._count < MAX_KEPT
+        """Whether one more create can be kept (else the caller commits it at once)."""
+        return self.defers and self._count < MAX_KEPT
 
     def record(self, ino: Inode, parent: int, name: bytes) -> None:
+        """Keep a create whose transaction is deferred (before its reply)."""
         _RECORD.pack_into(self._map, self._end, ino.id, parent, ino.mode, ino.uid, ino.gid, ino.ctime_ns, len(name))
         start = self._end + _RECORD.size
         self._map[start:start + len(name)] = name
@@ -82,6 +86,7 @@ class CreateJournal:
         _COUNT.pack_into(self._map, 0, self._count)  # the record is whole: now it counts
 
     def clear(self) -> None:
+        """The deferred creates are committed: nothing to keep."""
         if self._count:
             _COUNT.pack_into(self._map, 0, 0)
             self._count, self._end = 0, _COUNT.size

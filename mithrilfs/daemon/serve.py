@@ -100,8 +100,14 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
     if log_in_store and not store.read_only:
         setup_logging(store.root / LOG_FILE, opts.debug)
     try:
-        # creates not committed yet: shared with the supervisor, for a successor (``cache.create_journal``)
-        journal = CreateJournal(handover.creates_fd if handover is not None and handover.creates_fd >= 0 else None)
+        # creates not committed yet: shared with the supervisor, for a successor (``cache.create_journal``); a
+        # supervisor of older code passes none on, and would pass on none of ours: nothing is deferred then
+        if handover is None:
+            journal = CreateJournal()
+        elif handover.creates_fd >= 0:
+            journal = CreateJournal(handover.creates_fd)
+        else:
+            journal = CreateJournal(defers=False)
         if handover is not None:
             crash_point("takeover")
             after_crash = handover.restarts.cause == "crash"

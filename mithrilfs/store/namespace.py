@@ -11,8 +11,10 @@ each mount in ``recovery``.
 
 from __future__ import annotations
 
+import logging
 import operator
 import os
+import sqlite3
 import stat
 import time
 import weakref
@@ -24,6 +26,8 @@ from mithrilfs.store.blob_rows import BlobRows
 from mithrilfs.store.kept_names import KeptNames
 from mithrilfs.store.name_queries import NameQueries
 from mithrilfs.store.transactions import Transactions
+
+log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
 
@@ -142,9 +146,13 @@ class Namespace(Transactions, BlobRows, NameQueries):
                 )
 
     def close(self) -> None:
-        """Commit what deferred transactions left, and close the connection."""
+        """Commit what deferred transactions left (whoever deferred them still holds what redoes them, should
+        that fail: a successor replays the journal of creates), and close the connection."""
         if not self.read_only:
-            self.commit_deferred()
+            try:
+                self.commit_deferred()
+            except sqlite3.Error as e:
+                log.warning("could not commit the last creates before closing the index: %s", e)
         self.db.close()
 
     def reader(self) -> Namespace:

@@ -110,3 +110,10 @@ def test_a_successor_replays_the_creates_its_index_lacks(tmp_path):
     with successor.txn():
         assert successor.create_inode(stat.S_IFREG | 0o644, 0, 0).id > dead
     successor.close()
+
+
+def test_a_journal_no_successor_would_get_defers_nothing():
+    """A successor started by a supervisor of older code inherits no journal and passes none on: its creates
+    commit at once, so a crash of it never loses one the kernel holds."""
+    assert CreateJournal().room()
+    assert not CreateJournal(defers=False).room()
