@@ -31,6 +31,8 @@ from mithrilfs.crash_points import crash_point
 from mithrilfs.observe.tops import TopDirs
 from mithrilfs.store.namespace import ROOT_INODE, Inode, Namespace
 
+log = logging.getLogger(__name__)
+
 
 class NameListener(Protocol):
     """Told of names users make and remove (the shared tier; evictions never come here)."""
@@ -38,9 +40,6 @@ class NameListener(Protocol):
     def publish(self, ino: Inode) -> None: ...
 
     def tombstone(self, parent: int, name: bytes) -> None: ...
-
-
-log = logging.getLogger(__name__)
 
 
 def _error(code: int) -> OSError:
@@ -52,9 +51,9 @@ class Names:
                  listener: NameListener, journal: CreateJournal | None = None,
                  when_idle: Callable[[Callable[[], None]], None] = lambda job: job()) -> None:
         """*journal*: where a create whose transaction is deferred is kept, for a successor and to redo it
-        after a failed transaction (``create_journal``; default: one of its own, shared with nobody).  *when_idle*: runs a job once the event loop has nothing to do
-        (``kernel.AfterReply.when_idle``); the deferred transactions commit there at the latest (default:
-        at once, so nothing stays deferred)."""
+        after a failed transaction (``create_journal``; default: one of its own, shared with nobody).
+        *when_idle*: runs a job once the event loop has nothing to do (``kernel.AfterReply.when_idle``);
+        the deferred transactions commit there at the latest (default: at once)."""
         self.ns = ns
         self.writes = writes
         self.lifetimes = lifetimes
