@@ -267,6 +267,9 @@ def test_object_storage_quick_start_runs_as_written(tmp_path: Path):
         if weed and pid_alive(weed):
             os.kill(weed, signal.SIGKILL)
             wait_for(lambda: not pid_alive(weed), 10, "weed to die")
+        for port in (*wanted, *(p + 10000 for p in wanted)):  # the sockets weed leaves in /tmp, by port
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
 
 
 def test_printed_examples_are_what_the_commands_print():
