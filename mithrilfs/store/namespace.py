@@ -227,8 +227,8 @@ class Namespace(Transactions, BlobRows, NameQueries):
     ) -> Inode:
         now = time.time_ns()
         size = len(target) if target is not None else 0
-        # ids of deferred creates that a failed commit lost stay out of use (``reserve_ids``): after such a
-        # loss an id is chosen here, not by SQLite, whose sequence went back with the rollback
+        # ids of deferred creates that a failed transaction lost stay out of use (``reserve_ids``): until the
+        # next commit an id is chosen here, not by SQLite, whose sequence went back with the rollback
         cur = self.db.execute(
             "INSERT INTO inodes (id, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, target, rdev)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -116,7 +116,9 @@ class Transactions:
 
     def _commit(self) -> None:
         self.db.execute("COMMIT")
-        self._redo = None
+        # the sequence now holds every id the floor kept out of use: lost creates are redone, their ids
+        # reserved, before anything else in a transaction that commits (``_deferred_lost``, ``redo_first``)
+        self._redo, self._id_floor = None, 0
         if self._deferred:
             self._deferred, self._deferred_last = False, 0
             self._deferred_committed()
@@ -129,8 +131,8 @@ class Transactions:
         self._rolled_back()
         if not self._deferred:
             return False
-        self._deferred = False
         self._id_floor = max(self._id_floor, self._deferred_last)
+        self._deferred, self._deferred_last = False, 0
         return True
 
     def _rolled_back(self) -> None:
@@ -141,7 +143,8 @@ class Transactions:
         self._created.clear()
 
     def reserve_ids(self, last: int) -> None:
-        """No inode id up to *last* is handed out again (ids the kernel may hold that the index lost)."""
+        """No inode id up to *last* is handed out again (ids the kernel may hold that the index lost): in the
+        sequence, and, until this transaction commits, in the ids ``create_inode`` picks itself."""
         self.db.execute("INSERT INTO sqlite_sequence (name, seq) SELECT 'inodes', 0"
                         " WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'inodes')")
         self.db.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'inodes'", (last,))

@@ -117,3 +117,17 @@ def test_a_journal_no_successor_would_get_defers_nothing():
     commit at once, so a crash of it never loses one the kernel holds."""
     assert CreateJournal().room()
     assert not CreateJournal(defers=False).room()
+
+
+def test_after_a_redo_is_committed_the_next_id_follows_the_redone_ones(index):
+    """Once the redone creates are committed, the sequence holds their ids: the next create takes the id
+    after them, neither one of theirs nor a gap."""
+    path, ns, journal, _ = index
+    gone = _deferred_create(ns, journal, b"x")
+    with pytest.raises(OSError), ns.txn():
+        raise OSError("a check that failed after a change")
+    assert ns.lookup(ROOT_INODE, b"x") == gone
+    ns.commit_deferred()
+    with ns.txn():
+        after = ns.create_inode(stat.S_IFREG | 0o644, 0, 0)
+    assert after.id == gone + 1
