@@ -32,6 +32,7 @@ from mithrilfs.daemon.mountpoint import daemon_pid
 from mithrilfs.daemon.mountpoint import is_fuse_mount as is_mounted
 from mithrilfs.daemon.process import pid_alive
 from mithrilfs.store.namespace import Namespace
+from mithrilfs.testing.weed import remove_sockets
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "mithrilfs"]
@@ -744,11 +745,7 @@ class SeaweedFS:
                 proc.kill()
                 proc.wait(timeout=10)
         self.procs.clear()
-        # weed makes a unix socket in /tmp per service and port (the gRPC ones at a fixed place) and leaves
-        # them behind when killed: ours go with it
-        for port in self.ports.values():
-            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
-                sock.unlink(missing_ok=True)
+        remove_sockets(self.ports.values())
 
 
 @pytest.fixture

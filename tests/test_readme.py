@@ -20,6 +20,8 @@ import pytest
 import yaml
 from conftest import REPO, Mount, _cluster_port, is_mounted, pid_alive, run_cli, wait_for, wait_uploaded
 
+from mithrilfs.testing.weed import remove_sockets
+
 README = (REPO / "README.md").read_text()
 VENV_BIN = Path(sys.executable).parent
 #: SeaweedFS's default ports, which the quick start names (gRPC ports are these + 10000)
@@ -267,9 +269,7 @@ def test_object_storage_quick_start_runs_as_written(tmp_path: Path):
         if weed and pid_alive(weed):
             os.kill(weed, signal.SIGKILL)
             wait_for(lambda: not pid_alive(weed), 10, "weed to die")
-        for port in (*wanted, *(p + 10000 for p in wanted)):  # the sockets weed leaves in /tmp, by port
-            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
-                sock.unlink(missing_ok=True)
+        remove_sockets((*wanted, *(p + 10000 for p in wanted)))  # its gRPC ports: weed's default, port + 10000
 
 
 def test_printed_examples_are_what_the_commands_print():

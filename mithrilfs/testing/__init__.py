@@ -3,6 +3,7 @@
 ``delay_proxy``: a TCP proxy in front of a redis-server or an S3 gateway that
 adds a round trip to each exchange and counts the requests (``framing``
 cuts the client's bytes into requests); ``python -m
-mithrilfs.testing.delay_proxy --help`` runs it alone.  Nothing of the
-product imports this package (import-linter's layers).
+mithrilfs.testing.delay_proxy --help`` runs it alone.  ``weed``: what a
+SeaweedFS started by a test or a benchmark leaves in /tmp, removed.
+Nothing of the product imports this package (import-linter's layers).
 """

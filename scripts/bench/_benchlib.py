@@ -187,6 +187,8 @@ def seaweedfs_s3() -> Iterator[dict[str, str]]:
     import socket
     import time
 
+    from mithrilfs.testing.weed import remove_sockets
+
     def free() -> int:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -228,9 +230,7 @@ def seaweedfs_s3() -> Iterator[dict[str, str]]:
         proc.kill()
         proc.wait()
         shutil.rmtree(root, ignore_errors=True)
-        for port in p.values():  # the unix sockets weed leaves in /tmp, one per service and port
-            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
-                sock.unlink(missing_ok=True)
+        remove_sockets(p.values())
 
 
 def request_times(mp: Path) -> dict[str, dict[str, float]]:
