@@ -121,12 +121,13 @@ class Lifetimes:
                 log.debug("inode %d still cannot be deleted: %s", ino, e)
                 return
 
-    def drop_name(self, parent: Inode, name: bytes, ino: Inode) -> None:
-        """Remove one name of *ino* from the directory *parent* (inside a transaction)."""
+    def drop_name(self, parent: Inode, name: bytes, ino: Inode, *, touch: bool = True) -> None:
+        """Remove one name of *ino* from the directory *parent* (inside a transaction); without *touch* (the
+        shared tier's change, not one made here) *parent*'s ctime stays (``Namespace.add_link``)."""
         self.ns.unlink(parent.id, name)
         if ino.is_dir:
             self.ns.update_attrs(ino, nlink=0, ctime_ns=time.time_ns())
-            self.ns.add_link(parent, -1)
+            self.ns.add_link(parent, -1, touch=touch)
         else:
             self.ns.add_link(ino, -1)
 

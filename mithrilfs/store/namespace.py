@@ -296,7 +296,7 @@ class Namespace(Transactions, BlobRows, NameQueries):
         for p, count in subdirs.items():  # directories that were here before this call
             parent = self.get(p)
             assert parent is not None  # the caller names into a directory it holds
-            self.add_link(parent, count)
+            self.add_link(parent, count, touch=False)
         return nodes
 
     def update_attrs(self, ino: Inode, **fields: int) -> None:
@@ -307,10 +307,15 @@ class Namespace(Transactions, BlobRows, NameQueries):
         cols = ", ".join(f"{k} = ?" for k in fields)
         self.db.execute(f"UPDATE inodes SET {cols} WHERE id = ?", (*fields.values(), ino.id))
 
-    def add_link(self, ino: Inode, delta: int) -> None:
+    def add_link(self, ino: Inode, delta: int, *, touch: bool = True) -> None:
+        """Change *ino*'s link count by *delta*; with *touch* (the default: a change made here) its ctime
+        becomes now.  Names the shared tier's directory gets here (``create_names``) touch nothing: they
+        are no change made here, and its ctime carries the version it was named with (a reader's startup
+        record dates it so)."""
         self._changing(ino)
         ino.nlink += delta
-        ino.ctime_ns = time.time_ns()
+        if touch:
+            ino.ctime_ns = time.time_ns()
         self.db.execute(
             "UPDATE inodes SET nlink = ?, ctime_ns = ? WHERE id = ?", (ino.nlink, ino.ctime_ns, ino.id)
         )

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import Mount, MountFactory, RedisServer, run_cli, wait_for
+from conftest import Mount, MountFactory, RedisServer, run_cli, wait_for, wait_uploaded, write_committed
 from test_prefetch import fill
 from test_shared_tier import _remote
 
@@ -126,6 +126,31 @@ def test_names_a_new_node_took_from_the_tier_are_never_published_again(mount_fac
     assert not {"evalsha", "exists", "zadd", "set"} & set(sent), sent  # no blob checked, no name published
     for p, data in files.items():
         assert (b.mountpoint / p).read_bytes() == data
+
+
+def test_a_directory_named_from_the_tier_is_recorded_with_the_tiers_version(mount_factory: MountFactory,
+                                                                            redis_server: RedisServer):
+    """B names a directory from the tier, then a subdirectory in it (two listings), and drops that
+    subdirectory when a purge of it reaches B: its record dates the directory as the tier does.  Neither
+    is a change made here; each once dated the directory by B's clock, so a purge of it issued within the
+    nodes' clock disagreement (a bucket's whole seconds) did not cover it, and a new node created the
+    purged directory from the set (seen in CI)."""
+    a = mount_factory("a", *_remote(redis_server))
+    (a.mountpoint / "kern" / "sub").mkdir(parents=True)
+    write_committed(a.mountpoint / "kern" / "k0.so", b"kernel 0")
+    write_committed(a.mountpoint / "kern" / "sub" / "k2.so", b"kernel 2")
+    wait_uploaded(a)
+    b = mount_factory("b", *_remote(redis_server))
+    assert (b.mountpoint / "kern" / "k0.so").read_bytes() == b"kernel 0"
+    assert (b.mountpoint / "kern" / "sub" / "k2.so").read_bytes() == b"kernel 2"
+    run_cli("forget", "--fleet", str(a.mountpoint), "kern/sub", check=True)
+    wait_for(lambda: not (b.mountpoint / "kern" / "sub").exists(), 30, "B to drop the purged directory")
+    b.umount()
+    tier = json.loads(redis_server.cli("HGET", "mfs:default:d:", "kern").stdout)
+    (record_id,) = redis_server.cli("ZREVRANGE", SET, "0", "-1").stdout.split()
+    recorded = {p: json.loads(e) for p, e in json.loads(redis_server.cli("GET", f"{SET}:{record_id}").stdout)["order"]}
+    assert list(recorded) == ["kern", "kern/k0.so"]
+    assert (recorded["kern"]["v"], recorded["kern"]["n"]) == (tier["v"], tier["n"]), (recorded, tier)
 
 
 def test_a_read_of_what_the_prefetch_is_bringing_waits_for_it(mount_factory: MountFactory,

@@ -184,7 +184,7 @@ class Reconciler:
         if parent_ino is None:
             return
         with self.ns.txn():
-            self.lifetimes.drop_name(parent_ino, name, old)
+            self.lifetimes.drop_name(parent_ino, name, old, touch=False)  # the tier's change
             if entry is not None:
                 self._create(parent_ino, name, entry)
         self.counters["remote_adopted"] += 1
