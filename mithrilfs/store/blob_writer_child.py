@@ -25,6 +25,7 @@ import os
 import signal
 import struct
 import sys
+from collections.abc import Callable
 
 HEADER = struct.Struct("<IQ")
 BLOB = struct.Struct("<32sQ")
@@ -73,30 +74,33 @@ def _fill(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-def fill_and_link(fd: int, dest: str, data: bytes | bytearray | memoryview, *, replace_via: str | None) -> bool:
+def fill_and_link(fd: int, dest: str, data: bytes | bytearray | memoryview, *,
+                  replace_via: Callable[[], str] | None) -> bool:
     """*data* written into *fd*, an empty nameless file (``O_TMPFILE``), then linked as *dest*: the blob
-    appears whole, in one directory change.  False when *dest* existed (left as it is), unless
-    *replace_via*: then it is replaced, the file linked under that staging name first and renamed onto
-    *dest*.  *fd* is closed here; a file never linked vanishes with it."""
+    appears whole, in one directory change; True when *dest* was new.  A *dest* that exists is left as
+    it is, unless *replace_via* (a staging name, asked only then): the file is linked under that name
+    first and renamed onto *dest*.  No stat before: the link is the check.  *fd* is closed here; a file
+    never linked vanishes with it."""
     try:
         _fill(fd, data)
         # linkat(AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH; the magic link does not.  Any dst_dir_fd makes
         # CPython call linkat(AT_SYMLINK_FOLLOW), which follows it (link() would link the link itself);
         # the absolute name given ignores that fd.
         source = f"/proc/self/fd/{fd}"
-        if replace_via is None:
-            try:
-                os.link(source, os.path.abspath(dest), dst_dir_fd=fd, follow_symlinks=True)
-            except FileExistsError:
-                return False
-            return True
-        os.link(source, os.path.abspath(replace_via), dst_dir_fd=fd, follow_symlinks=True)
         try:
-            os.rename(replace_via, dest)
+            os.link(source, os.path.abspath(dest), dst_dir_fd=fd, follow_symlinks=True)
+            return True
+        except FileExistsError:
+            if replace_via is None:
+                return False
+        staging = replace_via()
+        os.link(source, os.path.abspath(staging), dst_dir_fd=fd, follow_symlinks=True)
+        try:
+            os.rename(staging, dest)
         except BaseException:
-            os.unlink(replace_via)
+            os.unlink(staging)
             raise
-        return True
+        return False
     finally:
         os.close(fd)
 

@@ -149,23 +149,26 @@ class CAS:
         worker threads.
         """
         dest = self.file_name(digest)  # strings, not Paths: a prefetch writes thousands a second
-        existed = os.path.exists(dest)
-        if existed and trust_existing:
+        if trust_existing and os.path.exists(dest):  # a blob the caller expects there: kept, no blank spent
             return False
         self._make_shard(dest[len(self._objects_prefix):len(self._objects_prefix) + 2])
         blank = self.blanks.take()
         if blank is not None:  # nameless: a crash or a full disk leaves nothing of it
-            replace_via = f"{self.staging_prefix}{uuid.uuid4().hex}" if existed else None
-            try:
-                return fill_and_link(blank, dest, data, replace_via=replace_via) and not existed
+            try:  # its link is the check (content not verified here is new, as a rule: no stat first)
+                return fill_and_link(blank, dest, data, replace_via=None if trust_existing else self._staging_name)
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise
                 self.blanks.refused(e)  # and the bytes are written as without blanks
+        existed = not trust_existing and os.path.exists(dest)
         # a crash leaves the temporary file where startup clears; a full disk removes it (the retry after
         # making room starts over)
-        write_and_rename(f"{self.staging_prefix}{uuid.uuid4().hex}", dest, data, exclusive=True)
+        write_and_rename(self._staging_name(), dest, data, exclusive=True)
         return not existed
+
+    def _staging_name(self) -> str:
+        """A new name in ``staging/`` (a string: no Path made)."""
+        return f"{self.staging_prefix}{uuid.uuid4().hex}"
 
     def quarantine_blob(self, digest: bytes) -> Path | None:
         """Move a blob that failed verification out of ``objects/`` (kept for inspection)."""

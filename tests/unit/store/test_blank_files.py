@@ -102,6 +102,25 @@ def test_a_damaged_blob_is_replaced_through_a_blank(cas: CAS):
     assert os.listdir(cas.staging) == []
 
 
+def test_a_blob_not_trusted_is_linked_first_and_one_trusted_spends_no_blank(cas: CAS):
+    """Content the caller has not verified (a commit's, as a rule new) goes straight into a blank's link,
+    no stat first, and is new; the same bytes again, not trusted, replace the file (it may be damaged);
+    trusted, they are kept and no blank is taken."""
+    data = os.urandom(3000)
+    digest = hash_bytes(data)
+    first = os.urandom(10)
+    assert cas.write_blob(hash_bytes(first), first)  # the first write asks for blanks
+    wait_until(lambda: blanks_held(cas.staging) > 2, "blanks")
+    assert cas.write_blob(digest, data, trust_existing=False)  # new
+    inode = cas.path(digest).stat().st_ino
+    assert not cas.write_blob(digest, data, trust_existing=False)  # there: replaced, not new
+    assert cas.path(digest).read_bytes() == data and cas.path(digest).stat().st_ino != inode
+    held = blank_inodes(cas.staging)
+    assert not cas.write_blob(digest, data)  # trusted and there: kept
+    assert blank_inodes(cas.staging) >= held  # none taken (the thread may have made more)
+    assert os.listdir(cas.staging) == []
+
+
 def test_close_leaves_nothing_open_or_named(cas: CAS):
     data = os.urandom(10)
     cas.write_blob(hash_bytes(data), data)
