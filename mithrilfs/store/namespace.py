@@ -308,10 +308,9 @@ class Namespace(Transactions, BlobRows, NameQueries):
         self.db.execute(f"UPDATE inodes SET {cols} WHERE id = ?", (*fields.values(), ino.id))
 
     def add_link(self, ino: Inode, delta: int, *, touch: bool = True) -> None:
-        """Change *ino*'s link count by *delta*; with *touch* (the default: a change made here) its ctime
-        becomes now.  Names the shared tier's directory gets here (``create_names``) touch nothing: they
-        are no change made here, and its ctime carries the version it was named with (a reader's startup
-        record dates it so)."""
+        """Change *ino*'s link count by *delta*; with *touch* (a change made here: the default) its ctime
+        becomes now.  The shared tier's names a directory gets or loses here touch nothing: its ctime
+        carries the version it was named with (a reader's startup record dates it so)."""
         self._changing(ino)
         ino.nlink += delta
         if touch:
