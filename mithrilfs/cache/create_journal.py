@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import sqlite3
 import struct
 from dataclasses import dataclass
 
@@ -133,4 +134,20 @@ class CreateJournal:
                 ns.update_attrs(parent, mtime_ns=max(parent.mtime_ns, c.time_ns),
                                 ctime_ns=max(parent.ctime_ns, c.time_ns))
                 done += 1
+        return done
+
+    def put_back(self, ns: Namespace, *, commit: bool = False) -> int:
+        """``replay``, and with *commit* commit what it put back at once (the journal emptied: a successor's,
+        before it serves); failing that (a full disk), the replay runs first in *ns*'s next transactions,
+        until one commits (``Transactions.redo_first``: their ids stay out of use meanwhile).  How many
+        files were put back now."""
+        try:
+            done = self.replay(ns)
+            if commit:
+                ns.commit_deferred()
+                self.clear()
+        except (sqlite3.Error, OSError) as e:
+            log.warning("created files not put back yet, the next transaction puts them back: %s", e)
+            ns.redo_first(lambda: self.replay(ns))
+            return 0
         return done

@@ -76,13 +76,8 @@ class Names:
 
     def _put_back_lost(self) -> None:
         """A failed transaction rolled deferred creates back: put them back from the journal, deferred
-        again; failing that (a full disk), first thing in the next transaction (their ids stay out of use
-        meanwhile: ``Namespace.reserve_ids``)."""
-        try:
-            self.journal.replay(self.ns)
-        except (sqlite3.Error, OSError) as e:
-            log.warning("creates a failed transaction rolled back are put back with the next one: %s", e)
-            self.ns.redo_first(lambda: self.journal.replay(self.ns))
+        again (``CreateJournal.put_back``)."""
+        self.journal.put_back(self.ns)
 
     def inode(self, ino: int) -> Inode:
         """An inode by number (one being written is the write path's object); ENOENT when gone."""

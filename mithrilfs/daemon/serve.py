@@ -27,7 +27,6 @@ import logging.handlers
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -114,14 +113,8 @@ def _serve(opts: MountOptions, announce: Callable[[str], None], *, log_in_store:
             after_crash = handover.restarts.cause == "crash"
             if not store.read_only:
                 # the creates the previous daemon answered and never committed: the kernel holds them
-                try:
-                    if put_back := journal.replay(store.ns):
-                        log.info("put back %d files created just before the previous daemon died", put_back)
-                    store.ns.commit_deferred()
-                    journal.clear()
-                except sqlite3.Error as e:  # a full disk: the next transaction that commits takes them
-                    log.warning("could not put back the files the previous daemon created yet: %s", e)
-                    store.ns.redo_first(lambda: journal.replay(store.ns))
+                if put_back := journal.put_back(store.ns, commit=True):
+                    log.info("put back %d files created just before the previous daemon died", put_back)
                 repair_at_startup(store, live=True, keep={path for _, _, path in handover.staged if path})
         else:
             after_crash = not store.read_only and repair_at_startup(store)

@@ -64,6 +64,7 @@ class Transactions:
         if not self._deferred:
             self.db.execute("BEGIN IMMEDIATE")
         self._depth = 1
+        lost = False
         try:
             if self._redo is not None:  # deferred changes a failure lost, which could not be redone then
                 self._redo()
@@ -76,14 +77,12 @@ class Transactions:
                 self._commit()
         except BaseException:
             lost = self._roll_back()
-            self._depth = 0
-            self._ended()
-            if lost:
-                self._deferred_lost()
             raise
         finally:
             self._depth = 0
             self._ended()
+            if lost:  # redone in a transaction of its own, this one over
+                self._deferred_lost()
 
     @property
     def deferred(self) -> bool:
