@@ -131,10 +131,9 @@ def test_names_a_new_node_took_from_the_tier_are_never_published_again(mount_fac
 def test_a_directory_named_from_the_tier_is_recorded_with_the_tiers_version(mount_factory: MountFactory,
                                                                             redis_server: RedisServer):
     """B names a directory from the tier, then a subdirectory in it (two listings), and drops that
-    subdirectory when a purge of it reaches B: its record dates the directory as the tier does.  Neither
-    is a change made here; each once dated the directory by B's clock, so a purge of it issued within the
-    nodes' clock disagreement (a bucket's whole seconds) did not cover it, and a new node created the
-    purged directory from the set (seen in CI)."""
+    subdirectory when a purge of it reaches B: its record dates the directory as the tier does, never by
+    B's clock (neither is a change made on B), so a purge of the directory issued a moment later, within
+    the nodes' clock disagreement (a bucket's whole seconds), covers it on a new node."""
     a = mount_factory("a", *_remote(redis_server))
     (a.mountpoint / "kern" / "sub").mkdir(parents=True)
     write_committed(a.mountpoint / "kern" / "k0.so", b"kernel 0")
