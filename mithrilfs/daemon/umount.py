@@ -4,6 +4,13 @@ A busy mount is named with the processes that hold it (``holders``), and
 the store is free when ``umount`` returns (``store_free``): its daemon has
 exited and its supervisor released the lock, so the next mount or ``fsck``
 of the store can start at once.
+
+A mount namespace made while the filesystem was mounted (``unshare -m``, a
+container) holds a copy of the mount; where the copy is private, the
+unmount here does not reach it, and the kernel ends the session only when
+the last copy goes.  The daemon then serves on, rightly: ``umount`` names a
+process of each such namespace (``namespaces_holding``) in its error rather
+than waiting out its timeout for a daemon that does not exit.
 """
 
 from __future__ import annotations
@@ -19,7 +26,12 @@ from mithrilfs.control.files import CONTROL_NAME
 from mithrilfs.daemon.mountpoint import daemon_pid, is_fuse_mount
 from mithrilfs.daemon.process import pid_alive
 from mithrilfs.errors import MountError, UsageError
-from mithrilfs.kernel.mount import unmount
+from mithrilfs.kernel.mount import mount_entries, unmount
+
+#: Seconds after the unmount before ``umount`` first looks for copies in other mount namespaces, then between
+#: looks: a daemon whose last mount this was has usually exited by then, and a namespace only being made
+#: (a container starting) has dropped the copies it does not keep.
+NAMESPACE_CHECK_SECONDS = 0.5
 
 
 def pending_uploads(store: Path) -> int:
@@ -58,12 +70,40 @@ def holders(mountpoint: Path) -> list[str]:
     return found
 
 
+def namespaces_holding(device: str) -> list[str]:
+    """'NAME[PID]' of one process in each mount namespace but this one that has the filesystem *device*
+    ('major:minor', as mountinfo writes it) mounted."""
+    try:
+        seen = {os.readlink("/proc/self/ns/mnt")}
+    except OSError:
+        return []
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            namespace = os.readlink(f"/proc/{entry.name}/ns/mnt")
+            if namespace in seen:
+                continue
+            seen.add(namespace)
+            with open(f"/proc/{entry.name}/mountinfo") as f:
+                if not any(line.split(None, 3)[2] == device for line in f):
+                    continue
+            with open(f"/proc/{entry.name}/comm") as f:
+                found.append(f"{f.read().strip()}[{entry.name}]")
+        except (OSError, IndexError):
+            continue
+    return found
+
+
 def umount(mountpoint: Path, timeout: float = 60.0, *, lazy: bool = False) -> None:
     if not mountpoint.is_dir() and not is_fuse_mount(mountpoint):
         raise UsageError(f"{mountpoint} is not a directory")
     if not is_fuse_mount(mountpoint):
         raise UsageError(f"{mountpoint} is not mounted")
     pid = daemon_pid(mountpoint)
+    entries = mount_entries(os.path.realpath(mountpoint))
+    device = entries[-1][1] if entries else None
     try:
         store: Path | None = Path(json.loads((mountpoint / CONTROL_NAME.decode() / "stats.json").read_text())["store"])
     except (OSError, ValueError, KeyError):
@@ -80,8 +120,16 @@ def umount(mountpoint: Path, timeout: float = 60.0, *, lazy: bool = False) -> No
     if pid is None:
         return
     deadline = time.monotonic() + timeout
+    next_check = time.monotonic() + NAMESPACE_CHECK_SECONDS
     while pid_alive(pid):
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if device is not None and now > next_check:
+            next_check = now + NAMESPACE_CHECK_SECONDS
+            if held := namespaces_holding(device):
+                raise MountError(f"unmounted {mountpoint} here, but other mount namespaces still hold it "
+                                 f"({', '.join(held)}): daemon {pid} serves them until they unmount it or exit"
+                                 + (f", and {store} stays locked until then" if store is not None else ""))
+        if now > deadline:
             raise MountError(f"unmounted {mountpoint}, but daemon {pid} did not exit within {timeout:.0f} s")
         time.sleep(0.02)
     # and its supervisor, which holds the store's lock: the store is free when this returns

@@ -20,16 +20,19 @@ from pathlib import Path
 import pytest
 from conftest import ENTRYPOINT, MITHRILFS_BIN, REPO, is_mounted, run_cli
 
+from mithrilfs.testing import own_namespace
+
 pytestmark = pytest.mark.e2e
 WORKLOAD = REPO / "scripts" / "workloads" / "compile_workload.py"
 
 
 
 
-def _app(env: dict) -> dict:
-    """An application container: its own mount namespace, receiving mounts as a slave."""
-    res = subprocess.run(["unshare", "-m", "--propagation", "slave", sys.executable, str(WORKLOAD)], env=env,
-                         capture_output=True, text=True, timeout=600)
+def _app(env: dict, cache: Path) -> dict:
+    """An application container: its own mount namespace, receiving mounts as a slave; of the FUSE mounts
+    only the cache (no copy of another test's mount held while it compiles)."""
+    res = subprocess.run(own_namespace.argv([sys.executable, str(WORKLOAD)], keep=[cache], propagation="slave"),
+                         env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -38,8 +41,8 @@ def _app(env: dict) -> dict:
 def test_sidecar_in_its_own_namespace_serves_apps_in_theirs(shared_dir: Path, tmp_path: Path):
     cache, store = shared_dir / "cache", tmp_path / "store"
     env = dict(os.environ, MITHRILFS_MOUNTPOINT=str(cache), MITHRILFS_STORE=str(store), MITHRILFS_BIN=MITHRILFS_BIN)
-    sidecar = subprocess.Popen(["unshare", "-m", "--propagation", "unchanged", "sh",
-                                str(ENTRYPOINT)], env=env, stderr=subprocess.DEVNULL)
+    sidecar = subprocess.Popen(own_namespace.argv(["sh", str(ENTRYPOINT)], propagation="unchanged"), env=env,
+                               stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not (is_mounted(cache) and (cache / ".mithrilfs" / "pid").exists()):
@@ -47,8 +50,8 @@ def test_sidecar_in_its_own_namespace_serves_apps_in_theirs(shared_dir: Path, tm
             time.sleep(0.05)
         app_env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
                        TRITON_CACHE_DIR=str(cache / "triton"))
-        cold = _app(app_env)
-        warm = _app(app_env)
+        cold = _app(app_env, cache)
+        warm = _app(app_env, cache)
         assert cold["fxgraph_cache_miss"] > 0
         assert warm["fxgraph_cache_hit"] > 0 and warm["output_sha"] == cold["output_sha"]
 

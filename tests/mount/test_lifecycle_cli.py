@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,9 +18,13 @@ from conftest import (
     pid_alive,
     run_cli,
     supervisor_pid,
+    wait_for,
     wait_unmounted,
     write_committed,
 )
+
+from mithrilfs.daemon.umount import store_free
+from mithrilfs.testing import own_namespace
 
 
 def _wait_gone(pid: int, timeout: float = 20) -> bool:
@@ -40,6 +45,35 @@ def test_umount_waits_for_the_daemon(mnt: Mount):
     pid = mnt.pid
     mnt.umount()
     assert not pid_alive(pid)
+
+
+def test_umount_names_a_namespace_still_holding_the_mount_and_a_tests_namespace_holds_only_what_it_keeps(
+        mount_factory: MountFactory):
+    """A mount namespace made while a filesystem is mounted holds a private copy of it that the unmount here
+    does not reach, and the daemon serves that copy on: ``umount`` names the namespace's process in one line
+    at once instead of waiting out its timeout.  A namespace a test makes (``own_namespace``) holds only the
+    mounts it keeps: another test's unmount is never held up by it."""
+    kept, other = mount_factory("kept"), mount_factory("other")
+    write_committed(kept.mountpoint / "f", b"served on")
+    holder = subprocess.Popen(own_namespace.argv(["sleep", "600"], keep=[kept.mountpoint]))
+    try:
+        wait_for(lambda: Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep", 30, "the namespace's command")
+        other_pid = other.pid
+        other.umount()  # not kept there: unmounted as though the namespace did not exist
+        assert other_pid is not None and not pid_alive(other_pid)
+        res = run_cli("umount", str(kept.mountpoint), timeout=60)
+        assert res.returncode == 1 and f"sleep[{holder.pid}]" in res.stderr, res.stderr
+        assert str(kept.store) in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert not is_mounted(kept.mountpoint) and kept.pid is not None and pid_alive(kept.pid)
+        seen = subprocess.run(["nsenter", "-t", str(holder.pid), "-m", "cat", str(kept.mountpoint / "f")],
+                              capture_output=True, timeout=30)
+        assert seen.stdout == b"served on", seen.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    wait_for(lambda: kept.pid is not None and not pid_alive(kept.pid), 30, "the daemon's exit with the last copy")
+    kept.pid = None
+    wait_for(lambda: store_free(kept.store), 30, "the store's lock released")
 
 
 def test_root_unmounts_without_fusermount3(mnt: Mount, tmp_path: Path):
