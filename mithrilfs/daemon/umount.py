@@ -26,7 +26,7 @@ from mithrilfs.control.files import CONTROL_NAME
 from mithrilfs.daemon.mountpoint import daemon_pid, is_fuse_mount
 from mithrilfs.daemon.process import pid_alive
 from mithrilfs.errors import MountError, UsageError
-from mithrilfs.kernel.mount import mount_entries, unmount
+from mithrilfs.kernel.mount import mount_entries, mountinfo, unmount
 
 #: Seconds after the unmount before ``umount`` first looks for copies in other mount namespaces, then between
 #: looks: a daemon whose last mount this was has usually exited by then, and a namespace only being made
@@ -86,12 +86,11 @@ def namespaces_holding(device: str) -> list[str]:
             if namespace in seen:
                 continue
             seen.add(namespace)
-            with open(f"/proc/{entry.name}/mountinfo") as f:
-                if not any(line.split(None, 3)[2] == device for line in f):
-                    continue
+            if not any(m.device == device for m in mountinfo(f"/proc/{entry.name}/mountinfo")):
+                continue
             with open(f"/proc/{entry.name}/comm") as f:
                 found.append(f"{f.read().strip()}[{entry.name}]")
-        except (OSError, IndexError):
+        except (OSError, ValueError):
             continue
     return found
 

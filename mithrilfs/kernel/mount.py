@@ -29,12 +29,14 @@ import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from typing import NamedTuple
 
 FSNAME = "mithrilfs"
 FSTYPE = "fuse." + FSNAME
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -49,20 +51,44 @@ def unescape_mount_field(field_: str) -> str:
     return field_.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
+class MountInfo(NamedTuple):
+    """One line of a mountinfo file."""
+
+    mount_id: int
+    device: str  # major:minor
+    mountpoint: str
+    fstype: str
+
+
+def mountinfo(path: str = "/proc/self/mountinfo") -> list[MountInfo]:
+    """The mounts a mountinfo file lists (this process's namespace's by default), oldest first; OSError when
+    it cannot be read."""
+    found = []
+    with open(path) as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            parts = left.split()
+            if len(parts) >= 5:
+                found.append(MountInfo(int(parts[0]), parts[2], unescape_mount_field(parts[4]),
+                                       right.split()[0] if right.split() else ""))
+    return found
+
+
 def mount_entries(target: str) -> list[tuple[int, str, str]]:
     """(mount id, major:minor, fstype) of every mount at the resolved path *target*, oldest first.
 
     Never touches the path itself: a stat of a FUSE mount whose daemon is
     not serving yet (or any more) would block or fail.
     """
-    found = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            parts = left.split()
-            if len(parts) >= 5 and unescape_mount_field(parts[4]) == target:
-                found.append((int(parts[0]), parts[2], right.split()[0] if right else ""))
-    return found
+    return [(m.mount_id, m.device, m.fstype) for m in mountinfo() if m.mountpoint == target]
+
+
+def make_private(path: str) -> None:
+    """mount(2) with MS_PRIVATE (root only): the mount at *path* leaves its peer group, so what is done to it
+    no longer propagates; OSError with the errno on failure."""
+    if _libc.mount(None, os.fsencode(path), None, MS_PRIVATE, None) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
 
 
 def umount_path(path: str, *, lazy: bool = True) -> None:

@@ -21,16 +21,12 @@ and exit status 1.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import errno
 import os
 import sys
 from collections.abc import Iterable, Sequence
 
-from mithrilfs.kernel.mount import umount_path, unescape_mount_field
-
-MS_PRIVATE = 1 << 18
-_libc = ctypes.CDLL(None, use_errno=True)
+from mithrilfs.kernel.mount import make_private, mountinfo, umount_path
 
 
 def argv(command: Sequence[str], *, keep: Iterable[str | os.PathLike[str]] = (),
@@ -43,14 +39,7 @@ def argv(command: Sequence[str], *, keep: Iterable[str | os.PathLike[str]] = (),
 
 def fuse_mounts() -> list[str]:
     """The mount points of this namespace's FUSE mounts, in mountinfo's order (a parent before its children)."""
-    found = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            parts = left.split()
-            if len(parts) >= 5 and right.split()[:1] and right.split()[0].startswith("fuse"):
-                found.append(unescape_mount_field(parts[4]))
-    return found
+    return [m.mountpoint for m in mountinfo() if m.fstype.startswith("fuse")]
 
 
 def _related(path: str, kept: str) -> bool:
@@ -64,15 +53,11 @@ def drop_fuse_mounts(keep: Iterable[str]) -> None:
     for path in reversed(fuse_mounts()):  # children first: a parent's detach would take them along anyway
         if any(_related(path, k) for k in kept):
             continue
-        if _libc.mount(None, os.fsencode(path), None, MS_PRIVATE, None) != 0:
-            e = ctypes.get_errno()
-            if e in (errno.EINVAL, errno.ENOENT):  # gone with a parent detached before it
-                continue
-            raise OSError(e, os.strerror(e), path)
         try:
+            make_private(path)
             umount_path(path, lazy=True)
         except OSError as e:
-            if e.errno not in (errno.EINVAL, errno.ENOENT):
+            if e.errno not in (errno.EINVAL, errno.ENOENT):  # gone with a parent detached before it
                 raise
 
 
